@@ -1,0 +1,89 @@
+/* base.h: the few things every stage shares.
+ *
+ *   arena    bump allocation per compilation, freed at once
+ *   Buf      a growable byte buffer for building text
+ *   alloc    the one allocator everything goes through (replaceable)
+ *   assert   internal-bug checks that name file and line
+ */
+#ifndef FLEXC_BASE_H
+#define FLEXC_BASE_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- allocation --------------------------------------------------------- */
+
+/* The allocator: realloc semantics (ptr NULL allocates, size 0 frees).
+ * Returns NULL only when memory is exhausted. */
+typedef void *(*base_AllocFn)(void *ud, void *ptr, size_t size);
+
+/* Replace the allocator used by every module (default: libc realloc/free). */
+void base_set_alloc(base_AllocFn fn, void *ud);
+/* Allocate, resize or free through the installed allocator. Aborts with a
+ * message on exhaustion: there is no sensible recovery inside a pass. */
+void *base_realloc(void *ptr, size_t size);
+void *base_alloc(size_t size);     /* zeroed */
+void base_free(void *ptr);
+char *base_strdup(const char *s);
+
+/* ---- arena -------------------------------------------------------------- */
+
+typedef struct ArenaChunk ArenaChunk;
+/* Bump allocator: everything of one compilation lives here and is freed
+ * with one arena_free(). */
+typedef struct Arena {
+  ArenaChunk *head; /* newest chunk; older chunks are linked behind it */
+} Arena;
+
+void *arena_alloc(Arena *a, size_t size);                 /* zeroed, 16-aligned */
+void *arena_grow(Arena *a, void *old, size_t oldsz, size_t newsz); /* copy-grow */
+char *arena_strndup(Arena *a, const char *s, size_t n);
+char *arena_printf(Arena *a, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void arena_free(Arena *a);
+
+/* Growable array in an arena: `ARENA_PUSH(a, arr, n, cap, value)`. */
+#define ARENA_PUSH(arena, arr, n, cap, value)                                  \
+  do {                                                                         \
+    if ((n) == (cap)) {                                                        \
+      size_t nc_ = (cap) ? (size_t)(cap) * 2 : 8;                              \
+      (arr) = arena_grow((arena), (arr), sizeof(*(arr)) * (size_t)(cap),       \
+                         sizeof(*(arr)) * nc_);                                \
+      (cap) = nc_;                                                             \
+    }                                                                          \
+    (arr)[(n)++] = (value);                                                    \
+  } while (0)
+
+/* ---- text buffer -------------------------------------------------------- */
+
+/* A growable, always NUL-terminated byte buffer (heap, not arena). */
+typedef struct Buf {
+  char *data;  /* the bytes; data[len] == 0 */
+  size_t len;  /* bytes used */
+  size_t cap;  /* bytes allocated */
+} Buf;
+
+void buf_put(Buf *b, const char *s, size_t n);
+void buf_puts(Buf *b, const char *s);
+void buf_printf(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void buf_vprintf(Buf *b, const char *fmt, va_list ap);
+void buf_free(Buf *b);
+
+/* Read a whole file into *out (NUL-terminated; *len excludes the NUL).
+ * Returns 0, or an errno value. */
+int base_read_file(const char *path, char **out, size_t *len);
+
+/* ---- internal errors ---------------------------------------------------- */
+
+/* An internal bug: prints file, line and message, then aborts. Never used for
+ * user errors, which travel back as diagnostics or status codes. */
+_Noreturn void base_panic(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define PANIC(...) base_panic(__FILE__, __LINE__, __VA_ARGS__)
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) PANIC("check failed: %s", #cond);                             \
+  } while (0)
+
+#endif

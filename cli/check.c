@@ -1,0 +1,11 @@
+/* flexc check: not built yet (placeholder until its stage lands). */
+#include <stdio.h>
+
+#include "cli.h"
+
+int cli_check(int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  fprintf(stderr, "flexc: 'check' is not available in this build\n");
+  return 2;
+}

@@ -1,0 +1,15 @@
+/* cli.h: the flexc command-line driver. One file per subcommand; each
+ * returns the process exit status: 0 ok, 1 user error, 2 bad usage. */
+#ifndef FLEXC_CLI_H
+#define FLEXC_CLI_H
+
+int cli_check(int argc, char **argv); /* flexc check FILE... */
+int cli_ir(int argc, char **argv);    /* flexc ir FILE [--kernel K] [--grad] [--after PASS] */
+int cli_run(int argc, char **argv);   /* flexc run FILE ... --out DIR */
+int cli_emit(int argc, char **argv);  /* flexc emit FILE --target ... */
+int cli_mask(int argc, char **argv);  /* flexc mask FILE --shape ... */
+
+/* Print "flexc: error: MSG" (usage errors) to stderr; returns 2. */
+int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

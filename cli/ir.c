@@ -1,0 +1,11 @@
+/* flexc ir: not built yet (placeholder until its stage lands). */
+#include <stdio.h>
+
+#include "cli.h"
+
+int cli_ir(int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  fprintf(stderr, "flexc: 'ir' is not available in this build\n");
+  return 2;
+}

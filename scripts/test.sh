@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Sets everything up and runs every test: a warnings-as-errors build and an
+# AddressSanitizer + UndefinedBehaviorSanitizer build of the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+scripts/setup.sh build -DFLEXC_WERROR=ON
+(cd build && ctest --output-on-failure -j "$jobs")
+
+scripts/setup.sh build-san -DFLEXC_WERROR=ON -DFLEXC_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+(cd build-san && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+   ctest --output-on-failure -j "$jobs" -LE slow)

@@ -1,0 +1,36 @@
+/* Smoke suite: the library links and the base utilities behave. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "testlib.h"
+
+START_TEST(arena_and_buf) {
+  Arena a = {0};
+  char *s = arena_printf(&a, "%d-%s", 42, "x");
+  ck_assert_str_eq(s, "42-x");
+  int *arr = NULL;
+  size_t n = 0, cap = 0;
+  for (int i = 0; i < 1000; i++) ARENA_PUSH(&a, arr, n, cap, i);
+  ck_assert_int_eq(arr[999], 999);
+  arena_free(&a);
+  Buf b = {0};
+  buf_printf(&b, "%s", "hello");
+  buf_puts(&b, " world");
+  ck_assert_str_eq(b.data, "hello world");
+  buf_free(&b);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("smoke");
+  TCase *tc = tcase_create("base");
+  tcase_add_test(tc, arena_and_buf);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,65 @@
+/* testlib.c: helpers shared by the Check suites. */
+#include "testlib.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *tl_src_path(const char *rel) {
+  static char buf[8][4096];
+  static int k;
+  char *p = buf[k++ % 8];
+  snprintf(p, sizeof buf[0], "%s/%s", FLEXC_SRC_DIR, rel);
+  return p;
+}
+
+const char *tl_flexc(void) {
+  const char *p = getenv("FLEXC_BIN");
+  return p ? p : "flexc";
+}
+
+int tl_run(const char *cmd, Buf *out) {
+  Buf full = {0};
+  buf_printf(&full, "%s 2>&1", cmd);
+  FILE *f = popen(full.data, "r");
+  buf_free(&full);
+  if (!f) return -1;
+  char tmp[4096];
+  size_t n;
+  while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) buf_put(out, tmp, n);
+  if (!out->data) buf_put(out, "", 0);
+  int st = pclose(f);
+  if (WIFEXITED(st)) return WEXITSTATUS(st);
+  if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+  return -1;
+}
+
+uint64_t tl_seed(void) {
+  static uint64_t seed;
+  static int done;
+  if (!done) {
+    const char *s = getenv("FLEXC_SEED");
+    seed = s ? strtoull(s, NULL, 0) : ((uint64_t)time(NULL) * 2654435761u) ^ (uint64_t)getpid();
+    fprintf(stderr, "seed: FLEXC_SEED=%llu\n", (unsigned long long)seed);
+    done = 1;
+  }
+  return seed;
+}
+
+uint64_t tl_rand(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+double tl_uniform(uint64_t *s) { return (double)(tl_rand(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+double tl_normal(uint64_t *s) {
+  double u = tl_uniform(s), v = tl_uniform(s);
+  if (u < 1e-300) u = 1e-300;
+  return sqrt(-2.0 * log(u)) * cos(2.0 * 3.14159265358979323846 * v);
+}
