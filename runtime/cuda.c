@@ -1,0 +1,399 @@
+/* cuda.c: the CUDA backend. For one validated call: check that every tensor
+ * lives on the same CUDA device, pick the target arch from the device,
+ * generate and compile the kernels through the cache, fill the params
+ * struct from the call, and launch on the caller's stream.
+ *
+ *   forward:  flex_fwd
+ *   backward: flex_bwd_pre (D, zero dQ accumulator) -> flex_bwd -> flex_bwd_dq
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cache.h"
+#include "codegen/codegen.h"
+#include "driver.h"
+#include "kernels/params.cuh"
+#include "rt.h"
+
+/* ---- tensors ------------------------------------------------------------- */
+
+/* A tensor's device, or an error naming it. Optional tensors may be NULL. */
+static flex_status on_device(const char *name, const DLTensor *t, int *device) {
+  if (!t) return FLEX_OK;
+  if (t->device.device_type != kDLCUDA && t->device.device_type != kDLCUDAManaged)
+    return rt_err(FLEX_ERR_INVALID,
+                  "the cuda backend needs every tensor on a CUDA device, but '%s' is on "
+                  "device type %d (%s), id %d",
+                  name, (int)t->device.device_type,
+                  t->device.device_type == kDLCPU ? "CPU" : "not CUDA", (int)t->device.device_id);
+  if (*device < 0) *device = t->device.device_id;
+  else if (*device != t->device.device_id)
+    return rt_err(FLEX_ERR_INVALID, "'%s' is on CUDA device %d, but the other tensors are on %d",
+                  name, (int)t->device.device_id, *device);
+  return FLEX_OK;
+}
+
+/* The device every tensor of the call lives on. */
+static flex_status call_device(const RtCall *c, int *device) {
+  const flex_args *a = c->args;
+  *device = -1;
+  const struct { const char *n; const DLTensor *t; } ts[] = {
+      {"q", a->q}, {"k", a->k}, {"v", a->v}, {"out", a->out}, {"lse", a->lse},
+      {"dout", a->dout}, {"dlse", a->dlse}, {"dq", a->dq}, {"dk", a->dk}, {"dv", a->dv}};
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+    if (!c->backward && i >= 5) break;
+    flex_status st = on_device(ts[i].n, ts[i].t, device);
+    if (st) return st;
+  }
+  for (int i = 0; i < c->mod->nbuffers; i++) {
+    flex_status st = on_device(c->mod->buffers[i].id, c->buf_tensors[i], device);
+    if (!st && c->backward) st = on_device(c->mod->buffers[i].id, c->buf_grads[i], device);
+    if (st) return st;
+  }
+  if (a->block_mask) {
+    const flex_block_mask *m = a->block_mask;
+    const DLTensor *bm[] = {m->kv_num_blocks, m->kv_indices, m->full_kv_num_blocks,
+                            m->full_kv_indices, m->q_num_blocks, m->q_indices,
+                            m->full_q_num_blocks, m->full_q_indices};
+    for (int i = 0; i < 8; i++) {
+      flex_status st = on_device("block_mask", bm[i], device);
+      if (st) return st;
+    }
+  }
+  if (*device < 0) *device = 0;
+  return FLEX_OK;
+}
+
+/* Element stride of dimension d (compact when strides is NULL). */
+static int64_t stride_of(const DLTensor *t, int d) {
+  if (t->strides) return t->strides[d];
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i > d; i--) s *= t->shape[i];
+  return s;
+}
+
+static char *data_of(const DLTensor *t) {
+  return t ? (char *)t->data + t->byte_offset : NULL;
+}
+
+/* [B, heads, rows, cols] strides. */
+static FlexStrides strides4(const DLTensor *t) {
+  FlexStrides s = {0, 0, 0};
+  if (t) s = (FlexStrides){stride_of(t, 0), stride_of(t, 1), stride_of(t, 2)};
+  return s;
+}
+
+static bool contiguous(const DLTensor *t) {
+  int64_t want = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    if (t->shape[d] != 1 && stride_of(t, d) != want) return false;
+    want *= t->shape[d];
+  }
+  return true;
+}
+
+static int64_t numel(const DLTensor *t) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+  return n;
+}
+
+/* Whether a row-major [.., .., rows, cols] tensor allows 16-byte vector loads. */
+static bool aligned16(const DLTensor *t) {
+  if (!t) return true;
+  int64_t es = (t->dtype.bits + 7) / 8;
+  if (((uintptr_t)data_of(t)) % 16) return false;
+  for (int d = 0; d + 1 < t->ndim; d++)
+    if ((stride_of(t, d) * es) % 16) return false;
+  return true;
+}
+
+/* One side of a block mask (NULL tensors give an empty list). Dims of extent
+ * 1 broadcast: their stride is 0. */
+static FlexBlockList block_list(const DLTensor *num, const DLTensor *idx) {
+  FlexBlockList l;
+  memset(&l, 0, sizeof l);
+  if (!num || !idx) return l;
+  l.num = (const int32_t *)data_of(num);
+  l.idx = (const int32_t *)data_of(idx);
+  l.num_b = num->shape[0] == 1 ? 0 : stride_of(num, 0);
+  l.num_h = num->shape[1] == 1 ? 0 : stride_of(num, 1);
+  l.num_r = stride_of(num, 2);
+  l.idx_b = idx->shape[0] == 1 ? 0 : stride_of(idx, 0);
+  l.idx_h = idx->shape[1] == 1 ? 0 : stride_of(idx, 1);
+  l.idx_r = stride_of(idx, 2);
+  return l;
+}
+
+/* ---- the params struct ----------------------------------------------------- */
+
+/* Everything in FlexParams that comes straight from the call. */
+static flex_status fill_params(const RtCall *c, FlexParams *p) {
+  const flex_args *a = c->args;
+  const IrModule *m = c->mod;
+  memset(p, 0, sizeof *p);
+  if (m->nparams > FLEX_MAX_PARAMS || m->nbuffers > FLEX_MAX_BUFFERS ||
+      m->nsizes > FLEX_MAX_SIZES)
+    return rt_err(FLEX_ERR_UNSUPPORTED,
+                  "the cuda backend supports at most %d params, %d buffers and %d sizes",
+                  FLEX_MAX_PARAMS, FLEX_MAX_BUFFERS, FLEX_MAX_SIZES - SZ_COUNT);
+  /* The kernels write outputs in the input dtype. */
+  const DLTensor *outs[] = {a->out, c->backward ? a->dq : NULL, c->backward ? a->dk : NULL,
+                            c->backward ? a->dv : NULL};
+  const char *onames[] = {"out", "dq", "dk", "dv"};
+  for (int i = 0; i < 4; i++)
+    if (outs[i] && (outs[i]->dtype.code != c->dtype.code || outs[i]->dtype.bits != c->dtype.bits))
+      return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend writes '%s' in the dtype of q "
+                    "(%d-bit code %d), got %d-bit code %d", onames[i], c->dtype.bits,
+                    c->dtype.code, outs[i]->dtype.bits, outs[i]->dtype.code);
+  p->out = data_of(a->out);
+  p->lse = (float *)data_of(a->lse);
+  p->q = data_of(a->q), p->k = data_of(a->k), p->v = data_of(a->v);
+  p->sq = strides4(a->q), p->sk = strides4(a->k), p->sv = strides4(a->v);
+  p->so = strides4(a->out);
+  if (a->lse) p->lse_b = stride_of(a->lse, 0), p->lse_h = stride_of(a->lse, 1);
+  if (a->lse && (a->lse->dtype.code != kDLFloat || a->lse->dtype.bits != 32 ||
+                 stride_of(a->lse, 2) != 1))
+    return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend needs 'lse' as float32 with unit "
+                                        "stride along Q_LEN");
+  for (int i = 0; i < m->nparams; i++) {
+    if (m->params[i].type == IT_F32) p->pf[i] = (float)c->params[i].f;
+    else p->pi[i] = c->params[i].i;
+  }
+  for (int i = 0; i < m->nsizes; i++) p->sizes[i] = c->sizes[i];
+  for (int i = 0; i < m->nbuffers; i++) {
+    const DLTensor *t = c->buf_tensors[i];
+    if (!t) continue;
+    if (!contiguous(t))
+      return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend needs buffer '%s' contiguous "
+                                          "(row-major, no gaps)", m->buffers[i].id);
+    p->buf[i] = data_of(t);
+  }
+  p->B = c->B, p->H = c->H, p->HKV = c->HKV, p->G = c->G;
+  p->q_len = c->QL, p->kv_len = c->KL, p->E = c->E, p->EV = c->EV;
+  p->scale = (float)c->scale;
+  if (a->block_mask) {
+    const flex_block_mask *bm = a->block_mask;
+    p->block_q = bm->block_q ? bm->block_q : 128;
+    p->block_kv = bm->block_kv ? bm->block_kv : 128;
+    p->kv_list = block_list(bm->kv_num_blocks, bm->kv_indices);
+    p->full_kv_list = block_list(bm->full_kv_num_blocks, bm->full_kv_indices);
+    p->q_list = block_list(bm->q_num_blocks, bm->q_indices);
+    p->full_q_list = block_list(bm->full_q_num_blocks, bm->full_q_indices);
+  }
+  p->vec16 = aligned16(a->q) && aligned16(a->k) && aligned16(a->v);
+  if (c->backward) {
+    p->dq = data_of(a->dq), p->dk = data_of(a->dk), p->dv = data_of(a->dv);
+    p->dout = data_of(a->dout);
+    p->sdo = strides4(a->dout), p->sdq = strides4(a->dq);
+    p->sdk = strides4(a->dk), p->sdv = strides4(a->dv);
+    p->vec16 = p->vec16 && aligned16(a->dout);
+    if (a->block_mask && !a->block_mask->q_num_blocks)
+      return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend's backward needs the block mask's "
+                                          "q_num_blocks/q_indices side");
+  }
+  return FLEX_OK;
+}
+
+/* ---- arch --------------------------------------------------------------------- */
+
+/* NVRTC's target for a device: sm_90a on 9.0 (wgmma paths), sm_XY elsewhere. */
+static flex_status pick_arch(int device, char *arch, size_t cap) {
+  int major = 0, minor = 0;
+  flex_status st = rt_drv_compute_capability(device, &major, &minor);
+  if (st) return st;
+  if (major < 8)
+    return rt_err(FLEX_ERR_UNSUPPORTED,
+                  "CUDA device %d has compute capability %d.%d; flexc needs 8.0 or newer "
+                  "(mma.sync m16n8k16 with bf16)", device, major, minor);
+  snprintf(arch, cap, "sm_%d%d%s", major, minor, major == 9 && minor == 0 ? "a" : "");
+  return FLEX_OK;
+}
+
+/* ---- launching --------------------------------------------------------------- */
+
+/* One kernel launch: entry name and geometry. */
+typedef struct Launch {
+  const char *entry;            /* extern "C" name */
+  unsigned grid[3], block[3];   /* geometry */
+  unsigned smem;                /* dynamic shared memory bytes */
+} Launch;
+
+/* Look up and launch one entry of the module with the params struct. */
+static flex_status launch(RtCuModule mod, const Launch *l, const FlexParams *p, RtCuStream s) {
+  RtCuFunction f;
+  flex_status st = rt_drv_function(&f, mod, l->entry);
+  if (!st) st = rt_drv_set_smem(f, (int)l->smem);
+  void *args[1] = {(void *)p};
+  if (!st) st = rt_drv_launch(f, l->grid, l->block, l->smem, s, args);
+  if (st) return rt_err(st, "launching %s: %s", l->entry, flex_last_error());
+  return FLEX_OK;
+}
+
+/* The code generator's element type for the call's dtype. */
+static CgDtype cg_dtype_of(DLDataType t) {
+  if (t.code == kDLBfloat) return CG_BF16;
+  return t.bits == 16 ? CG_FP16 : CG_FP32;
+}
+
+static Launch launch_of(const char *entry, CgLaunch g) {
+  Launch l;
+  l.entry = entry;
+  memcpy(l.grid, g.grid, sizeof l.grid);
+  memcpy(l.block, g.block, sizeof l.block);
+  l.smem = (unsigned)g.smem;
+  return l;
+}
+
+/* The generated source for the call and each entry's geometry. Without a
+ * caller's BlockMask a masked kernel visits every tile and tests every
+ * element (always right; a caller's BlockMask lets it skip blocks). */
+static flex_status generate(const RtCall *c, const char *arch, Buf *src, Launch *fwd,
+                            Launch bwd[3]) {
+  CgArch ca;
+  if (!cg_arch_parse(arch, &ca)) ca = CG_SM89; /* newer parts: the portable mma.sync path */
+  CgOptions o;
+  char err[512];
+  if (!cg_options_init(&o, c->mod, cg_dtype_of(c->dtype), c->E, c->EV, ca, c->backward, err,
+                       sizeof err))
+    return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend cannot run this call: %s", err);
+  if (o.has_mask) o.mask_mode = c->args->block_mask ? CG_MASK_LISTS : CG_MASK_DENSE;
+  else o.mask_mode = c->args->block_mask ? CG_MASK_LISTS : CG_MASK_NONE;
+  o.source = c->kernel->src.path;
+  cg_emit_cuda(src, c->mod, &o);
+  *fwd = launch_of("flex_fwd", cg_launch_fwd(&o, c->B, c->H, c->QL));
+  bwd[0] = launch_of("flex_bwd_pre", cg_launch_bwd_pre(&o, c->B, c->H, c->QL));
+  bwd[1] = launch_of("flex_bwd", cg_launch_bwd(&o, c->B, c->HKV, c->KL));
+  bwd[2] = launch_of("flex_bwd_dq", cg_launch_bwd_dq(&o, c->B, c->H, c->QL));
+  return FLEX_OK;
+}
+
+/* Scratch device memory of one backward call. */
+typedef struct Scratch {
+  RtCuDevicePtr dq_acc, delta;             /* fp32 dQ accumulator and D */
+  RtCuDevicePtr grad[FLEX_MAX_BUFFERS];    /* fp32 buffer-gradient accumulators we own */
+} Scratch;
+
+static void scratch_free(Scratch *s) {
+  rt_drv_free(s->dq_acc);
+  rt_drv_free(s->delta);
+  for (int i = 0; i < FLEX_MAX_BUFFERS; i++) rt_drv_free(s->grad[i]);
+}
+
+/* Point the buffer-gradient accumulators at zeroed fp32 memory: the
+ * caller's tensor when it is float32 and contiguous, else our own. */
+static flex_status grad_targets(const RtCall *c, FlexParams *p, Scratch *s, RtCuStream strm) {
+  for (int i = 0; i < c->mod->nbuffers; i++) {
+    const DLTensor *g = c->buf_grads[i];
+    if (!g) continue;
+    if (!contiguous(g))
+      return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend needs the gradient of buffer '%s' "
+                                          "contiguous", c->mod->buffers[i].id);
+    size_t n = (size_t)numel(g);
+    flex_status st = FLEX_OK;
+    if (g->dtype.code == kDLFloat && g->dtype.bits == 32) {
+      p->buf_grad[i] = (float *)data_of(g);
+    } else {
+      st = rt_drv_alloc(&s->grad[i], n * 4);
+      p->buf_grad[i] = (float *)(uintptr_t)s->grad[i];
+    }
+    if (!st) st = rt_drv_memset32((RtCuDevicePtr)(uintptr_t)p->buf_grad[i], 0, n, strm);
+    if (st) return st;
+  }
+  return FLEX_OK;
+}
+
+/* Widen our fp32 buffer gradients into the caller's float64 tensors. */
+static flex_status grad_finish(const RtCall *c, Scratch *s, RtCuStream strm) {
+  for (int i = 0; i < c->mod->nbuffers; i++) {
+    if (!s->grad[i]) continue;
+    const DLTensor *g = c->buf_grads[i];
+    size_t n = (size_t)numel(g);
+    float *f = base_alloc(n * 4 + 4);
+    double *d = base_alloc(n * 8 + 8);
+    flex_status st = rt_drv_memcpy_dtoh(f, s->grad[i], n * 4, strm);
+    if (!st) st = rt_drv_sync(strm);
+    for (size_t j = 0; !st && j < n; j++) d[j] = f[j];
+    if (!st) st = rt_drv_memcpy_htod((RtCuDevicePtr)(uintptr_t)data_of(g), d, n * 8, strm);
+    if (!st) st = rt_drv_sync(strm);
+    base_free(f);
+    base_free(d);
+    if (st) return st;
+  }
+  return FLEX_OK;
+}
+
+static flex_status run_backward(const RtCall *c, FlexParams *p, RtCuModule mod,
+                                const Launch bwd[3], RtCuStream strm) {
+  const flex_args *a = c->args;
+  if (a->dlse) {
+    bool same = a->lse && a->dlse->dtype.code == kDLFloat && a->dlse->dtype.bits == 32 &&
+                stride_of(a->dlse, 0) == p->lse_b && stride_of(a->dlse, 1) == p->lse_h &&
+                stride_of(a->dlse, 2) == 1;
+    if (!same)
+      return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend needs 'dlse' as float32 with the "
+                                          "same strides as 'lse'");
+    p->dlse = (const float *)data_of(a->dlse);
+  }
+  Scratch s;
+  memset(&s, 0, sizeof s);
+  size_t rows = (size_t)c->B * (size_t)c->H * (size_t)c->QL;
+  flex_status st = rt_drv_alloc(&s.dq_acc, rows * (size_t)c->E * 4);
+  if (!st) st = rt_drv_alloc(&s.delta, rows * 4);
+  p->dq_acc = (float *)(uintptr_t)s.dq_acc;
+  p->delta = (float *)(uintptr_t)s.delta;
+  if (!st) st = grad_targets(c, p, &s, strm);
+  for (int i = 0; !st && i < 3; i++) st = launch(mod, &bwd[i], p, strm);
+  if (!st) st = grad_finish(c, &s, strm);
+  /* The launches read the scratch: wait before freeing it. */
+  flex_status st2 = rt_drv_sync(strm);
+  scratch_free(&s);
+  return st ? st : st2;
+}
+
+/* Generate, compile (through the cache), load and launch. */
+static flex_status rt_cuda_run(const RtCall *c, FlexParams *p, int device, const char *arch) {
+  Buf src = {0};
+  Launch fwd, bwd[3];
+  flex_status st = generate(c, arch, &src, &fwd, bwd);
+  RtCuModule mod = NULL;
+  if (!st) st = rt_cuda_module_for(src.data, src.len, "cubin", arch, device, &mod);
+  buf_free(&src);
+  if (st) return st;
+  RtCuStream strm = (RtCuStream)c->args->stream;
+  if (!c->backward) {
+    return launch(mod, &fwd, p, strm); /* asynchronous, like any launch on the caller's stream */
+  }
+  return run_backward(c, p, mod, bwd, strm);
+}
+
+/* ---- one call ------------------------------------------------------------------- */
+
+/* Check the device, make its context current and fill the params. */
+static flex_status prepare(const RtCall *c, FlexParams *p, int *device, char *arch, size_t cap) {
+  flex_status st = rt_drv_init();
+  if (!st) st = call_device(c, device);
+  if (!st) st = rt_drv_use_device(*device);
+  if (!st) st = pick_arch(*device, arch, cap);
+  if (!st) st = fill_params(c, p);
+  return st;
+}
+
+flex_status rt_cuda_forward(const RtCall *c) {
+  FlexParams p;
+  int device;
+  char arch[32];
+  flex_status st = prepare(c, &p, &device, arch, sizeof arch);
+  if (st) return st;
+  return rt_cuda_run(c, &p, device, arch);
+}
+
+flex_status rt_cuda_backward(const RtCall *c) {
+  FlexParams p;
+  int device;
+  char arch[32];
+  flex_status st = prepare(c, &p, &device, arch, sizeof arch);
+  if (st) return st;
+  return rt_cuda_run(c, &p, device, arch);
+}
