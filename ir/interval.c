@@ -1,0 +1,545 @@
+/* interval.c: ir_interval_mask(): classify a block of a mask as empty, full
+ * or partial by evaluating the mask over the block's ranges with interval
+ * arithmetic (docs/blockmask.md). One transfer function per op; an op with
+ * no precise rule gets the top of its type, which is always sound. */
+#include "interval.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+/* ---- lattice helpers ------------------------------------------------------ */
+
+static IrAbs abs_bool(bool may_false, bool may_true) {
+  IrAbs r = {0};
+  r.may_false = may_false;
+  r.may_true = may_true;
+  return r;
+}
+
+/* An int range; a result that may leave the i32 range may have wrapped, so
+ * it becomes the whole range. */
+static IrAbs abs_int(int64_t lo, int64_t hi) {
+  IrAbs r = {0};
+  if (lo < INT32_MIN || hi > INT32_MAX || lo > hi) lo = INT32_MIN, hi = INT32_MAX;
+  r.lo = lo;
+  r.hi = hi;
+  return r;
+}
+
+static IrAbs abs_flt(double lo, double hi, bool nan) {
+  IrAbs r = {0};
+  if (isnan(lo) || isnan(hi) || lo > hi) lo = -INFINITY, hi = INFINITY, nan = true;
+  r.flo = lo;
+  r.fhi = hi;
+  r.nan = nan;
+  return r;
+}
+
+static IrAbs abs_top(IrType t) {
+  if (t == IT_BOOL) return abs_bool(true, true);
+  if (t == IT_F32) return abs_flt(-INFINITY, INFINITY, true);
+  return abs_int(INT32_MIN, INT32_MAX);
+}
+
+/* The abstract value of one concrete value. */
+static IrAbs abs_point(IrType t, IrVal v) {
+  if (t == IT_BOOL) return abs_bool(!v.b, v.b);
+  if (t == IT_F32) return abs_flt(v.f, v.f, isnan(v.f));
+  return abs_int(v.i, v.i);
+}
+
+/* Whether x is a single concrete value, and which. */
+static bool is_point(IrType t, IrAbs x, IrVal *v) {
+  if (t == IT_BOOL) {
+    *v = ir_vb(x.may_true);
+    return x.may_true != x.may_false;
+  }
+  if (t == IT_F32) {
+    *v = ir_vf(x.flo);
+    return !x.nan && x.flo == x.fhi && signbit(x.flo) == signbit(x.fhi);
+  }
+  *v = ir_vi((int32_t)x.lo);
+  return x.lo == x.hi;
+}
+
+static IrAbs abs_join(IrType t, IrAbs x, IrAbs y) {
+  if (t == IT_BOOL) return abs_bool(x.may_false || y.may_false, x.may_true || y.may_true);
+  if (t == IT_F32) return abs_flt(fmin(x.flo, y.flo), fmax(x.fhi, y.fhi), x.nan || y.nan);
+  return abs_int(x.lo < y.lo ? x.lo : y.lo, x.hi > y.hi ? x.hi : y.hi);
+}
+
+static int64_t min4(int64_t a, int64_t b, int64_t c, int64_t d) {
+  int64_t m = a < b ? a : b, n = c < d ? c : d;
+  return m < n ? m : n;
+}
+static int64_t max4(int64_t a, int64_t b, int64_t c, int64_t d) {
+  int64_t m = a > b ? a : b, n = c > d ? c : d;
+  return m > n ? m : n;
+}
+
+/* ---- concrete evaluation of one op (all operands single values) ------------ */
+
+/* The interpreter's semantics, from the same ops.def column. */
+static IrVal point_eval(const IrInst *in, IrVal a, IrVal b, IrVal c) {
+  IrEnv dummy;
+  memset(&dummy, 0, sizeof dummy);
+  IrEnv *env = &dummy;
+  const IrVal *vals = NULL;
+  (void)env, (void)vals, (void)a, (void)b, (void)c;
+  switch ((IrOp)in->op) {
+#define X(op, name, n, r, t, fl, ev, cu)                                       \
+  case IR_##op: return (ev);
+#include "ops.def"
+#undef X
+  default: break;
+  }
+  PANIC("interval: bad op %d", (int)in->op);
+}
+
+/* ---- integer transfer functions ------------------------------------------ */
+
+/* Truncating division over a box whose divisor range excludes zero: each
+ * variable alone moves the quotient monotonically, so corners bound it. */
+static IrAbs div_nonzero(IrAbs a, int64_t d0, int64_t d1) {
+  int64_t q[4] = {a.lo / d0, a.lo / d1, a.hi / d0, a.hi / d1};
+  return abs_int(min4(q[0], q[1], q[2], q[3]), max4(q[0], q[1], q[2], q[3]));
+}
+
+static IrAbs tf_div_i(IrAbs a, IrAbs b) {
+  bool have = false;
+  IrAbs r = abs_int(0, 0);
+  if (b.lo <= -1) {
+    r = div_nonzero(a, b.lo, b.hi < -1 ? b.hi : -1);
+    have = true;
+  }
+  if (b.hi >= 1) {
+    IrAbs p = div_nonzero(a, b.lo > 1 ? b.lo : 1, b.hi);
+    r = have ? abs_join(IT_I32, r, p) : p;
+    have = true;
+  }
+  if (b.lo <= 0 && b.hi >= 0) r = have ? abs_join(IT_I32, r, abs_int(0, 0)) : abs_int(0, 0);
+  return r;
+}
+
+static IrAbs tf_mod_i(IrAbs a, IrAbs b) {
+  if (b.lo == b.hi && b.lo != 0) {
+    int64_t m = b.lo < 0 ? -b.lo : b.lo;
+    if (a.lo / m == a.hi / m && (a.lo >= 0 || a.hi <= 0))
+      return abs_int(a.lo % m, a.hi % m); /* one quotient: x % m = x - k*m */
+  }
+  /* |x % y| < |y|, |x % y| <= |x|, the sign follows x; x % 0 == x. */
+  int64_t big = (b.lo < 0 ? -b.lo : b.lo) > (b.hi < 0 ? -b.hi : b.hi) ? (b.lo < 0 ? -b.lo : b.lo)
+                                                                       : (b.hi < 0 ? -b.hi : b.hi);
+  int64_t m = big > 0 ? big - 1 : 0;
+  int64_t lo = a.lo >= 0 ? 0 : (a.lo > -m ? a.lo : -m);
+  int64_t hi = a.hi <= 0 ? 0 : (a.hi < m ? a.hi : m);
+  IrAbs r = abs_int(lo, hi);
+  if (b.lo <= 0 && b.hi >= 0) r = abs_join(IT_I32, r, a);
+  return r;
+}
+
+static IrAbs tf_int2(IrOp op, IrAbs a, IrAbs b) {
+  switch (op) {
+  case IR_ADD_I: return abs_int(a.lo + b.lo, a.hi + b.hi);
+  case IR_SUB_I: return abs_int(a.lo - b.hi, a.hi - b.lo);
+  case IR_MUL_I:
+    return abs_int(min4(a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi),
+                   max4(a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi));
+  case IR_DIV_I: return tf_div_i(a, b);
+  case IR_MOD_I: return tf_mod_i(a, b);
+  case IR_MIN_I: return abs_int(a.lo < b.lo ? a.lo : b.lo, a.hi < b.hi ? a.hi : b.hi);
+  case IR_MAX_I: return abs_int(a.lo > b.lo ? a.lo : b.lo, a.hi > b.hi ? a.hi : b.hi);
+  default: return abs_top(IT_I32);
+  }
+}
+
+/* Comparisons: decided when the ranges are ordered or disjoint. */
+static IrAbs tf_cmp_i(IrOp op, IrAbs a, IrAbs b) {
+  switch (op) {
+  case IR_LT_I: return abs_bool(!(a.hi < b.lo), a.lo < b.hi);
+  case IR_LE_I: return abs_bool(!(a.hi <= b.lo), a.lo <= b.hi);
+  case IR_EQ_I: {
+    bool disjoint = a.hi < b.lo || b.hi < a.lo;
+    bool same = a.lo == a.hi && b.lo == b.hi && a.lo == b.lo;
+    return abs_bool(!same, !disjoint);
+  }
+  case IR_NE_I: {
+    IrAbs e = tf_cmp_i(IR_EQ_I, a, b);
+    return abs_bool(e.may_true, e.may_false);
+  }
+  default: return abs_top(IT_BOOL);
+  }
+}
+
+/* NaN compares false; ordered ranges decide the rest. */
+static IrAbs tf_cmp_f(IrOp op, IrAbs a, IrAbs b) {
+  bool nan = a.nan || b.nan;
+  switch (op) {
+  case IR_LT_F: return abs_bool(nan || !(a.fhi < b.flo), a.flo < b.fhi);
+  case IR_LE_F: return abs_bool(nan || !(a.fhi <= b.flo), a.flo <= b.fhi);
+  case IR_EQ_F: {
+    bool disjoint = a.fhi < b.flo || b.fhi < a.flo;
+    bool same = a.flo == a.fhi && b.flo == b.fhi && a.flo == b.flo;
+    return abs_bool(nan || !same, !disjoint);
+  }
+  case IR_NE_F: {
+    IrAbs e = tf_cmp_f(IR_EQ_F, a, b);
+    return abs_bool(e.may_true, e.may_false);
+  }
+  default: return abs_top(IT_BOOL);
+  }
+}
+
+static IrAbs tf_int1(IrOp op, IrAbs a) {
+  switch (op) {
+  case IR_NEG_I: return abs_int(-a.hi, -a.lo);
+  case IR_ABS_I:
+    if (a.lo >= 0) return a;
+    if (a.hi <= 0) return abs_int(-a.hi, -a.lo);
+    return abs_int(0, -a.lo > a.hi ? -a.lo : a.hi);
+  case IR_B2I: return abs_int(a.may_false ? 0 : 1, a.may_true ? 1 : 0);
+  case IR_F2I: { /* monotone, saturating; NaN gives 0 */
+    IrAbs r = abs_int(ir_f2i(a.flo), ir_f2i(a.fhi));
+    return a.nan ? abs_join(IT_I32, r, abs_int(0, 0)) : r;
+  }
+  default: return abs_top(IT_I32);
+  }
+}
+
+/* ---- float transfer functions --------------------------------------------- */
+
+/* Ops that are non-decreasing in their operand on their whole domain, with
+ * the interpreter's own rounding at the end points. */
+static double mono_inc(IrOp op, double x) {
+  switch (op) {
+  case IR_EXP: return exp(x);
+  case IR_EXP2: return exp2(x);
+  case IR_LOG: return log(x);
+  case IR_LOG2: return log2(x);
+  case IR_SQRT: return sqrt(x);
+  case IR_TANH: return tanh(x);
+  case IR_SIGMOID: return 1.0 / (1.0 + exp(-x));
+  case IR_FLOOR: return floor(x);
+  case IR_CEIL: return ceil(x);
+  default: PANIC("interval: %d is not monotone", (int)op);
+  }
+}
+
+static IrAbs tf_flt1(IrOp op, IrAbs a) {
+  switch (op) {
+  case IR_NEG_F: return abs_flt(-a.fhi, -a.flo, a.nan);
+  case IR_I2F: return abs_flt((double)(float)a.lo, (double)(float)a.hi, false);
+  case IR_B2F: return abs_flt(a.may_false ? 0.0 : 1.0, a.may_true ? 1.0 : 0.0, false);
+  case IR_ABS_F:
+    if (a.flo >= 0) return a;
+    if (a.fhi <= 0) return abs_flt(-a.fhi, -a.flo, a.nan);
+    return abs_flt(0.0, fmax(-a.flo, a.fhi), a.nan);
+  case IR_LOG: case IR_LOG2: case IR_SQRT: {
+    /* NaN below zero; the domain's part of the range is still monotone. */
+    if (a.fhi < 0) return abs_top(IT_F32);
+    double lo = a.flo < 0 ? 0.0 : a.flo;
+    return abs_flt(mono_inc(op, lo), mono_inc(op, a.fhi), a.nan || a.flo < 0);
+  }
+  case IR_RSQRT: {
+    if (a.fhi < 0 || a.flo <= 0) return abs_top(IT_F32); /* NaN, or +-inf at zero */
+    return abs_flt(1.0 / sqrt(a.fhi), 1.0 / sqrt(a.flo), a.nan);
+  }
+  case IR_EXP: case IR_EXP2: case IR_TANH: case IR_SIGMOID: case IR_FLOOR: case IR_CEIL:
+    return abs_flt(mono_inc(op, a.flo), mono_inc(op, a.fhi), a.nan);
+  case IR_SIN: case IR_COS:
+    return abs_flt(-1.0, 1.0, a.nan || isinf(a.flo) || isinf(a.fhi));
+  default: return abs_top(IT_F32);
+  }
+}
+
+/* Bounds of an op whose extremes over a box lie at its corners. A NaN at a
+ * corner (inf - inf, 0 * inf) makes the result unknown. */
+static IrAbs corners(double c0, double c1, double c2, double c3, bool nan) {
+  if (isnan(c0) || isnan(c1) || isnan(c2) || isnan(c3)) return abs_top(IT_F32);
+  return abs_flt(fmin(fmin(c0, c1), fmin(c2, c3)), fmax(fmax(c0, c1), fmax(c2, c3)), nan);
+}
+
+static bool has_zero(IrAbs x) { return x.flo <= 0 && x.fhi >= 0; }
+static bool has_inf(IrAbs x) { return isinf(x.flo) || isinf(x.fhi); }
+
+/* fmin/fmax return the other operand when one is NaN. */
+static IrAbs tf_minmax_f(IrOp op, IrAbs a, IrAbs b) {
+  IrAbs r = op == IR_MIN_F ? abs_flt(fmin(a.flo, b.flo), fmin(a.fhi, b.fhi), a.nan && b.nan)
+                           : abs_flt(fmax(a.flo, b.flo), fmax(a.fhi, b.fhi), a.nan && b.nan);
+  IrAbs bn = b, an = a;
+  bn.nan = an.nan = false;
+  if (a.nan) r = abs_join(IT_F32, r, bn);
+  if (b.nan) r = abs_join(IT_F32, r, an);
+  return r;
+}
+
+static IrAbs tf_flt2(IrOp op, IrAbs a, IrAbs b) {
+  bool nan = a.nan || b.nan;
+  switch (op) {
+  case IR_ADD_F: return corners(a.flo + b.flo, a.flo + b.fhi, a.fhi + b.flo, a.fhi + b.fhi, nan);
+  case IR_SUB_F: return corners(a.flo - b.fhi, a.flo - b.flo, a.fhi - b.fhi, a.fhi - b.flo, nan);
+  case IR_MUL_F:
+    if ((has_zero(a) && has_inf(b)) || (has_zero(b) && has_inf(a))) return abs_top(IT_F32);
+    return corners(a.flo * b.flo, a.flo * b.fhi, a.fhi * b.flo, a.fhi * b.fhi, nan);
+  case IR_DIV_F:
+    if (has_zero(b) || (has_inf(a) && has_inf(b))) return abs_top(IT_F32);
+    return corners(a.flo / b.flo, a.flo / b.fhi, a.fhi / b.flo, a.fhi / b.fhi, nan);
+  case IR_MOD_F: {
+    if (has_zero(b) || has_inf(a)) return abs_top(IT_F32);
+    double m = fmax(fabs(b.flo), fabs(b.fhi)); /* |r| < |b|, |r| <= |a|, sign of a */
+    return abs_flt(a.flo >= 0 ? 0.0 : fmax(a.flo, -m), a.fhi <= 0 ? 0.0 : fmin(a.fhi, m), nan);
+  }
+  case IR_MIN_F: case IR_MAX_F: return tf_minmax_f(op, a, b);
+  default: return abs_top(IT_F32);
+  }
+}
+
+/* ---- leaves and loads ------------------------------------------------------- */
+
+/* Unknown value of a buffer's element type. */
+static IrAbs load_top(DType dt) {
+  switch (dt) {
+  case DT_F32: case DT_F16: case DT_BF16: return abs_top(IT_F32);
+  case DT_U8: return abs_int(0, 255);
+  case DT_BOOL: return abs_bool(true, true);
+  default: return abs_top(IT_I32);
+  }
+}
+
+/* One element, read by the interpreter's own loader; false when it fails
+ * (an i64 that does not fit, say). */
+static bool load_at(const IrModule *m, const IrIntervalEnv *env, const IrInst *in,
+                    const int64_t *idx, IrVal *out) {
+  IrEnv e;
+  memset(&e, 0, sizeof e);
+  e.bufs = env->bufs;
+  e.mod = m;
+  IrInst li = *in;
+  IrVal vals[IR_MAXDIMS];
+  for (int d = 0; d < in->nargs; d++) {
+    li.args[d] = d;
+    vals[d] = ir_vi((int32_t)idx[d]);
+  }
+  *out = ir_load(&e, &li, vals);
+  return !e.failed;
+}
+
+/* A load: exact when every index is one value; a `sorted` buffer is
+ * bounded by its values at the index range's end points; else its dtype. */
+static IrAbs tf_load(const IrModule *m, const IrIntervalEnv *env, const IrInst *in,
+                     const IrAbs *vals) {
+  const IrBuffer *buf = &m->buffers[in->aux];
+  IrAbs top = load_top(buf->dtype);
+  if (!env->bufs || !env->bufs[in->aux].data) return top;
+  const IrBufView *bv = &env->bufs[in->aux];
+  if (bv->ndims != in->nargs) return top;
+  int64_t lo[IR_MAXDIMS], hi[IR_MAXDIMS];
+  bool point = true;
+  for (int d = 0; d < in->nargs; d++) {
+    IrAbs ix = vals[in->args[d]];
+    if (ix.lo < 0 || ix.hi >= bv->shape[d]) return top; /* may be out of range */
+    lo[d] = ix.lo;
+    hi[d] = ix.hi;
+    point = point && ix.lo == ix.hi;
+  }
+  IrVal vlo, vhi;
+  if (point) return load_at(m, env, in, lo, &vlo) ? abs_point((IrType)in->type, vlo) : top;
+  if (!buf->sorted || in->nargs != 1 || in->type != IT_I32) return top;
+  if (!load_at(m, env, in, lo, &vlo) || !load_at(m, env, in, hi, &vhi)) return top;
+  if (vlo.i > vhi.i) return top; /* a broken promise: stay sound */
+  return abs_int(vlo.i, vhi.i);
+}
+
+static IrAbs tf_leaf(const IrIntervalEnv *env, const IrInst *in,
+                     const IrAbs *args) {
+  IrType t = (IrType)in->type;
+  switch ((IrOp)in->op) {
+  case IR_CONST: return abs_point(t, in->imm);
+  case IR_ARG: return args[in->aux];
+  case IR_PARAM: return env->params ? abs_point(t, env->params[in->aux]) : abs_top(t);
+  case IR_SIZE: return env->sizes ? abs_int(env->sizes[in->aux], env->sizes[in->aux])
+                                  : abs_int(0, INT32_MAX);
+  default: return abs_top(t);
+  }
+}
+
+/* ---- the evaluator ----------------------------------------------------------- */
+
+/* Operand type of an instruction (the first operand's for mixed ops). */
+static IrType arg_type(const IrFunc *f, const IrInst *in, int k) {
+  return (IrType)f->inst[in->args[k]].type;
+}
+
+static IrAbs transfer(const IrModule *m, const IrIntervalEnv *env, const IrFunc *f,
+                      const IrInst *in, const IrAbs *vals, const IrAbs *args) {
+  IrOp op = (IrOp)in->op;
+  IrType t = (IrType)in->type;
+  if (in->nargs == 0 || op == IR_LOAD || op == IR_ACCUM)
+    return op == IR_LOAD ? tf_load(m, env, in, vals) : tf_leaf(env, in, args);
+  IrAbs a = vals[in->args[0]];
+  IrAbs b = in->nargs > 1 ? vals[in->args[1]] : a;
+  IrAbs c = in->nargs > 2 ? vals[in->args[2]] : a;
+  /* Every operand one value: the interpreter's own answer. */
+  IrVal pv[3];
+  bool all = true;
+  for (int k = 0; k < in->nargs && k < 3; k++)
+    all = all && is_point(arg_type(f, in, k), vals[in->args[k]], &pv[k]);
+  if (all) return abs_point(t, point_eval(in, pv[0], in->nargs > 1 ? pv[1] : pv[0],
+                                          in->nargs > 2 ? pv[2] : pv[0]));
+  switch (op) {
+  case IR_NOT: return abs_bool(a.may_true, a.may_false);
+  case IR_AND: return abs_bool(a.may_false || b.may_false, a.may_true && b.may_true);
+  case IR_OR: return abs_bool(a.may_false && b.may_false, a.may_true || b.may_true);
+  case IR_SELECT:
+    if (!a.may_false) return b;
+    if (!a.may_true) return c;
+    return abs_join(t, b, c);
+  case IR_LT_I: case IR_LE_I: case IR_EQ_I: case IR_NE_I: return tf_cmp_i(op, a, b);
+  case IR_LT_F: case IR_LE_F: case IR_EQ_F: case IR_NE_F: return tf_cmp_f(op, a, b);
+  default: break;
+  }
+  if (t == IT_I32) return in->nargs == 2 ? tf_int2(op, a, b) : tf_int1(op, a);
+  if (t == IT_F32) return in->nargs == 2 ? tf_flt2(op, a, b) : tf_flt1(op, a);
+  return abs_top(t); /* eq.b / ne.b over undecided operands */
+}
+
+/* Mark the instructions the result depends on. */
+static void mark_live(const IrFunc *f, bool *live) {
+  memset(live, 0, (size_t)f->n * sizeof *live);
+  live[f->ret] = true;
+  for (int i = f->ret; i >= 0; i--) {
+    if (!live[i]) continue;
+    for (int k = 0; k < f->inst[i].nargs; k++) live[f->inst[i].args[k]] = true;
+  }
+}
+
+IrAbs ir_interval_eval(const IrModule *m, const IrFunc *f, const IrIntervalEnv *env,
+                       const IrAbs *args, IrAbs *vals) {
+  bool stack[256], *live = f->n <= 256 ? stack : base_alloc((size_t)f->n);
+  mark_live(f, live);
+  for (int i = 0; i <= f->ret; i++)
+    if (live[i]) vals[i] = transfer(m, env, f, &f->inst[i], vals, args);
+  if (live != stack) base_free(live);
+  return vals[f->ret];
+}
+
+/* ---- block classification ------------------------------------------------------ */
+
+static IrTri classify(const IrModule *m, const IrIntervalEnv *env, const int *r, IrAbs *vals) {
+  IrAbs args[ARG_COUNT];
+  for (int k = 0; k < ARG_COUNT; k++) args[k] = abs_top(k == ARG_S || k == ARG_DT ? IT_F32 : IT_I32);
+  args[ARG_B] = abs_int(r[0], r[1]);
+  args[ARG_H] = abs_int(r[2], r[3]);
+  args[ARG_Q] = abs_int(r[4], r[5]);
+  args[ARG_KV] = abs_int(r[6], r[7]);
+  IrAbs v = ir_interval_eval(m, m->mask, env, args, vals);
+  if (!v.may_true) return IR_TRI_EMPTY;
+  if (!v.may_false) return IR_TRI_FULL;
+  return IR_TRI_PARTIAL;
+}
+
+/* Bit set of the arguments each live instruction depends on. */
+static unsigned deps_of(const IrFunc *f, int i, unsigned *deps) {
+  const IrInst *in = &f->inst[i];
+  unsigned d = in->op == IR_ARG ? 1u << in->aux : 0;
+  for (int k = 0; k < in->nargs; k++) d |= deps[in->args[k]];
+  return deps[i] = d;
+}
+
+/* The divisor of the first `x / d` or `x % d` (d one value >= 2) whose x
+ * reads argument `arg`: splitting the arg's range at multiples of d gives
+ * pieces on which x / d is one value (grids: row = x / W, col = x % W). */
+static int64_t split_divisor(const IrFunc *f, const IrAbs *vals, IrArg arg) {
+  unsigned stack[256], *deps = f->n <= 256 ? stack : base_alloc((size_t)f->n * sizeof *deps);
+  bool lstack[256], *live = f->n <= 256 ? lstack : base_alloc((size_t)f->n);
+  mark_live(f, live);
+  int64_t found = 0;
+  for (int i = 0; i <= f->ret && !found; i++) {
+    deps_of(f, i, deps);
+    const IrInst *in = &f->inst[i];
+    if (!live[i] || (in->op != IR_DIV_I && in->op != IR_MOD_I) || !(deps[in->args[0]] & (1u << arg))) continue;
+    IrAbs d = vals[in->args[1]];
+    if (d.lo == d.hi && (d.lo >= 2 || d.lo <= -2)) found = d.lo < 0 ? -d.lo : d.lo;
+  }
+  if (deps != stack) base_free(deps);
+  if (live != lstack) base_free(live);
+  return found;
+}
+
+enum { MAX_PIECES = 16 };
+
+/* Split [lo, hi] at multiples of d; returns the piece count (0: too many). */
+static int pieces(int lo, int hi, int64_t d, int *cut) {
+  int n = 0;
+  cut[n++] = lo;
+  if (d >= 2 && lo >= 0)
+    for (int64_t x = ((int64_t)lo / d + 1) * d; x <= hi; x += d) {
+      if (n == MAX_PIECES) return 0;
+      cut[n++] = (int)x;
+    }
+  cut[n] = hi + 1;
+  return n;
+}
+
+/* A small case split over grid rows, for masks that map q or kv to (x / W,
+ * x % W): on each piece the row is one value and the column a plain range. */
+static IrTri split_classify(const IrModule *m, const IrIntervalEnv *env, const int *r,
+                            IrAbs *vals) {
+  int64_t dq = split_divisor(m->mask, vals, ARG_Q), dk = split_divisor(m->mask, vals, ARG_KV);
+  if (!dq && !dk) return IR_TRI_PARTIAL;
+  int cq[MAX_PIECES + 1], ck[MAX_PIECES + 1];
+  int nq = pieces(r[4], r[5], dq, cq), nk = pieces(r[6], r[7], dk, ck);
+  if (nq == 0 || nk == 0 || nq * nk == 1) return IR_TRI_PARTIAL;
+  bool any_full = false, any_empty = false;
+  for (int i = 0; i < nq; i++)
+    for (int j = 0; j < nk; j++) {
+      int s[8] = {r[0], r[1], r[2], r[3], cq[i], cq[i + 1] - 1, ck[j], ck[j + 1] - 1};
+      IrTri t = classify(m, env, s, vals);
+      if (t == IR_TRI_PARTIAL) return t;
+      any_full |= t == IR_TRI_FULL;
+      any_empty |= t == IR_TRI_EMPTY;
+      if (any_full && any_empty) return IR_TRI_PARTIAL;
+    }
+  return any_full ? IR_TRI_FULL : IR_TRI_EMPTY;
+}
+
+IrTri ir_interval_mask(const IrModule *m, const IrIntervalEnv *env, int b0, int b1, int h0,
+                       int h1, int q0, int q1, int kv0, int kv1) {
+  if (!m->mask) return IR_TRI_FULL;
+  CHECK(b0 <= b1 && h0 <= h1 && q0 <= q1 && kv0 <= kv1);
+  static const IrIntervalEnv none;
+  if (!env) env = &none;
+  int r[8] = {b0, b1, h0, h1, q0, q1, kv0, kv1};
+  IrAbs stack[128], *vals = m->mask->n <= 128 ? stack : base_alloc((size_t)m->mask->n * sizeof *vals);
+  IrTri t = classify(m, env, r, vals);
+  if (t == IR_TRI_PARTIAL) t = split_classify(m, env, r, vals);
+  if (vals != stack) base_free(vals);
+  return t;
+}
+
+/* ---- static facts ------------------------------------------------------------- */
+
+bool ir_interval_decidable(const IrModule *m) {
+  if (!m->mask) return true;
+  const IrFunc *f = m->mask;
+  bool stack[256], *live = f->n <= 256 ? stack : base_alloc((size_t)f->n);
+  mark_live(f, live);
+  bool ok = true;
+  for (int i = 0; i <= f->ret; i++)
+    if (live[i] && f->inst[i].op == IR_LOAD && !m->buffers[f->inst[i].aux].sorted) ok = false;
+  if (live != stack) base_free(live);
+  return ok;
+}
+
+bool ir_interval_uses_arg(const IrModule *m, IrArg arg) {
+  if (!m->mask) return false;
+  const IrFunc *f = m->mask;
+  bool stack[256], *live = f->n <= 256 ? stack : base_alloc((size_t)f->n);
+  mark_live(f, live);
+  bool used = false;
+  for (int i = 0; i <= f->ret; i++)
+    if (live[i] && f->inst[i].op == IR_ARG && f->inst[i].aux == (int)arg) used = true;
+  if (live != stack) base_free(live);
+  return used;
+}
