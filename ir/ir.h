@@ -36,7 +36,9 @@ typedef enum IrOp {
   IR_NOPS
 } IrOp;
 
-enum { OPF_COMM = 1, OPF_EFFECT = 2, OPF_LEAF = 4, OPF_ASSOC = 8 };
+/* OPF_INEXACT: the device's result is not correctly rounded (transcendentals),
+ * so folding would change the value; only const evaluation folds these. */
+enum { OPF_COMM = 1, OPF_EFFECT = 2, OPF_LEAF = 4, OPF_ASSOC = 8, OPF_INEXACT = 16 };
 
 /* Static facts about an op, generated from ops.def. */
 typedef struct IrOpInfo {
@@ -188,6 +190,10 @@ IrModule *ir_lower(Arena *a, const Program *p, const Decl *kernel, Diags *d);
 int ir_lower_check(Arena *a, const Program *p, const Decl *fn, Diags *d);
 
 void ir_fold(Arena *a, IrFunc *f);    /* fold + simplify, then drop dead code */
+/* Fold every op, OPF_INEXACT ones included: the value of a `const`, a
+ * dimension or a divisor, defined as binary64 evaluation rounded to binary32
+ * at each float op. True (and *out set) when f's result is a constant. */
+bool ir_fold_eval(Arena *a, IrFunc *f, IrVal *out);
 void ir_cse(Arena *a, IrFunc *f);
 void ir_dce(Arena *a, IrFunc *f);
 /* Build m->joint from m->score (reverse mode w.r.t. s and grad buffers). */
@@ -200,6 +206,8 @@ void ir_verify(const IrModule *m, const IrFunc *f);
  * named `after` ("lower", "fold", "cse", "dce", "autodiff") when not NULL;
  * returns false if `after` names no pass. */
 bool ir_compile(IrModule *m, bool grad, const char *after);
+/* The pass names `after` accepts, in order: "lower, fold, cse, dce, autodiff". */
+const char *ir_pass_names(void);
 
 /* Text form of a function / of the whole module. */
 void ir_print_func(Buf *out, const IrModule *m, const IrFunc *f);
@@ -238,5 +246,8 @@ IrVal ir_eval(const IrFunc *f, IrEnv *env, IrVal *vals);
 /* Helpers the EVAL column uses. */
 IrVal ir_load(IrEnv *env, const IrInst *in, const IrVal *vals);
 IrVal ir_accum(IrEnv *env, const IrInst *in, const IrVal *vals);
+/* Exact decoding of IEEE binary16 and bfloat16 bit patterns. */
+double ir_half_to_double(uint16_t h);
+double ir_bf16_to_double(uint16_t h);
 
 #endif
