@@ -1,0 +1,90 @@
+/* codegen.h: IR + kernel templates -> one CUDA translation unit.
+ *
+ *   emit.c    CgOut: a small indenting text emitter
+ *   func.c    cg_emit_funcs(): score, mask and joint as __device__ functions
+ *   kernel.c  cg_options_init(), cg_emit_cuda(): tiles, template
+ *             instantiation, the extern "C" entries; cg_launch_*(): grid,
+ *             block and dynamic shared memory of each entry
+ *
+ * The generated source includes the embedded templates by name
+ * (kernels/NAME.cuh); every entry takes one FlexParams (kernels/params.cuh).
+ */
+#ifndef FLEXC_CODEGEN_H
+#define FLEXC_CODEGEN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/base.h"
+#include "ir/ir.h"
+
+/* Most params, sizes or buffers one function may read. */
+#define FLEX_CG_MAXSLOTS 64
+
+/* Element type of q, k, v and the outputs. */
+typedef enum CgDtype { CG_FP32, CG_FP16, CG_BF16 } CgDtype;
+/* Target architecture. */
+typedef enum CgArch { CG_SM80, CG_SM86, CG_SM89, CG_SM90, CG_SM90A, CG_NARCH } CgArch;
+/* How the kernels decide which tiles to visit and where to evaluate the mask. */
+typedef enum CgMaskMode {
+  CG_MASK_NONE = 0,  /* no mask: every tile, no per-element test */
+  CG_MASK_LISTS = 1, /* BlockMask lists; per-element mask on partial blocks */
+  CG_MASK_DENSE = 2, /* every tile, per-element mask everywhere */
+} CgMaskMode;
+
+/* Tile shape of one kernel body. */
+typedef struct CgTiles {
+  int block_m;  /* query rows per tile */
+  int block_n;  /* keys per tile */
+  int threads;  /* threads per CTA */
+} CgTiles;
+
+/* What to generate. cg_options_init() fills every field from the module. */
+typedef struct CgOptions {
+  CgDtype dtype;       /* element type */
+  int head_dim;        /* E, 1..256 */
+  int head_dim_v;      /* EV, 1..256 */
+  int head_dim_pad;    /* E padded for the kernel body (multiple of 16 or of the fp32 row split) */
+  int head_dim_v_pad;  /* EV padded likewise */
+  CgArch arch;         /* target */
+  CgMaskMode mask_mode; /* block walk and mask evaluation */
+  bool has_mask;       /* the kernel has a mask function */
+  bool backward;       /* emit the backward entries (needs m->joint) */
+  bool grad_buffers;   /* some buffer is `grad`: the joint has ACCUMs */
+  bool score_identity; /* the score returns s unchanged: skip the call */
+  bool ds_is_dt;       /* d score/d s == 1 and no ACCUMs: skip the joint call */
+  CgTiles fwd;         /* forward tiles */
+  CgTiles bwd;         /* backward main tiles (block_m == block_n) */
+  const char *source;  /* the .score file's name, for the header comment */
+} CgOptions;
+
+/* Fill `o` for module `m` (joint used when non-NULL and `backward`). Returns
+ * false with a message in `err` (size errlen) for unsupported options. */
+bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int EV, CgArch arch,
+                     bool backward, char *err, size_t errlen);
+
+/* Write the whole translation unit for `m` into `out`. */
+void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o);
+/* Emit score, mask (and joint) as __device__ functions (part of cg_emit_cuda). */
+void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o);
+
+/* Launch geometry of one entry. */
+typedef struct CgLaunch {
+  unsigned grid[3];  /* blocks in x, y, z */
+  unsigned block[3]; /* threads in x, y, z */
+  size_t smem;       /* dynamic shared memory bytes (over 48 KB needs the opt-in attribute) */
+} CgLaunch;
+
+CgLaunch cg_launch_fwd(const CgOptions *o, int B, int H, int q_len);      /* flex_fwd */
+CgLaunch cg_launch_bwd_pre(const CgOptions *o, int B, int H, int q_len);  /* flex_bwd_pre */
+CgLaunch cg_launch_bwd(const CgOptions *o, int B, int HKV, int kv_len);   /* flex_bwd */
+CgLaunch cg_launch_bwd_dq(const CgOptions *o, int B, int H, int q_len);   /* flex_bwd_dq */
+
+/* Names and limits of the architectures. */
+const char *cg_arch_name(CgArch a);       /* "sm_80", ... */
+bool cg_arch_parse(const char *s, CgArch *out);
+size_t cg_arch_smem_limit(CgArch a);      /* max dynamic shared memory per block (opt-in) */
+const char *cg_dtype_name(CgDtype d);     /* "fp32", "fp16", "bf16" */
+bool cg_dtype_parse(const char *s, CgDtype *out);
+
+#endif

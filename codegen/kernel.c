@@ -1,0 +1,203 @@
+/* kernel.c: kernel instantiation and launch geometry.
+ *
+ * cg_options_init() picks tiles per dtype, head dim and arch;
+ * cg_emit_cuda() writes the translation unit: header comment, template
+ * includes, the device functions, and one extern "C" entry per kernel that
+ * instantiates a template body. The cg_launch_*() functions give the grid,
+ * block and dynamic shared memory both the CUDA backend and the emulator use.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+
+static const char *const arch_names[CG_NARCH] = {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"};
+
+const char *cg_arch_name(CgArch a) { return a < CG_NARCH ? arch_names[a] : "?"; }
+
+bool cg_arch_parse(const char *s, CgArch *out) {
+  for (int i = 0; i < CG_NARCH; i++)
+    if (!strcmp(s, arch_names[i])) {
+      *out = (CgArch)i;
+      return true;
+    }
+  return false;
+}
+
+size_t cg_arch_smem_limit(CgArch a) {
+  switch (a) {
+  case CG_SM80: return 163 * 1024;
+  case CG_SM86: case CG_SM89: return 99 * 1024;
+  default: return 227 * 1024;
+  }
+}
+
+const char *cg_dtype_name(CgDtype d) {
+  return d == CG_FP32 ? "fp32" : d == CG_FP16 ? "fp16" : "bf16";
+}
+
+bool cg_dtype_parse(const char *s, CgDtype *out) {
+  for (int i = 0; i < 3; i++)
+    if (!strcmp(s, cg_dtype_name((CgDtype)i))) {
+      *out = (CgDtype)i;
+      return true;
+    }
+  return false;
+}
+
+static int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+/* Dynamic shared memory of each body (must match the templates' carving). */
+static size_t smem_fwd(const CgOptions *o) {
+  int EP = o->head_dim_pad, EVP = o->head_dim_v_pad, BM = o->fwd.block_m, BN = o->fwd.block_n;
+  if (o->dtype == CG_FP32)
+    return 4u * (size_t)(BM * (EP + 1) + BN * (EP + 1) + BN * EVP + BM * (BN + 1));
+  return 2u * (size_t)(BM * (EP + 8) + 2 * BN * (EP + 8) + 2 * BN * (EVP + 8));
+}
+
+static size_t smem_bwd(const CgOptions *o) {
+  int EP = o->head_dim_pad, EVP = o->head_dim_v_pad, BM = o->bwd.block_m, BN = o->bwd.block_n;
+  return 4u * (size_t)(BN * (EP + 1) + BN * (EVP + 1) + BM * (EP + 1) + BM * (EVP + 1) +
+                       2 * BN * (BM + 1) + 2 * BM);
+}
+
+/* True when f computes just `return ARG`. */
+static bool returns_arg(const IrFunc *f, IrArg a) {
+  const IrInst *r = &f->inst[f->ret];
+  return r->op == IR_ARG && r->aux == (int)a;
+}
+
+static bool has_accum(const IrFunc *f) {
+  for (int i = 0; i < f->n; i++)
+    if (f->inst[i].op == IR_ACCUM) return true;
+  return false;
+}
+
+static void pick_tiles(CgOptions *o) {
+  int big = o->head_dim_pad > o->head_dim_v_pad ? o->head_dim_pad : o->head_dim_v_pad;
+  size_t limit = cg_arch_smem_limit(o->arch);
+  if (o->dtype == CG_FP32) {
+    /* fp32 SIMT: keys and output columns split over 128 / BM threads per row. */
+    o->fwd.block_m = o->fwd.block_n = big <= 128 ? 32 : 16;
+  } else {
+    /* 4 warps x 16 rows; the O accumulator takes EVP / 2 registers per thread. */
+    o->fwd.block_m = 64;
+    o->fwd.block_n = o->head_dim_v_pad <= 128 ? 64 : 32;
+    while (o->fwd.block_n > 16 && smem_fwd(o) > limit) o->fwd.block_n /= 2;
+  }
+  o->fwd.threads = 128;
+  /* dK and dV live in registers: EP / TPR + EVP / TPR floats per thread. */
+  o->bwd.block_m = o->bwd.block_n = big <= 128 ? 32 : 16;
+  o->bwd.threads = 128;
+}
+
+bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int EV, CgArch arch,
+                     bool backward, char *err, size_t errlen) {
+  memset(o, 0, sizeof *o);
+  if (E < 1 || E > 256 || EV < 1 || EV > 256) {
+    snprintf(err, errlen, "head dims must be 1..256 (got E=%d, EV=%d)", E, EV);
+    return false;
+  }
+  if (backward && !m->joint) {
+    snprintf(err, errlen, "backward requested but the module has no joint function");
+    return false;
+  }
+  o->dtype = dtype;
+  o->head_dim = E;
+  o->head_dim_v = EV;
+  o->head_dim_pad = round_up(E, 16);
+  o->head_dim_v_pad = round_up(EV, 16);
+  o->arch = arch;
+  o->has_mask = m->mask != NULL;
+  o->mask_mode = o->has_mask ? CG_MASK_DENSE : CG_MASK_NONE;
+  o->backward = backward;
+  for (int i = 0; i < m->nbuffers; i++) o->grad_buffers |= m->buffers[i].grad;
+  o->score_identity = m->score_is_identity || returns_arg(m->score, ARG_S);
+  o->ds_is_dt = backward && returns_arg(m->joint, ARG_DT) && !has_accum(m->joint);
+  o->source = m->prog && m->prog->src ? m->prog->src->path : NULL;
+  pick_tiles(o);
+  if (smem_fwd(o) > cg_arch_smem_limit(arch) || smem_bwd(o) > cg_arch_smem_limit(arch)) {
+    snprintf(err, errlen, "no tile shape fits %s shared memory for E=%d, EV=%d", cg_arch_name(arch),
+             E, EV);
+    return false;
+  }
+  return true;
+}
+
+static unsigned cdiv(int a, int b) { return (unsigned)((a + b - 1) / b); }
+
+static CgLaunch launch(unsigned gx, int gy, int gz, int threads, size_t smem) {
+  CgLaunch l = {{gx ? gx : 1, (unsigned)gy, (unsigned)gz}, {(unsigned)threads, 1, 1}, smem};
+  return l;
+}
+
+CgLaunch cg_launch_fwd(const CgOptions *o, int B, int H, int q_len) {
+  return launch(cdiv(q_len, o->fwd.block_m), H, B, o->fwd.threads, smem_fwd(o));
+}
+CgLaunch cg_launch_bwd_pre(const CgOptions *o, int B, int H, int q_len) {
+  (void)o;
+  return launch(cdiv(q_len, 128), H, B, 128, 0);
+}
+CgLaunch cg_launch_bwd(const CgOptions *o, int B, int HKV, int kv_len) {
+  return launch(cdiv(kv_len, o->bwd.block_n), HKV, B, o->bwd.threads, smem_bwd(o));
+}
+CgLaunch cg_launch_bwd_dq(const CgOptions *o, int B, int H, int q_len) {
+  (void)o;
+  return launch(cdiv(q_len, 128), H, B, 128, 0);
+}
+
+static const char *elem_type(CgDtype d) {
+  return d == CG_FP32 ? "FlexF32" : d == CG_FP16 ? "FlexF16" : "FlexBF16";
+}
+
+static const char *mask_mode(CgMaskMode m) {
+  return m == CG_MASK_NONE ? "FLEX_MASK_NONE" : m == CG_MASK_LISTS ? "FLEX_MASK_LISTS"
+                                                                   : "FLEX_MASK_DENSE";
+}
+
+static void entry(Buf *out, const char *name, int threads, const char *body) {
+  buf_printf(out, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const FlexParams p) {\n"
+                  "  %s(p);\n}\nFLEX_EMU_ENTRY(%s, FlexParams)\n\n",
+             threads, name, body, name);
+}
+
+static void emit_entries(Buf *out, const CgOptions *o) {
+  char body[256];
+  const char *el = elem_type(o->dtype), *mm = mask_mode(o->mask_mode);
+  const char *sid = o->score_identity ? "true" : "false";
+  int EP = o->head_dim_pad, EVP = o->head_dim_v_pad;
+  if (o->dtype == CG_FP32)
+    snprintf(body, sizeof body, "flex_fwd_simt<%d, %d, %d, %d, %s, %s>", EP, EVP, o->fwd.block_m,
+             o->fwd.block_n, mm, sid);
+  else
+    snprintf(body, sizeof body, "flex_fwd_tc<%s, %d, %d, %d, %d, %s, %s>", el, EP, EVP,
+             o->fwd.block_m, o->fwd.block_n, mm, sid);
+  entry(out, "flex_fwd", o->fwd.threads, body);
+  if (!o->backward) return;
+  snprintf(body, sizeof body, "flex_bwd_pre<%s, %d>", el, EVP);
+  entry(out, "flex_bwd_pre", 128, body);
+  snprintf(body, sizeof body, "flex_bwd_main<%s, %d, %d, %d, %d, %s, %s, %s>", el, EP, EVP,
+           o->bwd.block_m, o->bwd.block_n, mm, sid, o->ds_is_dt ? "false" : "true");
+  entry(out, "flex_bwd", o->bwd.threads, body);
+  snprintf(body, sizeof body, "flex_bwd_dq<%s>", el);
+  entry(out, "flex_bwd_dq", 128, body);
+}
+
+void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o) {
+  buf_printf(out,
+             "/* Generated by flexc %s from %s, kernel %s: do not edit.\n"
+             " * dtype %s, head dims E=%d EV=%d (padded %d, %d), %s, mask %s%s%s.\n"
+             " * forward tile %dx%d, backward tile %dx%d, %d threads per CTA.\n */\n",
+             FLEXC_VERSION, o->source ? o->source : "<source>", m->kernel, cg_dtype_name(o->dtype),
+             o->head_dim, o->head_dim_v, o->head_dim_pad, o->head_dim_v_pad, cg_arch_name(o->arch),
+             o->mask_mode == CG_MASK_NONE ? "none" : o->mask_mode == CG_MASK_LISTS ? "block lists"
+                                                                                  : "dense",
+             o->score_identity ? ", identity score" : "", o->ds_is_dt ? ", ds = dt" : "",
+             o->fwd.block_m, o->fwd.block_n, o->bwd.block_m, o->bwd.block_n, o->fwd.threads);
+  buf_puts(out, "#include \"common.cuh\"\n\n");
+  cg_emit_funcs(out, m, o);
+  buf_puts(out, "#include \"flex_fwd.cuh\"\n");
+  if (o->backward) buf_puts(out, "#include \"flex_bwd.cuh\"\n");
+  buf_puts(out, "\n");
+  emit_entries(out, o);
+}

@@ -1,0 +1,87 @@
+/* common.cuh: what every kernel template and every generated device
+ * function needs: the arch wrappers, the params struct, the DSL's integer
+ * and conversion rules, element types and the block-mask walk. */
+#ifndef FLEX_COMMON_CUH
+#define FLEX_COMMON_CUH
+
+#include "arch.cuh"
+#include "params.cuh"
+
+#define FLEX_LOG2E 1.4426950408889634f
+#define FLEX_LN2 0.6931471805599453f
+
+/* ---- the DSL's integer rules: 32-bit wrapping, defined division ---------- */
+
+__device__ __forceinline__ int flex_iadd(int a, int b) { return (int)((uint32_t)a + (uint32_t)b); }
+__device__ __forceinline__ int flex_isub(int a, int b) { return (int)((uint32_t)a - (uint32_t)b); }
+__device__ __forceinline__ int flex_imul(int a, int b) { return (int)((uint32_t)a * (uint32_t)b); }
+__device__ __forceinline__ int flex_ineg(int a) { return (int)(0u - (uint32_t)a); }
+__device__ __forceinline__ int flex_iabs(int a) { return a < 0 ? flex_ineg(a) : a; }
+/* C division truncating toward zero; x / 0 == 0; INT_MIN / -1 wraps. */
+__device__ __forceinline__ int flex_idiv(int a, int b) {
+  if (b == 0) return 0;
+  if (b == -1) return flex_ineg(a);
+  return a / b;
+}
+/* C remainder; x % 0 == x; INT_MIN % -1 == 0. */
+__device__ __forceinline__ int flex_imod(int a, int b) {
+  if (b == 0) return a;
+  if (b == -1) return 0;
+  return a % b;
+}
+/* float -> int truncating toward zero, saturating; NaN gives 0. */
+__device__ __forceinline__ int flex_f2i(float x) {
+  if (x != x) return 0;
+  if (x >= 2147483648.0f) return 2147483647;
+  if (x <= -2147483648.0f) return -2147483647 - 1;
+  return (int)x;
+}
+__device__ __forceinline__ float flex_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* ---- element types: storage <-> fp32 ------------------------------------ */
+
+/* fp32 storage. */
+struct FlexF32 {
+  typedef float T;
+  static constexpr bool tensor_cores = false;
+  static __device__ __forceinline__ float load(const T *p) { return flex_gload(p); }
+  static __device__ __forceinline__ void store(T *p, float x) { flex_gstore(p, x); }
+};
+/* fp16 storage as uint16_t bit patterns. */
+struct FlexF16 {
+  typedef uint16_t T;
+  static constexpr bool tensor_cores = true;
+  static __device__ __forceinline__ float load(const T *p) { return flex_h2f(flex_gload(p)); }
+  static __device__ __forceinline__ void store(T *p, float x) { flex_gstore(p, flex_f2h(x)); }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return flex_pack_h2(lo, hi); }
+  static __device__ __forceinline__ uint16_t cvt(float x) { return flex_f2h(x); }
+  static __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    flex_mma_f16(d, a, b, d);
+  }
+};
+/* bf16 storage as uint16_t bit patterns. */
+struct FlexBF16 {
+  typedef uint16_t T;
+  static constexpr bool tensor_cores = true;
+  static __device__ __forceinline__ float load(const T *p) { return flex_bf2f(flex_gload(p)); }
+  static __device__ __forceinline__ void store(T *p, float x) { flex_gstore(p, flex_f2bf(x)); }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return flex_pack_bf2(lo, hi); }
+  static __device__ __forceinline__ uint16_t cvt(float x) { return flex_f2bf(x); }
+  static __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    flex_mma_bf16(d, a, b, d);
+  }
+};
+
+/* ---- kernel features (template arguments of the kernel bodies) ----------- */
+
+enum FlexMaskMode {
+  FLEX_MASK_NONE = 0,  /* no mask: every key block, no per-element test */
+  FLEX_MASK_LISTS = 1, /* walk the BlockMask lists; per-element mask on partial blocks only */
+  FLEX_MASK_DENSE = 2, /* walk every block and evaluate the mask per element */
+};
+
+extern __shared__ __align__(16) unsigned char flex_smem[];
+
+__device__ __forceinline__ int flex_cdiv(int a, int b) { return (a + b - 1) / b; }
+
+#endif /* FLEX_COMMON_CUH */

@@ -1,0 +1,63 @@
+/* params.cuh: the one parameter struct every kernel entry takes by value.
+ *
+ * Shared by the generated CUDA (NVRTC), the emulator (host C++) and the
+ * runtime (C11), so it is plain C: pointers, integers and floats only.
+ * Fields are grouped outputs, then inputs, then sizes. Strides are in
+ * elements; the last dimension of q, k, v, out, dout, dq, dk, dv is unit.
+ */
+#ifndef FLEX_PARAMS_CUH
+#define FLEX_PARAMS_CUH
+
+#if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
+#include <stdint.h>
+#endif
+
+#define FLEX_MAX_PARAMS 16  /* runtime scalar params per kernel */
+#define FLEX_MAX_BUFFERS 16 /* buffers per kernel */
+#define FLEX_MAX_SIZES 24   /* B H HKV Q_LEN KV_LEN, then free size symbols */
+
+/* Element strides of a [B, heads, rows, cols] tensor (cols are unit-stride). */
+typedef struct FlexStrides {
+  int64_t b, h, row; /* batch, head and row strides */
+} FlexStrides;
+
+/* One side of a PyTorch-layout block mask: num [B, H, nrows] and
+ * idx [B, H, nrows, ncols], int32. A broadcast B or H has stride 0. */
+typedef struct FlexBlockList {
+  const int32_t *num;         /* blocks listed per row of blocks; NULL: no list */
+  const int32_t *idx;         /* the listed block indices */
+  int64_t num_b, num_h, num_r; /* element strides of num */
+  int64_t idx_b, idx_h, idx_r; /* element strides of idx (last dim unit) */
+} FlexBlockList;
+
+/* Everything one launch of flex_fwd, flex_bwd_pre, flex_bwd or flex_bwd_dq
+ * reads and writes. Fields a kernel does not use may be left zero. */
+typedef struct FlexParams {
+  /* ---- outputs ---- */
+  void *out;           /* forward: O [B, H, Q_LEN, EV], input dtype */
+  float *lse;          /* forward: LSE [B, H, Q_LEN] fp32, natural log */
+  void *dq, *dk, *dv;  /* backward: gradients, input dtype, shaped like q, k, v */
+  float *dq_acc;       /* backward: fp32 dQ accumulator [B, H, Q_LEN, E], contiguous; zeroed by flex_bwd_pre */
+  float *delta;        /* backward: D [B, H, Q_LEN] fp32, contiguous; written by flex_bwd_pre */
+  float *buf_grad[FLEX_MAX_BUFFERS]; /* backward: fp32 accumulators of `grad` buffers (dense row-major, zeroed by the caller) */
+  /* ---- inputs ---- */
+  const void *q, *k, *v;   /* Q [B,H,Q_LEN,E], K [B,HKV,KV_LEN,E], V [B,HKV,KV_LEN,EV] */
+  const void *dout;        /* backward: dO like out */
+  const float *dlse;       /* backward: dLSE [B, H, Q_LEN] fp32 contiguous, or NULL */
+  const void *buf[FLEX_MAX_BUFFERS]; /* user buffers by slot, dense row-major in their own dtype */
+  float pf[FLEX_MAX_PARAMS];   /* float params by slot */
+  int32_t pi[FLEX_MAX_PARAMS]; /* int params by slot */
+  FlexBlockList kv_list, full_kv_list; /* forward walk: partial and full key blocks per query block */
+  FlexBlockList q_list, full_q_list;   /* backward walk: partial and full query blocks per key block */
+  /* ---- sizes and strides ---- */
+  FlexStrides sq, sk, sv, so;      /* q, k, v, out */
+  FlexStrides sdo, sdq, sdk, sdv;  /* dout, dq, dk, dv */
+  int64_t lse_b, lse_h;            /* element strides of lse (row stride 1); also used for dlse */
+  int32_t sizes[FLEX_MAX_SIZES];   /* by IR size slot: B H HKV Q_LEN KV_LEN, then free symbols */
+  int32_t B, H, HKV, G, q_len, kv_len, E, EV; /* G = H / HKV */
+  int32_t block_q, block_kv;       /* block-mask block sizes (multiples of the kernel's tiles) */
+  int32_t vec16;                   /* nonzero: q/k/v/dout rows are 16-byte aligned (cp.async path) */
+  float scale;                     /* softmax scale (1/sqrt(E) by default) */
+} FlexParams;
+
+#endif /* FLEX_PARAMS_CUH */

@@ -1,0 +1,124 @@
+/* Codegen suite: the generated CUDA for samples contains what it should
+ * (names by role, wrapping integer helpers, round-tripping float literals,
+ * entries followed by FLEX_EMU_ENTRY) and specialises the identity score. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+#include "runtime/rt.h"
+#include "testlib.h"
+
+/* Generated source for a .score text (backward included). */
+static char *gen(const char *text, CgDtype dt, int E, CgOptions *o) {
+  flex_kernel *k;
+  flex_status st = flex_kernel_from_source(&k, "test.score", text, strlen(text), NULL);
+  ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
+  char err[256];
+  ck_assert_msg(cg_options_init(o, k->mod, dt, E, E, CG_SM80, true, err, sizeof err), "%s", err);
+  Buf b = {0};
+  cg_emit_cuda(&b, k->mod, o);
+  flex_kernel_free(k);
+  return b.data;
+}
+
+static const char *gemma =
+    "param float softcap = 50.0;\nparam int window = 4096;\nbuffer slopes: f32[H] grad;\n"
+    "score alibi_softcap(s, b, h, q, kv) {\n  let biased = s + slopes[h] * float(kv - q);\n"
+    "  return softcap * tanh(biased / softcap);\n}\n"
+    "mask causal(b, h, q, kv) { return q >= kv; }\n"
+    "mask local(b, h, q, kv) { return q - kv < window; }\n"
+    "kernel gemma { score = alibi_softcap; mask = causal && local; }\n";
+
+START_TEST(names_by_role) {
+  CgOptions o;
+  char *s = gen(gemma, CG_FP16, 64, &o);
+  ck_assert_ptr_nonnull(strstr(s, "const float softcap = p.pf[0];"));
+  ck_assert_ptr_nonnull(strstr(s, "const int window = p.pi[1];"));
+  ck_assert_ptr_nonnull(strstr(s, "const float *slopes = (const float *)p.buf[0];"));
+  ck_assert_ptr_nonnull(strstr(s, "flex_gload(slopes + h)"));
+  ck_assert_ptr_nonnull(strstr(s, "flex_isub(kv, q)"));  /* wrapping int arithmetic */
+  ck_assert_ptr_nonnull(strstr(s, "tanhf("));
+  ck_assert_ptr_nonnull(strstr(s, "float *grad_slopes = p.buf_grad[0];"));
+  ck_assert_ptr_nonnull(strstr(s, "flex_atomic_add(grad_slopes + h, "));
+  ck_assert_ptr_nonnull(strstr(s, "#include \"flex_fwd.cuh\""));
+  ck_assert_ptr_nonnull(strstr(s, "from test.score, kernel gemma"));
+  static const char *const entries[] = {"flex_fwd", "flex_bwd_pre", "flex_bwd", "flex_bwd_dq"};
+  for (int i = 0; i < 4; i++) {
+    char want[160];
+    snprintf(want, sizeof want, "extern \"C\" __global__ void __launch_bounds__(128) %s(const FlexParams p)", entries[i]);
+    const char *at = strstr(s, want);
+    ck_assert_msg(at != NULL, "missing entry %s", entries[i]);
+    snprintf(want, sizeof want, "FLEX_EMU_ENTRY(%s, FlexParams)", entries[i]);
+    ck_assert_msg(strstr(at, want) != NULL, "missing FLEX_EMU_ENTRY for %s", entries[i]);
+  }
+  ck_assert(!o.score_identity && !o.ds_is_dt && o.has_mask && o.grad_buffers);
+  ck_assert_ptr_nonnull(strstr(s, "flex_fwd_tc<FlexF16, 64, 64, 64, 64, FLEX_MASK_DENSE, false>"));
+  free(s);
+}
+END_TEST
+
+START_TEST(identity_score) {
+  CgOptions o;
+  char *s = gen("mask causal(b, h, q, kv) { return q >= kv; }\n", CG_BF16, 72, &o);
+  ck_assert(o.score_identity && o.ds_is_dt);
+  ck_assert_int_eq(o.head_dim_pad, 80);
+  ck_assert_ptr_nonnull(strstr(s, "flex_fwd_tc<FlexBF16, 80, 80, 64, 64, FLEX_MASK_DENSE, true>"));
+  ck_assert_ptr_nonnull(strstr(s, "FLEX_MASK_DENSE, true, false>"));  /* bwd: no joint call */
+  ck_assert_ptr_nonnull(strstr(s, "  return s;\n"));
+  free(s);
+  s = gen("score bias(s, b, h, q, kv) { return s + 0.1 * float(q - kv); }\n", CG_FP32, 15, &o);
+  ck_assert(!o.score_identity && o.ds_is_dt && !o.has_mask);  /* ds == dt: joint skipped */
+  ck_assert_ptr_nonnull(strstr(s, "flex_fwd_simt<16, 16, 32, 32, FLEX_MASK_NONE, false>"));
+  ck_assert_ptr_nonnull(strstr(s, "0.1f"));  /* shortest round-tripping literal */
+  free(s);
+}
+END_TEST
+
+START_TEST(int_semantics) {
+  CgOptions o;
+  char *s = gen("param int n = 3;\nmask m(b, h, q, kv) { return (q / n) % 7 == -kv * abs(h) + int(1.5); }\n",
+                CG_FP16, 64, &o);
+  ck_assert_ptr_nonnull(strstr(s, "flex_idiv(q, n)"));
+  ck_assert_ptr_nonnull(strstr(s, "flex_imod("));
+  ck_assert(strstr(s, "flex_imul(") || strstr(s, "flex_ineg("));
+  free(s);
+}
+END_TEST
+
+START_TEST(launch_geometry) {
+  CgOptions o;
+  char *s = gen(gemma, CG_FP16, 256, &o);
+  free(s);
+  for (int a = 0; a < CG_NARCH; a++) {
+    o.arch = (CgArch)a;
+    CgLaunch l = cg_launch_fwd(&o, 3, 5, 1000);
+    ck_assert_uint_eq(l.grid[0], (1000 + o.fwd.block_m - 1) / o.fwd.block_m);
+    ck_assert_uint_eq(l.grid[1], 5);
+    ck_assert_uint_eq(l.grid[2], 3);
+    ck_assert_uint_eq(l.block[0], 128);
+    l = cg_launch_bwd(&o, 3, 1, 1000);
+    ck_assert_uint_eq(l.grid[0], (1000 + o.bwd.block_n - 1) / o.bwd.block_n);
+    ck_assert(l.smem <= cg_arch_smem_limit(CG_SM86));
+  }
+  char err[128];
+  ck_assert(!cg_options_init(&o, NULL, CG_FP16, 0, 64, CG_SM80, false, err, sizeof err));
+  ck_assert(!cg_options_init(&o, NULL, CG_FP16, 257, 64, CG_SM80, false, err, sizeof err));
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("codegen");
+  TCase *tc = tcase_create("emit");
+  tcase_add_test(tc, names_by_role);
+  tcase_add_test(tc, identity_score);
+  tcase_add_test(tc, int_semantics);
+  tcase_add_test(tc, launch_geometry);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,125 @@
+/* NVRTC suite: generated kernels compile for sm_80 and sm_90a, use tensor
+ * cores for fp16/bf16, do not spill, and fit each arch's shared memory.
+ *
+ * The full matrix (every sample x fp16/bf16/fp32 x head dims 16, 64, 128,
+ * 256, 72 x both archs) takes many minutes on two cores, so a default run
+ * checks a few combinations drawn from the printed seed; FLEXC_NVRTC_FULL=1
+ * (the `slow` test check_nvrtc_full) runs all of it. Skips (77) without NVRTC.
+ * Grouped-query attention changes no generated code (G is a launch value),
+ * so it needs no axis of its own here. */
+#include <check.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+#include "runtime/nvrtc.h"
+#include "runtime/rt.h"
+#include "testlib.h"
+
+static const int head_dims[] = {16, 64, 128, 256, 72};
+static const CgArch archs[] = {CG_SM80, CG_SM90A};
+enum { NDIMS = 5, NARCHS = 2, NDTYPES = 3, MAXSAMPLES = 64 };
+
+static char samples[MAXSAMPLES][512];
+static int nsamples;
+
+static void find_samples(void) {
+  const char *dir = tl_src_path("samples");
+  DIR *d = opendir(dir);
+  ck_assert_msg(d != NULL, "cannot open %s", dir);
+  struct dirent *e;
+  while ((e = readdir(d)) && nsamples < MAXSAMPLES) {
+    size_t n = strlen(e->d_name);
+    if (n > 6 && !strcmp(e->d_name + n - 6, ".score"))
+      snprintf(samples[nsamples++], sizeof samples[0], "%s/%s", dir, e->d_name);
+  }
+  closedir(d);
+  ck_assert_int_gt(nsamples, 0);
+}
+
+/* Compile one combination and check the report. */
+static void check_one(const char *path, CgDtype dt, int E, CgArch arch) {
+  fprintf(stderr, "  %s %s E=%d %s\n", strrchr(path, '/') + 1, cg_dtype_name(dt), E,
+          cg_arch_name(arch));
+  flex_kernel *k;
+  ck_assert_msg(flex_kernel_load(&k, path, NULL) == FLEX_OK, "%s", flex_last_error());
+  CgOptions o;
+  char err[256];
+  ck_assert_msg(cg_options_init(&o, k->mod, dt, E, E, arch, true, err, sizeof err), "%s", err);
+  Buf src = {0};
+  cg_emit_cuda(&src, k->mod, &o);
+  flex_kernel_free(k);
+  RtNvrtcResult r;
+  flex_status st = rt_nvrtc_compile(&r, src.data, cg_arch_name(arch), RT_NVRTC_CUBIN, true);
+  ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
+  RtPtxasInfo info[8];
+  int n = rt_ptxas_parse(r.log.data ? r.log.data : "", info, 8);
+  ck_assert_int_eq(n, 4);
+  for (int i = 0; i < n; i++) {
+    ck_assert_msg(info[i].spill_stores == 0 && info[i].spill_loads == 0,
+                  "%s spills %d/%d bytes", info[i].name, info[i].spill_stores, info[i].spill_loads);
+    ck_assert_int_gt(info[i].registers, 0);
+  }
+  size_t limit = cg_arch_smem_limit(arch);
+  ck_assert_uint_le(cg_launch_fwd(&o, 1, 1, 1).smem, limit);
+  ck_assert_uint_le(cg_launch_bwd(&o, 1, 1, 1).smem, limit);
+  rt_nvrtc_free(&r);
+  if (dt != CG_FP32) {
+    st = rt_nvrtc_compile(&r, src.data, cg_arch_name(arch), RT_NVRTC_PTX, false);
+    ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
+    ck_assert_msg(strstr(r.image.data, "mma.sync.aligned.m16n8k16") != NULL, "no mma.sync in PTX");
+    rt_nvrtc_free(&r);
+  }
+  buf_free(&src);
+}
+
+START_TEST(sampled_matrix) {
+  find_samples();
+  bool full = getenv("FLEXC_NVRTC_FULL") != NULL;
+  uint64_t st = tl_seed();
+  int total = nsamples * NDTYPES * NDIMS * NARCHS;
+  int count = full ? total : 3;
+  for (int i = 0; i < count; i++) {
+    int c = full ? i : (int)(tl_rand(&st) % (uint64_t)total);
+    check_one(samples[c % nsamples], (CgDtype)(c / nsamples % NDTYPES),
+              head_dims[c / nsamples / NDTYPES % NDIMS], archs[c / nsamples / NDTYPES / NDIMS]);
+  }
+}
+END_TEST
+
+START_TEST(ptxas_parser) {
+  const char *log = "ptxas info    : 0 bytes gmem\n"
+                    "ptxas info    : Compiling entry function 'flex_fwd' for 'sm_80'\n"
+                    "ptxas info    : Function properties for flex_fwd\n"
+                    "    8 bytes stack frame, 12 bytes spill stores, 16 bytes spill loads\n"
+                    "ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]\n";
+  RtPtxasInfo info[2];
+  ck_assert_int_eq(rt_ptxas_parse(log, info, 2), 1);
+  ck_assert_str_eq(info[0].name, "flex_fwd");
+  ck_assert_int_eq(info[0].registers, 168);
+  ck_assert_int_eq(info[0].stack, 8);
+  ck_assert_int_eq(info[0].spill_stores, 12);
+  ck_assert_int_eq(info[0].spill_loads, 16);
+  ck_assert_int_eq(info[0].smem, 1024);
+}
+END_TEST
+
+int main(void) {
+  if (rt_nvrtc_version() < 0) {
+    fprintf(stderr, "NVRTC not available: skipping\n");
+    return 77;
+  }
+  Suite *s = suite_create("nvrtc");
+  TCase *tc = tcase_create("compile");
+  tcase_set_timeout(tc, getenv("FLEXC_NVRTC_FULL") ? 7200 : 120);
+  tcase_add_test(tc, ptxas_parser);
+  tcase_add_test(tc, sampled_matrix);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
