@@ -1,9 +1,304 @@
-/* placeholder grammar: replaced by the real one */
+/* parse.y: the .score grammar (see docs/frontend.md for the EBNF).
+ *
+ * A pure parser over the reentrant scanner in lex.l. Every action is one
+ * call to a builder in ast.c. Error productions at declaration, statement
+ * and kernel-item level let one run report several syntax errors; syntax
+ * messages come from fe_yyreport_syntax_error below. */
 %define api.pure full
+%define api.prefix {fe_yy}
+%define api.location.type {Loc}
+%define parse.error custom
 %locations
 %expect 0
-%code requires { #include "frontend/frontend.h" }
-%code { int yylex(YYSTYPE *lval, YYLTYPE *lloc); void yyerror(YYLTYPE *lloc, const char *msg); }
+%lex-param {yyscan_t scanner}
+%parse-param {yyscan_t scanner} {Parser *ps}
+
+%code requires {
+#include "frontend/fe_internal.h"
+#ifndef YY_TYPEDEF_YY_SCANNER_T
+#define YY_TYPEDEF_YY_SCANNER_T
+typedef void *yyscan_t;
+#endif
+}
+
+%code {
+#include <string.h>
+int fe_yylex(FE_YYSTYPE *lval, FE_YYLTYPE *lloc, yyscan_t scanner);
+static void fe_yyerror(FE_YYLTYPE *lloc, yyscan_t scanner, Parser *ps, const char *msg);
+/* A location spans its first to its last symbol; empty rules sit at the end
+ * of what came before. */
+#define YYLLOC_DEFAULT(Cur, Rhs, N)                                            \
+  do {                                                                         \
+    if (N) {                                                                   \
+      (Cur).start = YYRHSLOC(Rhs, 1).start;                                    \
+      (Cur).end = YYRHSLOC(Rhs, N).end;                                        \
+    } else {                                                                   \
+      (Cur).start = (Cur).end = YYRHSLOC(Rhs, 0).end;                          \
+    }                                                                          \
+  } while (0)
+/* 20 000 nested parentheses need about 40 000 stack entries; deeper input
+ * is diagnosed as nested too deeply instead of exhausting memory. */
+#define YYMAXDEPTH 200000
+#define YYINITDEPTH 256
+#define YYMALLOC(n) base_realloc(NULL, (n))
+#define YYFREE base_free
+static Loc span(Loc a, Loc b) { Loc l = {a.start, b.end}; return l; }
+}
+
+%initial-action { @$.start = @$.end = 0; }
+
+%union {
+  int64_t ival;      /* INTLIT */
+  double fval;       /* FLOATLIT */
+  const char *id;    /* IDENT */
+  int ty;            /* FE_TY_* */
+  Expr *expr;
+  ExprList *exprs;
+  NameList *names;
+  DimList *dims;
+  BufFlags flags;
+  Body *body;
+  KItems *kitems;
+}
+
+%token PARAM "'param'" CONST "'const'" BUFFER "'buffer'" SCORE "'score'"
+%token MASK "'mask'" KERNEL "'kernel'" LET "'let'" RETURN "'return'"
+%token TRUE "'true'" FALSE "'false'" INT "'int'" FLOAT "'float'" BOOL "'bool'"
+%token GRAD "'grad'" SORTED "'sorted'"
+%token <id> IDENT "identifier"
+%token <ival> INTLIT "integer"
+%token <fval> FLOATLIT "number"
+%token EQ "'=='" NE "'!='" LE "'<='" GE "'>='" AND "'&&'" OR "'||'"
+
+%type <expr> expr primary opt_default
+%type <exprs> args opt_args
+%type <names> params opt_params
+%type <dims> dims
+%type <flags> flags
+%type <body> body
+%type <kitems> kitems
+%type <ty> ptype
+%type <id> dtype
+
+/* C precedence, loosest first; `?:` groups to the right. */
+%right '?' ':'
+%left OR
+%left AND
+%left EQ NE
+%left '<' LE '>' GE
+%left '+' '-'
+%left '*' '/' '%'
+%precedence UNARY
+
 %%
-file: %empty ;
+
+/* file := decl* */
+file
+  : %empty
+  | file decl
+  ;
+
+/* decl := param | const | buffer | score | mask | kernel
+ * A broken declaration is skipped up to its ';' or '}'. */
+decl
+  : PARAM ptype IDENT opt_default ';'  { fe_decl_param(ps, $2, @2, $3, @3, $4, @$); }
+  | CONST IDENT '=' expr ';'           { fe_decl_const(ps, $2, @2, $4, @$); }
+  | BUFFER IDENT ':' dtype '[' dims ']' flags ';' { fe_decl_buffer(ps, $2, @2, $4, @4, $6, $8, @$); }
+  | SCORE IDENT '(' opt_params ')' '{' body '}' { fe_decl_fn(ps, D_SCORE, $2, @2, $4, $7, @$); }
+  | MASK IDENT '(' opt_params ')' '{' body '}'  { fe_decl_fn(ps, D_MASK, $2, @2, $4, $7, @$); }
+  | KERNEL IDENT '{' kitems '}'        { fe_decl_kernel(ps, $2, @2, $4, @$); }
+  | error ';'                          { }
+  | error '}'                          { }
+  ;
+
+/* ptype := 'int' | 'float' | 'bool' (bool is rejected with a message) */
+ptype
+  : INT    { $$ = FE_TY_INT; }
+  | FLOAT  { $$ = FE_TY_FLOAT; }
+  | BOOL   { $$ = FE_TY_BOOL; }
+  ;
+
+/* opt_default := [ '=' expr ]   (the builder requires a literal) */
+opt_default
+  : %empty    { $$ = NULL; }
+  | '=' expr  { $$ = $2; }
+  ;
+
+/* dtype := identifier | 'bool'   (f32 f16 bf16 i32 i64 u8 are identifiers) */
+dtype
+  : IDENT  { $$ = $1; }
+  | BOOL   { $$ = "bool"; }
+  ;
+
+/* dims := dim (',' dim)*     dim := integer | identifier */
+dims
+  : INTLIT            { $$ = fe_dim_lit(ps, NULL, $1, @1); }
+  | IDENT             { $$ = fe_dim_name(ps, NULL, $1, @1); }
+  | dims ',' INTLIT   { $$ = fe_dim_lit(ps, $1, $3, @3); }
+  | dims ',' IDENT    { $$ = fe_dim_name(ps, $1, $3, @3); }
+  ;
+
+/* flags := ('grad' | 'sorted')* */
+flags
+  : %empty         { $$ = (BufFlags){0}; }
+  | flags GRAD     { $$ = fe_flag(ps, $1, false, @2); }
+  | flags SORTED   { $$ = fe_flag(ps, $1, true, @2); }
+  ;
+
+/* opt_params := [ identifier (',' identifier)* ] */
+opt_params
+  : %empty  { $$ = NULL; }
+  | params  { $$ = $1; }
+  ;
+params
+  : IDENT             { $$ = fe_names(ps, NULL, $1, @1); }
+  | params ',' IDENT  { $$ = fe_names(ps, $1, $3, @3); }
+  ;
+
+/* body := stmt*    stmt := 'let' identifier '=' expr ';' | 'return' expr ';'
+ * (the builder insists on lets first and exactly one return) */
+body
+  : %empty                          { $$ = NULL; }
+  | body LET IDENT '=' expr ';'     { $$ = fe_body_let(ps, $1, $3, @3, $5); }
+  | body RETURN expr ';'            { $$ = fe_body_return(ps, $1, $3, @2); }
+  | body error ';'                  { $$ = $1; }
+  ;
+
+/* kitems := kitem*    kitem := 'score' '=' identifier ';' | 'mask' '=' expr ';' */
+kitems
+  : %empty                        { $$ = NULL; }
+  | kitems SCORE '=' IDENT ';'    { $$ = fe_kitem_score(ps, $1, $4, @4, @2); }
+  | kitems MASK '=' expr ';'      { $$ = fe_kitem_mask(ps, $1, $4, @2); }
+  | kitems error ';'              { $$ = $1; }
+  ;
+
+/* expr := expr '?' expr ':' expr | expr binop expr | ('-' | '!') expr | primary */
+expr
+  : expr '?' expr ':' expr      { $$ = fe_cond(ps, $1, $3, $5, @$); }
+  | expr OR expr                { $$ = fe_binary(ps, AOP_OR, $1, $3, @$); }
+  | expr AND expr               { $$ = fe_binary(ps, AOP_AND, $1, $3, @$); }
+  | expr EQ expr                { $$ = fe_binary(ps, AOP_EQ, $1, $3, @$); }
+  | expr NE expr                { $$ = fe_binary(ps, AOP_NE, $1, $3, @$); }
+  | expr '<' expr               { $$ = fe_binary(ps, AOP_LT, $1, $3, @$); }
+  | expr LE expr                { $$ = fe_binary(ps, AOP_LE, $1, $3, @$); }
+  | expr '>' expr               { $$ = fe_binary(ps, AOP_GT, $1, $3, @$); }
+  | expr GE expr                { $$ = fe_binary(ps, AOP_GE, $1, $3, @$); }
+  | expr '+' expr               { $$ = fe_binary(ps, AOP_ADD, $1, $3, @$); }
+  | expr '-' expr               { $$ = fe_binary(ps, AOP_SUB, $1, $3, @$); }
+  | expr '*' expr               { $$ = fe_binary(ps, AOP_MUL, $1, $3, @$); }
+  | expr '/' expr               { $$ = fe_binary(ps, AOP_DIV, $1, $3, @$); }
+  | expr '%' expr               { $$ = fe_binary(ps, AOP_MOD, $1, $3, @$); }
+  | '-' expr %prec UNARY        { $$ = fe_unary(ps, AOP_NEG, $2, @$); }
+  | '!' expr %prec UNARY        { $$ = fe_unary(ps, AOP_NOT, $2, @$); }
+  | primary                     { $$ = $1; }
+  ;
+
+/* primary := integer | number | 'true' | 'false' | identifier
+ *          | identifier '(' [args] ')' | ('int' | 'float') '(' [args] ')'
+ *          | identifier '[' args ']' | '(' expr ')' */
+primary
+  : INTLIT                      { $$ = fe_int_lit(ps, $1, @1); }
+  | FLOATLIT                    { $$ = fe_float_lit(ps, $1, @1); }
+  | TRUE                        { $$ = fe_bool_lit(ps, true, @1); }
+  | FALSE                       { $$ = fe_bool_lit(ps, false, @1); }
+  | IDENT                       { $$ = fe_name(ps, $1, @1); }
+  | IDENT '(' opt_args ')'      { $$ = fe_call(ps, $1, @1, $3, @$); }
+  | INT '(' opt_args ')'        { $$ = fe_call(ps, "int", @1, $3, @$); }
+  | FLOAT '(' opt_args ')'      { $$ = fe_call(ps, "float", @1, $3, @$); }
+  | IDENT '[' args ']'          { $$ = fe_index(ps, $1, @1, $3, @$); }
+  | '(' expr ')'                { $$ = fe_paren(ps, $2, @$); }
+  ;
+
+/* args := expr (',' expr)* */
+opt_args
+  : %empty  { $$ = NULL; }
+  | args    { $$ = $1; }
+  ;
+args
+  : expr           { $$ = fe_exprs(ps, NULL, $1); }
+  | args ',' expr  { $$ = fe_exprs(ps, $1, $3); }
+  ;
+
 %%
+
+/* The name of a token for messages ("';'", "identifier", "end of file"). */
+static const char *tok_name(yysymbol_kind_t k) {
+  if (k == YYSYMBOL_YYEOF) return "end of file";
+  return yysymbol_name(k);
+}
+
+/* Is `k` the character token spelled `c`? (Bison numbers them itself.) */
+static bool is_char(yysymbol_kind_t k, char c) {
+  const char *nm = yysymbol_name(k);
+  return nm[0] == '\'' && nm[1] == c && nm[2] == '\'' && !nm[3];
+}
+
+/* Tokens that can start an expression: collapsed into "an expression". */
+static bool starts_expr(yysymbol_kind_t k) {
+  switch (k) {
+  case YYSYMBOL_INTLIT: case YYSYMBOL_FLOATLIT: case YYSYMBOL_IDENT: case YYSYMBOL_TRUE:
+  case YYSYMBOL_FALSE: case YYSYMBOL_INT: case YYSYMBOL_FLOAT:
+    return true;
+  default:
+    return is_char(k, '(') || is_char(k, '-') || is_char(k, '!');
+  }
+}
+
+/* The innermost bracket still open before the lookahead token. */
+static const Bracket *open_bracket(Parser *ps, yysymbol_kind_t look) {
+  int i = ps->nbr - 1;
+  bool look_opens = is_char(look, '(') || is_char(look, '[') || is_char(look, '{');
+  if (look_opens) i--;
+  return i >= 0 ? &ps->br[i] : NULL;
+}
+
+/* "unexpected X, expected A, B or C", or "expected ')' to close '(' at line
+ * N" when the parser wanted the bracket that closes an open one. */
+static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, Parser *ps) {
+  (void)scanner;
+  yysymbol_kind_t look = yypcontext_token(ctx);
+  Loc loc = *yypcontext_location(ctx);
+  ps->last_syntax_error = loc.start + 1;
+  yysymbol_kind_t exp[16];
+  int n = yypcontext_expected_tokens(ctx, exp, 16);
+  const Bracket *br = open_bracket(ps, look);
+  static const char closer[] = {['('] = ')', ['['] = ']', ['{'] = '}'};
+  for (int i = 0; br && i < n; i++) {
+    if (is_char(exp[i], closer[(int)br->ch])) {
+      int line, col;
+      src_linecol(ps->src, br->loc.start, &line, &col);
+      diag_error(ps->d, loc, "expected '%c' to close '%c' at line %d, got %s", closer[(int)br->ch],
+                 br->ch, line, tok_name(look));
+      diag_note(ps->d, br->loc, "the '%c' is here", br->ch);
+      return 0;
+    }
+  }
+  const char *what[16];
+  int shown = 0;
+  bool said_expr = false, any_expr = false;
+  for (int i = 0; i < n; i++) any_expr = any_expr || exp[i] == YYSYMBOL_INTLIT;
+  for (int i = 0; i < n; i++) {
+    if (!any_expr || !starts_expr(exp[i])) what[shown++] = tok_name(exp[i]);
+    else if (!said_expr) what[shown++] = "an expression";
+    said_expr = said_expr || starts_expr(exp[i]);
+  }
+  Buf b = {0};
+  buf_printf(&b, "unexpected %s", tok_name(look));
+  if (look == YYSYMBOL_IDENT || look == YYSYMBOL_INTLIT || look == YYSYMBOL_FLOATLIT) {
+    uint32_t len = loc.end - loc.start;
+    buf_printf(&b, " '%.*s'", len > 40 ? 40 : (int)len, ps->src->text + loc.start);
+  }
+  for (int i = 0; n > 0 && shown <= 6 && i < shown; i++)
+    buf_printf(&b, "%s%s", i == 0 ? ", expected " : i == shown - 1 ? " or " : ", ", what[i]);
+  diag_error(ps->d, loc, "%s", b.data);
+  buf_free(&b);
+  return 0;
+}
+
+/* Only "memory exhausted" arrives here (syntax errors go through
+ * yyreport_syntax_error): the parse stack hit YYMAXDEPTH. */
+static void fe_yyerror(FE_YYLTYPE *lloc, yyscan_t scanner, Parser *ps, const char *msg) {
+  (void)scanner;
+  (void)msg;
+  diag_error(ps->d, *lloc, "expression nested too deeply");
+}

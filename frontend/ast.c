@@ -1,0 +1,380 @@
+/* ast.c: the AST's name tables, the builders the grammar actions call, and
+ * fe_parse(). Builders check what is purely syntactic (a param default is a
+ * literal, a body has lets then one return, buffer flags); names and types
+ * are sema's job. */
+#include <string.h>
+
+#include "fe_internal.h"
+#include "parse.h"
+#include "lex.h"
+
+/* ---- name tables ---------------------------------------------------------- */
+
+const char *type_name(Type t) {
+  static const char *const names[] = {"<error>", "bool", "int", "float"};
+  return (unsigned)t < 4 ? names[t] : "<error>";
+}
+
+static const char *const dtype_names[] = {"f32", "f16", "bf16", "i32", "i64", "u8", "bool"};
+
+const char *dtype_name(DType t) { return (unsigned)t <= DT_BOOL ? dtype_names[t] : "?"; }
+
+Type dtype_value_type(DType t) {
+  switch (t) {
+  case DT_F32: case DT_F16: case DT_BF16: return TY_FLOAT;
+  case DT_I32: case DT_I64: case DT_U8: return TY_INT;
+  case DT_BOOL: return TY_BOOL;
+  }
+  return TY_ERROR;
+}
+
+const char *size_name(SizeName s) {
+  static const char *const names[] = {"B", "H", "HKV", "Q_LEN", "KV_LEN"};
+  return (unsigned)s < SZ_COUNT ? names[s] : "?";
+}
+
+static const char *const builtin_names[BI_COUNT] = {
+    [BI_NONE] = "", [BI_ABS] = "abs", [BI_MIN] = "min", [BI_MAX] = "max",
+    [BI_CLAMP] = "clamp", [BI_EXP] = "exp", [BI_EXP2] = "exp2", [BI_LOG] = "log",
+    [BI_LOG2] = "log2", [BI_SQRT] = "sqrt", [BI_RSQRT] = "rsqrt", [BI_TANH] = "tanh",
+    [BI_SIGMOID] = "sigmoid", [BI_SIN] = "sin", [BI_COS] = "cos", [BI_FLOOR] = "floor",
+    [BI_CEIL] = "ceil", [BI_POW] = "pow", [BI_WHERE] = "where", [BI_FLOAT] = "float",
+    [BI_INT] = "int",
+};
+
+const char *builtin_name(Builtin b) { return (unsigned)b < BI_COUNT ? builtin_names[b] : "?"; }
+
+Builtin builtin_lookup(const char *name) {
+  for (int b = BI_NONE + 1; b < BI_COUNT; b++)
+    if (!strcmp(builtin_names[b], name)) return (Builtin)b;
+  return BI_NONE;
+}
+
+const char *astop_spelling(AstOp op) {
+  static const char *const sp[] = {"-", "!", "+", "-", "*", "/", "%", "<",
+                                   "<=", ">", ">=", "==", "!=", "&&", "||"};
+  return (unsigned)op <= AOP_OR ? sp[op] : "?";
+}
+
+Decl *prog_find(const Program *p, const char *id) {
+  for (int i = 0; i < p->ndecls; i++)
+    if (!strcmp(p->decls[i]->id, id)) return p->decls[i];
+  return NULL;
+}
+
+/* ---- expressions ---------------------------------------------------------- */
+
+static Expr *new_expr(Parser *ps, ExprKind k, Loc loc) {
+  Expr *e = arena_alloc(ps->a, sizeof *e);
+  e->kind = k;
+  e->loc = loc;
+  e->type = TY_ERROR;
+  return e;
+}
+
+Expr *fe_int_lit(Parser *ps, int64_t v, Loc loc) {
+  Expr *e = new_expr(ps, EX_INT, loc);
+  e->ival = (int32_t)v;
+  return e;
+}
+
+Expr *fe_float_lit(Parser *ps, double v, Loc loc) {
+  Expr *e = new_expr(ps, EX_FLOAT, loc);
+  e->fval = v;
+  return e;
+}
+
+Expr *fe_bool_lit(Parser *ps, bool v, Loc loc) {
+  Expr *e = new_expr(ps, EX_BOOL, loc);
+  e->bval = v;
+  return e;
+}
+
+Expr *fe_name(Parser *ps, const char *id, Loc loc) {
+  Expr *e = new_expr(ps, EX_NAME, loc);
+  e->name.id = id;
+  return e;
+}
+
+Expr *fe_unary(Parser *ps, AstOp op, Expr *a, Loc loc) {
+  Expr *e = new_expr(ps, EX_UNARY, loc);
+  e->op.op = op;
+  e->op.a = a;
+  return e;
+}
+
+Expr *fe_binary(Parser *ps, AstOp op, Expr *a, Expr *b, Loc loc) {
+  Expr *e = new_expr(ps, EX_BINARY, loc);
+  e->op.op = op;
+  e->op.a = a;
+  e->op.b = b;
+  return e;
+}
+
+Expr *fe_cond(Parser *ps, Expr *c, Expr *a, Expr *b, Loc loc) {
+  Expr *e = new_expr(ps, EX_COND, loc);
+  e->cond.c = c;
+  e->cond.a = a;
+  e->cond.b = b;
+  return e;
+}
+
+Expr *fe_call(Parser *ps, const char *id, Loc id_loc, ExprList *args, Loc loc) {
+  Expr *e = new_expr(ps, EX_CALL, loc);
+  e->call.id = id;
+  e->call.id_loc = id_loc;
+  e->call.args = args ? args->v : NULL;
+  e->call.nargs = args ? args->n : 0;
+  return e;
+}
+
+Expr *fe_index(Parser *ps, const char *id, Loc id_loc, ExprList *args, Loc loc) {
+  Expr *e = new_expr(ps, EX_INDEX, loc);
+  e->index.id = id;
+  e->index.id_loc = id_loc;
+  e->index.args = args->v;
+  e->index.nargs = args->n;
+  return e;
+}
+
+/* Parentheses make no node; the expression's range grows to include them
+ * so that messages underline what the user wrote. */
+Expr *fe_paren(Parser *ps, Expr *e, Loc loc) {
+  (void)ps;
+  e->loc = loc;
+  return e;
+}
+
+ExprList *fe_exprs(Parser *ps, ExprList *l, Expr *e) {
+  if (!l) l = arena_alloc(ps->a, sizeof *l);
+  ARENA_PUSH(ps->a, l->v, l->n, l->cap, e);
+  return l;
+}
+
+NameList *fe_names(Parser *ps, NameList *l, const char *id, Loc loc) {
+  if (!l) l = arena_alloc(ps->a, sizeof *l);
+  int n1 = l->n, n2 = l->n; /* two arrays grow in step */
+  ARENA_PUSH(ps->a, l->v, n1, l->cap, id);
+  ARENA_PUSH(ps->a, l->locs, n2, l->lcap, loc);
+  l->n = n1;
+  return l;
+}
+
+/* ---- buffers ---------------------------------------------------------------- */
+
+static DimList *push_dim(Parser *ps, DimList *l, Dim d) {
+  if (!l) l = arena_alloc(ps->a, sizeof *l);
+  ARENA_PUSH(ps->a, l->v, l->n, l->cap, d);
+  return l;
+}
+
+DimList *fe_dim_lit(Parser *ps, DimList *l, int64_t v, Loc loc) {
+  if (v <= 0) diag_error(ps->d, loc, "a dimension must be positive, not %lld", (long long)v);
+  Dim d = {.kind = DIM_LIT, .loc = loc, .value = (int32_t)v};
+  return push_dim(ps, l, d);
+}
+
+/* Named dimensions start as symbols; sema turns them into consts or
+ * predefined sizes when the name is one. */
+DimList *fe_dim_name(Parser *ps, DimList *l, const char *id, Loc loc) {
+  Dim d = {.kind = DIM_SYM, .loc = loc, .id = id};
+  return push_dim(ps, l, d);
+}
+
+BufFlags fe_flag(Parser *ps, BufFlags f, bool sorted, Loc loc) {
+  bool *have = sorted ? &f.sorted : &f.grad;
+  if (*have) diag_error(ps->d, loc, "'%s' is given twice", sorted ? "sorted" : "grad");
+  *have = true;
+  if (sorted) f.sorted_loc = loc;
+  else f.grad_loc = loc;
+  return f;
+}
+
+/* ---- bodies and kernels -------------------------------------------------- */
+
+Body *fe_body_let(Parser *ps, Body *b, const char *id, Loc idloc, Expr *e) {
+  if (!b) b = arena_alloc(ps->a, sizeof *b);
+  if (b->ret) {
+    diag_error(ps->d, idloc, "'let' after 'return': the 'return' must come last");
+    return b;
+  }
+  Let *l = arena_alloc(ps->a, sizeof *l);
+  l->id = id;
+  l->loc = idloc;
+  l->value = e;
+  ARENA_PUSH(ps->a, b->lets, b->nlets, b->cap, l);
+  return b;
+}
+
+Body *fe_body_return(Parser *ps, Body *b, Expr *e, Loc kwloc) {
+  if (!b) b = arena_alloc(ps->a, sizeof *b);
+  if (b->ret) {
+    diag_error(ps->d, kwloc, "a second 'return': a body ends with exactly one 'return'");
+    diag_note(ps->d, b->ret_loc, "the first 'return' is here");
+    return b;
+  }
+  b->ret = e;
+  b->ret_loc = kwloc;
+  return b;
+}
+
+KItems *fe_kitem_score(Parser *ps, KItems *k, const char *id, Loc loc, Loc whole) {
+  if (!k) k = arena_alloc(ps->a, sizeof *k);
+  if (k->has_score) {
+    diag_error(ps->d, whole, "the kernel sets 'score' twice");
+    return k;
+  }
+  k->has_score = true;
+  k->score = id;
+  k->score_loc = loc;
+  return k;
+}
+
+KItems *fe_kitem_mask(Parser *ps, KItems *k, Expr *e, Loc whole) {
+  if (!k) k = arena_alloc(ps->a, sizeof *k);
+  if (k->has_mask) {
+    diag_error(ps->d, whole, "the kernel sets 'mask' twice");
+    return k;
+  }
+  k->has_mask = true;
+  k->mask = e;
+  return k;
+}
+
+/* ---- declarations ---------------------------------------------------------- */
+
+static Decl *new_decl(Parser *ps, DeclKind k, const char *id, Loc idloc, Loc whole) {
+  Decl *d = arena_alloc(ps->a, sizeof *d);
+  d->kind = k;
+  d->id = id;
+  d->loc = idloc;
+  d->whole = whole;
+  d->index = ps->counts[k]++;
+  Program *p = ps->prog;
+  ARENA_PUSH(ps->a, p->decls, p->ndecls, ps->cap, d);
+  return d;
+}
+
+/* A param default: a number literal, possibly negated. Returns false (after
+ * a diagnostic) for anything else. */
+static bool literal_value(Parser *ps, Expr *e, bool *is_float, double *v) {
+  bool neg = false;
+  Expr *x = e;
+  if (x->kind == EX_UNARY && x->op.op == AOP_NEG) {
+    neg = true;
+    x = x->op.a;
+  }
+  if (x->kind != EX_INT && x->kind != EX_FLOAT) {
+    diag_error(ps->d, e->loc, "a param default must be a number literal");
+    return false;
+  }
+  *is_float = x->kind == EX_FLOAT;
+  *v = *is_float ? x->fval : (double)x->ival;
+  if (neg) *v = -*v;
+  return true;
+}
+
+void fe_decl_param(Parser *ps, int tok_type, Loc tloc, const char *id, Loc idloc, Expr *def,
+                   Loc whole) {
+  if (tok_type == FE_TY_BOOL) {
+    diag_error(ps->d, tloc, "a param must be int or float, not bool");
+    return;
+  }
+  Decl *d = new_decl(ps, D_PARAM, id, idloc, whole);
+  d->param.type = tok_type == FE_TY_INT ? TY_INT : TY_FLOAT;
+  bool is_float;
+  double v;
+  if (!def || !literal_value(ps, def, &is_float, &v)) return;
+  if (d->param.type == TY_INT && is_float) {
+    diag_error(ps->d, def->loc, "param '%s' is int, but its default is a float", id);
+    return;
+  }
+  d->param.has_default = true;
+  d->param.idefault = d->param.type == TY_INT ? (int32_t)v : 0;
+  d->param.fdefault = (double)(float)v;
+}
+
+void fe_decl_const(Parser *ps, const char *id, Loc idloc, Expr *e, Loc whole) {
+  Decl *d = new_decl(ps, D_CONST, id, idloc, whole);
+  d->cnst.value = e;
+}
+
+static bool parse_dtype(const char *s, DType *out) {
+  for (int i = 0; i <= DT_BOOL; i++)
+    if (!strcmp(s, dtype_names[i])) {
+      *out = (DType)i;
+      return true;
+    }
+  return false;
+}
+
+void fe_decl_buffer(Parser *ps, const char *id, Loc idloc, const char *dtype, Loc dloc,
+                    DimList *dims, BufFlags f, Loc whole) {
+  Decl *d = new_decl(ps, D_BUFFER, id, idloc, whole);
+  if (!parse_dtype(dtype, &d->buffer.dtype))
+    diag_error(ps->d, dloc, "unknown element type '%s' (expected f32, f16, bf16, i32, i64, u8 or bool)",
+               dtype);
+  d->buffer.dims = dims->v;
+  d->buffer.ndims = dims->n;
+  d->buffer.grad = f.grad;
+  d->buffer.sorted = f.sorted;
+  if (dims->n > 8)
+    diag_error(ps->d, idloc, "buffer '%s' has %d dimensions; at most 8 are allowed", id, dims->n);
+  Type vt = dtype_value_type(d->buffer.dtype);
+  if (f.grad && vt != TY_FLOAT)
+    diag_error(ps->d, f.grad_loc, "'grad' is only allowed on float buffers; '%s' is %s", id,
+               dtype_name(d->buffer.dtype));
+  if (f.sorted && (vt != TY_INT || dims->n != 1))
+    diag_error(ps->d, f.sorted_loc, "'sorted' is only allowed on 1-D integer buffers; '%s' is %s with %d dimension%s",
+               id, dtype_name(d->buffer.dtype), dims->n, dims->n == 1 ? "" : "s");
+}
+
+void fe_decl_fn(Parser *ps, DeclKind kind, const char *id, Loc idloc, NameList *params,
+                Body *body, Loc whole) {
+  Decl *d = new_decl(ps, kind, id, idloc, whole);
+  d->fn.params = params ? params->v : NULL;
+  d->fn.param_locs = params ? params->locs : NULL;
+  d->fn.nparams = params ? params->n : 0;
+  d->fn.lets = body ? body->lets : NULL;
+  d->fn.nlets = body ? body->nlets : 0;
+  d->fn.ret = body ? body->ret : NULL;
+  d->fn.ret_loc = body ? body->ret_loc : idloc;
+  bool broken = ps->last_syntax_error > whole.start; /* the return may have been skipped */
+  if (!d->fn.ret && !broken) {
+    Loc end = {whole.end - 1, whole.end};
+    diag_error(ps->d, end, "%s '%s' has no 'return'", kind == D_SCORE ? "score" : "mask", id);
+  }
+}
+
+void fe_decl_kernel(Parser *ps, const char *id, Loc idloc, KItems *k, Loc whole) {
+  Decl *d = new_decl(ps, D_KERNEL, id, idloc, whole);
+  if (!k) return;
+  d->kernel.score = k->score;
+  d->kernel.score_loc = k->score_loc;
+  d->kernel.mask = k->mask;
+}
+
+/* ---- scanner hooks and the entry point --------------------------------- */
+
+void fe_open_bracket(Parser *ps, char ch, Loc loc) {
+  Bracket b = {ch, loc};
+  ARENA_PUSH(ps->a, ps->br, ps->nbr, ps->brcap, b);
+}
+
+void fe_close_bracket(Parser *ps, char ch) {
+  char open = ch == ')' ? '(' : ch == ']' ? '[' : '{';
+  if (ps->nbr > 0 && ps->br[ps->nbr - 1].ch == open) ps->nbr--;
+}
+
+Program *fe_parse(Arena *a, const Source *src, Diags *d) {
+  Program *p = arena_alloc(a, sizeof *p);
+  p->src = src;
+  Parser ps = {.a = a, .src = src, .d = d, .prog = p};
+  yyscan_t scanner;
+  if (fe_yylex_init_extra(&ps, &scanner)) PANIC("cannot create the scanner");
+  YY_BUFFER_STATE buf = fe_yy_scan_bytes(src->text, (int)src->len, scanner);
+  fe_yyparse(scanner, &ps);
+  fe_yy_delete_buffer(buf, scanner);
+  fe_yylex_destroy(scanner);
+  return p;
+}

@@ -1,0 +1,115 @@
+/* fe_internal.h: what the scanner, the parser and the AST builders share
+ * inside frontend/. Nothing outside frontend/ includes this. */
+#ifndef FLEXC_FE_INTERNAL_H
+#define FLEXC_FE_INTERNAL_H
+
+#include "frontend.h"
+
+/* Deepest expression nesting sema accepts; deeper trees are diagnosed so
+ * that no recursive pass can run out of C stack. */
+#define FE_MAX_DEPTH 1000
+
+/* A growable list of expressions (call arguments, indices). */
+typedef struct ExprList {
+  Expr **v;  /* the expressions */
+  int n;     /* used */
+  int cap;    /* allocated */
+} ExprList;
+
+/* A function's parameter names. */
+typedef struct NameList {
+  const char **v; /* the names */
+  Loc *locs;      /* where each is written */
+  int n;          /* used */
+  int cap, lcap;  /* allocated (names, locations) */
+} NameList;
+
+/* A buffer's dimensions as written. */
+typedef struct DimList {
+  Dim *v;     /* the dimensions */
+  int n;      /* used */
+  int cap;    /* allocated */
+} DimList;
+
+/* The `grad` / `sorted` flags after a buffer's dims. */
+typedef struct BufFlags {
+  bool grad, sorted;        /* present */
+  Loc grad_loc, sorted_loc; /* where (valid when present) */
+} BufFlags;
+
+/* A function body while it is parsed: lets, then one return. */
+typedef struct Body {
+  Let **lets;   /* in order */
+  int nlets;    /* used */
+  int cap;      /* allocated */
+  Expr *ret;    /* the return expression (NULL until seen) */
+  Loc ret_loc;  /* the `return` keyword */
+} Body;
+
+/* The items of a kernel block while it is parsed. */
+typedef struct KItems {
+  const char *score; /* `score = NAME;` (NULL when absent) */
+  Loc score_loc;     /* NAME */
+  Expr *mask;        /* `mask = EXPR;` (NULL when absent) */
+  bool has_score, has_mask; /* seen (duplicates are diagnosed) */
+} KItems;
+
+/* An open bracket the scanner has seen and not yet closed. */
+typedef struct Bracket {
+  char ch;  /* '(' '[' or '{' */
+  Loc loc;  /* where */
+} Bracket;
+
+/* Parser state, shared with the scanner through yyextra. */
+typedef struct Parser {
+  Arena *a;          /* where the AST lives */
+  const Source *src; /* the file */
+  Diags *d;          /* where errors go */
+  Program *prog;     /* the program being built */
+  int cap;           /* allocated slots of prog->decls */
+  uint32_t pos;      /* byte offset of the scanner */
+  Bracket *br;       /* open brackets, innermost last */
+  int nbr;           /* used */
+  int brcap;         /* allocated */
+  int counts[D_KERNEL + 1]; /* decls per kind so far (Decl.index) */
+  uint32_t last_syntax_error; /* 1 + offset of the latest syntax error; 0: none */
+} Parser;
+
+/* ---- builders (ast.c), called from the grammar actions ---- */
+Expr *fe_int_lit(Parser *ps, int64_t v, Loc loc);
+Expr *fe_float_lit(Parser *ps, double v, Loc loc);
+Expr *fe_bool_lit(Parser *ps, bool v, Loc loc);
+Expr *fe_name(Parser *ps, const char *id, Loc loc);
+Expr *fe_unary(Parser *ps, AstOp op, Expr *a, Loc loc);
+Expr *fe_binary(Parser *ps, AstOp op, Expr *a, Expr *b, Loc loc);
+Expr *fe_cond(Parser *ps, Expr *c, Expr *a, Expr *b, Loc loc);
+Expr *fe_call(Parser *ps, const char *id, Loc id_loc, ExprList *args, Loc loc);
+Expr *fe_index(Parser *ps, const char *id, Loc id_loc, ExprList *args, Loc loc);
+Expr *fe_paren(Parser *ps, Expr *e, Loc loc);
+ExprList *fe_exprs(Parser *ps, ExprList *l, Expr *e);
+NameList *fe_names(Parser *ps, NameList *l, const char *id, Loc loc);
+DimList *fe_dim_lit(Parser *ps, DimList *l, int64_t v, Loc loc);
+DimList *fe_dim_name(Parser *ps, DimList *l, const char *id, Loc loc);
+BufFlags fe_flag(Parser *ps, BufFlags f, bool sorted, Loc loc);
+Body *fe_body_let(Parser *ps, Body *b, const char *id, Loc idloc, Expr *e);
+Body *fe_body_return(Parser *ps, Body *b, Expr *e, Loc kwloc);
+KItems *fe_kitem_score(Parser *ps, KItems *k, const char *id, Loc loc, Loc whole);
+KItems *fe_kitem_mask(Parser *ps, KItems *k, Expr *e, Loc whole);
+void fe_decl_param(Parser *ps, int tok_type, Loc tloc, const char *id, Loc idloc, Expr *def, Loc whole);
+void fe_decl_const(Parser *ps, const char *id, Loc idloc, Expr *e, Loc whole);
+void fe_decl_buffer(Parser *ps, const char *id, Loc idloc, const char *dtype, Loc dloc,
+                    DimList *dims, BufFlags f, Loc whole);
+void fe_decl_fn(Parser *ps, DeclKind kind, const char *id, Loc idloc, NameList *params,
+                Body *body, Loc whole);
+void fe_decl_kernel(Parser *ps, const char *id, Loc idloc, KItems *k, Loc whole);
+
+/* Parameter type keywords for fe_decl_param. */
+enum { FE_TY_INT, FE_TY_FLOAT, FE_TY_BOOL };
+
+/* ---- scanner helpers (lex.l) ---- */
+/* Note an opening/closing bracket; the parser uses the stack for messages
+ * like "expected ')' to close '(' at line 3". */
+void fe_open_bracket(Parser *ps, char ch, Loc loc);
+void fe_close_bracket(Parser *ps, char ch);
+
+#endif
