@@ -1,0 +1,311 @@
+/* reference.c: the float64 backend, the oracle every other backend is
+ * checked against.
+ *
+ * It follows DSL.md "Semantics" line by line, fully materialised but one
+ * (batch, query head) block at a time: the scores S and probabilities P of
+ * one block are Q_LEN x KV_LEN doubles; nothing is ever B*H*Q_LEN*KV_LEN.
+ * The mask, the score and the joint (backward) function run through the IR
+ * interpreter. The backward recomputes O and LSE itself in float64 instead of
+ * trusting the `out` and `lse` it is given, so its gradients are exact for
+ * the inputs whatever produced those outputs.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "rt.h"
+
+/* ---- tensor access ------------------------------------------------------- */
+
+/* Element offset of a 4-D (or lower) index. */
+static int64_t off_of(const DLTensor *t, const int64_t *idx) {
+  int64_t off = 0, stride = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    off += idx[d] * (t->strides ? t->strides[d] : stride);
+    stride *= t->shape[d];
+  }
+  return off;
+}
+
+static double get(const DLTensor *t, const int64_t *idx) {
+  const char *p = (const char *)t->data + t->byte_offset;
+  int64_t o = off_of(t, idx);
+  uint16_t h;
+  float f;
+  double d;
+  switch (t->dtype.bits) {
+  case 16:
+    memcpy(&h, p + o * 2, 2);
+    return t->dtype.code == kDLBfloat ? ir_bf16_to_double(h) : ir_half_to_double(h);
+  case 32: memcpy(&f, p + o * 4, 4); return f;
+  default: memcpy(&d, p + o * 8, 8); return d;
+  }
+}
+
+/* Store into a float32 or float64 output. */
+static void put(const DLTensor *t, const int64_t *idx, double v) {
+  char *p = (char *)t->data + t->byte_offset;
+  int64_t o = off_of(t, idx);
+  if (t->dtype.bits == 32) {
+    float f = (float)v;
+    memcpy(p + o * 4, &f, 4);
+  } else {
+    memcpy(p + o * 8, &v, 8);
+  }
+}
+
+/* Rows x cols of t[b, h, :, :] into dst (row-major). */
+static void load_slice(const DLTensor *t, int b, int h, int rows, int cols, double *dst) {
+  for (int i = 0; i < rows; i++)
+    for (int e = 0; e < cols; e++) {
+      int64_t idx[4] = {b, h, i, e};
+      dst[(size_t)i * cols + e] = get(t, idx);
+    }
+}
+
+static void store_slice(const DLTensor *t, int b, int h, int rows, int cols, const double *src) {
+  for (int i = 0; i < rows; i++)
+    for (int e = 0; e < cols; e++) {
+      int64_t idx[4] = {b, h, i, e};
+      put(t, idx, src[(size_t)i * cols + e]);
+    }
+}
+
+/* ---- one (b, h) block ------------------------------------------------------ */
+
+/* Working memory of one call. */
+typedef struct Ref {
+  const RtCall *c;
+  IrEnv env;
+  IrVal *vals;           /* interpreter scratch */
+  IrBufView *bufs;       /* the call's views, with grad accumulators attached */
+  double *q, *k, *v;     /* one head's Q [QL,E], K [KL,E], V [KL,EV] */
+  double *S, *P;         /* [QL,KL]: scaled q.k and probabilities */
+  double *O, *lse;       /* [QL,EV], [QL] */
+} Ref;
+
+static double *dalloc(Arena *a, size_t n) { return arena_alloc(a, sizeof(double) * (n ? n : 1)); }
+
+static void init(Ref *r, Arena *a, const RtCall *c) {
+  memset(r, 0, sizeof *r);
+  r->c = c;
+  const IrModule *m = c->mod;
+  int n = m->score->n;
+  if (m->mask && m->mask->n > n) n = m->mask->n;
+  if (m->joint && m->joint->n > n) n = m->joint->n;
+  r->vals = arena_alloc(a, sizeof(IrVal) * (size_t)n);
+  r->bufs = arena_alloc(a, sizeof(IrBufView) * (size_t)(m->nbuffers + 1));
+  memcpy(r->bufs, c->bufs, sizeof(IrBufView) * (size_t)m->nbuffers);
+  r->env.params = c->params;
+  r->env.sizes = c->sizes;
+  r->env.bufs = r->bufs;
+  r->env.src = &c->kernel->src;
+  r->env.mod = m;
+  size_t QL = (size_t)c->QL, KL = (size_t)c->KL;
+  r->q = dalloc(a, QL * (size_t)c->E);
+  r->k = dalloc(a, KL * (size_t)c->E);
+  r->v = dalloc(a, KL * (size_t)c->EV);
+  r->S = dalloc(a, QL * KL);
+  r->P = dalloc(a, QL * KL);
+  r->O = dalloc(a, QL * (size_t)c->EV);
+  r->lse = dalloc(a, QL);
+}
+
+/* A checked run stops at the interpreter's first failure. */
+static bool failed(const Ref *r) { return r->c->args->check_bounds && r->env.failed; }
+
+/* S, P, O and LSE of block (b, h). Returns false on a checked-run failure. */
+static bool block(Ref *r, int b, int h) {
+  const RtCall *c = r->c;
+  const IrModule *m = c->mod;
+  int QL = c->QL, KL = c->KL, E = c->E, EV = c->EV, kvh = h / c->G;
+  load_slice(c->args->q, b, h, QL, E, r->q);
+  load_slice(c->args->k, b, kvh, KL, E, r->k);
+  load_slice(c->args->v, b, kvh, KL, EV, r->v);
+  r->env.args[ARG_B] = ir_vi(b);
+  r->env.args[ARG_H] = ir_vi(h);
+  for (int i = 0; i < QL; i++) {
+    double *S = r->S + (size_t)i * KL, *P = r->P + (size_t)i * KL, mx = -INFINITY;
+    r->env.args[ARG_Q] = ir_vi(i);
+    for (int j = 0; j < KL; j++) {
+      double dot = 0;
+      for (int e = 0; e < E; e++) dot += r->q[(size_t)i * E + e] * r->k[(size_t)j * E + e];
+      S[j] = c->scale * dot;
+      r->env.args[ARG_KV] = ir_vi(j);
+      r->env.args[ARG_S] = ir_vf(S[j]);
+      bool keep = !m->mask || ir_eval(m->mask, &r->env, r->vals).b;
+      P[j] = keep ? ir_eval(m->score, &r->env, r->vals).f : -INFINITY; /* t, for now */
+      if (failed(r)) return false;
+      if (P[j] > mx) mx = P[j];
+    }
+    double *O = r->O + (size_t)i * EV;
+    memset(O, 0, sizeof(double) * (size_t)EV);
+    if (mx == -INFINITY) { /* fully masked row: O = 0, LSE = -inf, P = 0 */
+      r->lse[i] = -INFINITY;
+      for (int j = 0; j < KL; j++) P[j] = 0;
+      continue;
+    }
+    double sum = 0;
+    for (int j = 0; j < KL; j++) sum += exp(P[j] - mx);
+    r->lse[i] = mx + log(sum);
+    for (int j = 0; j < KL; j++) {
+      P[j] = P[j] == -INFINITY ? 0.0 : exp(P[j] - r->lse[i]);
+      for (int e = 0; e < EV; e++) O[e] += P[j] * r->v[(size_t)j * EV + e];
+    }
+  }
+  return true;
+}
+
+/* A checked run verifies `sorted` promises before anything runs. */
+static flex_status check_sorted(const RtCall *c) {
+  const IrModule *m = c->mod;
+  for (int j = 0; j < m->nbuffers; j++) {
+    const IrBufView *bv = &c->bufs[j];
+    if (!m->buffers[j].sorted || !bv->data || bv->ndims != 1) continue;
+    int64_t prev = INT64_MIN;
+    for (int64_t i = 0; i < bv->shape[0]; i++) {
+      const char *p = (const char *)bv->data;
+      int64_t o = i * bv->strides[0], x;
+      if (bv->dtype == DT_I64) memcpy(&x, p + o * 8, 8);
+      else if (bv->dtype == DT_I32) { int32_t y; memcpy(&y, p + o * 4, 4); x = y; }
+      else x = (uint8_t)p[o];
+      if (x < prev)
+        return rt_err(FLEX_ERR_RUNTIME,
+                      "buffer '%s' is declared sorted but decreases at index %lld (%lld after %lld)",
+                      m->buffers[j].id, (long long)i, (long long)x, (long long)prev);
+      prev = x;
+    }
+  }
+  return FLEX_OK;
+}
+
+static flex_status start(Ref *r, Arena *a, const RtCall *c) {
+  init(r, a, c);
+  if (c->args->check_bounds) return check_sorted(c);
+  return FLEX_OK;
+}
+
+static flex_status checked_failure(const Ref *r) {
+  return rt_err(FLEX_ERR_RUNTIME, "checked run: %s", r->env.error);
+}
+
+flex_status rt_reference_forward(const RtCall *c) {
+  Arena a = {0};
+  Ref r;
+  flex_status st = start(&r, &a, c);
+  for (int b = 0; st == FLEX_OK && b < c->B; b++)
+    for (int h = 0; st == FLEX_OK && h < c->H; h++) {
+      if (!block(&r, b, h)) {
+        st = checked_failure(&r);
+        break;
+      }
+      store_slice(c->args->out, b, h, c->QL, c->EV, r.O);
+      for (int i = 0; i < c->QL; i++) {
+        int64_t idx[3] = {b, h, i};
+        put(c->args->lse, idx, r.lse[i]);
+      }
+    }
+  arena_free(&a);
+  return st;
+}
+
+/* ---- backward --------------------------------------------------------------- */
+
+/* Gradient accumulators of one backward call. */
+typedef struct Grads {
+  double *dk, *dv;    /* [B,HKV,KL,E], [B,HKV,KL,EV] */
+  double *dq, *dout;  /* one head: [QL,E], [QL,EV] */
+} Grads;
+
+/* ds for every kept element of block (b, h), folded into dq, dk and dv. */
+static bool block_backward(Ref *r, Grads *g, int b, int h) {
+  const RtCall *c = r->c;
+  int QL = c->QL, KL = c->KL, E = c->E, EV = c->EV, kvh = h / c->G;
+  const flex_args *a = c->args;
+  load_slice(a->dout, b, h, QL, EV, g->dout);
+  size_t kbase = ((size_t)b * c->HKV + kvh) * KL;
+  double *dk = g->dk + kbase * E, *dv = g->dv + kbase * EV;
+  memset(g->dq, 0, sizeof(double) * (size_t)QL * E);
+  for (int i = 0; i < QL; i++) {
+    const double *dO = g->dout + (size_t)i * EV, *O = r->O + (size_t)i * EV;
+    int64_t li[3] = {b, h, i};
+    double D = a->dlse ? -get(a->dlse, li) : 0.0;
+    for (int e = 0; e < EV; e++) D += dO[e] * O[e];
+    r->env.args[ARG_Q] = ir_vi(i);
+    for (int j = 0; j < KL; j++) {
+      double P = r->P[(size_t)i * KL + j];
+      if (P == 0) continue; /* contributes nothing; never evaluate the joint here */
+      double dP = 0;
+      for (int e = 0; e < EV; e++) {
+        dP += dO[e] * r->v[(size_t)j * EV + e];
+        dv[(size_t)j * EV + e] += P * dO[e];
+      }
+      r->env.args[ARG_KV] = ir_vi(j);
+      r->env.args[ARG_S] = ir_vf(r->S[(size_t)i * KL + j]);
+      r->env.args[ARG_DT] = ir_vf(P * (dP - D));
+      double ds = ir_eval(c->mod->joint, &r->env, r->vals).f;
+      if (failed(r)) return false;
+      for (int e = 0; e < E; e++) {
+        g->dq[(size_t)i * E + e] += c->scale * ds * r->k[(size_t)j * E + e];
+        dk[(size_t)j * E + e] += c->scale * ds * r->q[(size_t)i * E + e];
+      }
+    }
+  }
+  store_slice(a->dq, b, h, QL, E, g->dq);
+  return true;
+}
+
+/* Attach a zeroed float64 accumulator to every grad buffer the caller gave. */
+static void attach_grads(Ref *r, Arena *a) {
+  const RtCall *c = r->c;
+  for (int j = 0; j < c->mod->nbuffers; j++) {
+    if (!c->buf_grads[j]) continue;
+    int64_t n = 1;
+    for (int d = 0; d < r->bufs[j].ndims; d++) n *= r->bufs[j].shape[d];
+    r->bufs[j].grad = dalloc(a, (size_t)n);
+  }
+}
+
+/* Write the accumulated gradients to the caller's tensors. */
+static void write_grads(const Ref *r, const Grads *g) {
+  const RtCall *c = r->c;
+  for (int b = 0; b < c->B; b++)
+    for (int k = 0; k < c->HKV; k++) {
+      size_t base = ((size_t)b * c->HKV + k) * c->KL;
+      store_slice(c->args->dk, b, k, c->KL, c->E, g->dk + base * c->E);
+      store_slice(c->args->dv, b, k, c->KL, c->EV, g->dv + base * c->EV);
+    }
+  for (int j = 0; j < c->mod->nbuffers; j++) {
+    const DLTensor *t = c->buf_grads[j];
+    if (!t) continue;
+    const IrBufView *bv = &r->bufs[j];
+    int64_t n = 1, idx[IR_MAXDIMS];
+    for (int d = 0; d < bv->ndims; d++) n *= bv->shape[d];
+    for (int64_t o = 0; o < n; o++) {
+      int64_t rest = o;
+      for (int d = bv->ndims - 1; d >= 0; d--) {
+        idx[d] = rest % bv->shape[d];
+        rest /= bv->shape[d];
+      }
+      put(t, idx, bv->grad[o]);
+    }
+  }
+}
+
+flex_status rt_reference_backward(const RtCall *c) {
+  Arena a = {0};
+  Ref r;
+  flex_status st = start(&r, &a, c);
+  Grads g;
+  size_t kv = (size_t)c->B * c->HKV * c->KL;
+  g.dk = dalloc(&a, kv * c->E);
+  g.dv = dalloc(&a, kv * c->EV);
+  g.dq = dalloc(&a, (size_t)c->QL * c->E);
+  g.dout = dalloc(&a, (size_t)c->QL * c->EV);
+  attach_grads(&r, &a);
+  for (int b = 0; st == FLEX_OK && b < c->B; b++)
+    for (int h = 0; st == FLEX_OK && h < c->H; h++)
+      if (!block(&r, b, h) || !block_backward(&r, &g, b, h)) st = checked_failure(&r);
+  if (st == FLEX_OK) write_grads(&r, &g);
+  arena_free(&a);
+  return st;
+}

@@ -1,0 +1,329 @@
+/* validate.c: rt_validate(), SDPA-style checks of one call.
+ *
+ * Every message names the tensor, says what was expected and what came.
+ * The rules (docs/runtime.md has the full list):
+ *   q [B,H,Q_LEN,E], k [B,HKV,KV_LEN,E], v [B,HKV,KV_LEN,EV], H % HKV == 0;
+ *   B, Q_LEN, KV_LEN may be 0; H, HKV, E, EV must be at least 1;
+ *   q, k, v share one float dtype; outputs are float32 or float64;
+ *   the last dimension has unit stride; reference and emu need host memory
+ *   (the cuda backend checks its own devices, after looking for a driver);
+ *   params and buffers are matched by name against the kernel's declarations.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "npy.h"
+#include "rt.h"
+
+/* Validation state: the call being filled and where its memory lives. */
+typedef struct V {
+  RtCall *c;
+  Arena *arena;
+  const flex_args *a;
+  bool host; /* the backend reads tensors on the host */
+} V;
+
+static void shape_text(char *out, size_t cap, const int64_t *shape, int n) {
+  int w = snprintf(out, cap, "[");
+  for (int d = 0; d < n && w > 0 && (size_t)w < cap; d++)
+    w += snprintf(out + w, cap - (size_t)w, "%s%lld", d ? ", " : "", (long long)shape[d]);
+  if (w > 0 && (size_t)w < cap) snprintf(out + w, cap - (size_t)w, "]");
+}
+
+static bool is_float(DLDataType t) {
+  return t.lanes == 1 && ((t.code == kDLFloat && (t.bits == 16 || t.bits == 32 || t.bits == 64)) ||
+                          (t.code == kDLBfloat && t.bits == 16));
+}
+static bool is_out_float(DLDataType t) {
+  return t.lanes == 1 && t.code == kDLFloat && (t.bits == 32 || t.bits == 64);
+}
+
+/* Device, strides and shape of one tensor against an expected shape. */
+static flex_status check_tensor(V *v, const char *name, const DLTensor *t, int ndim,
+                                const int64_t *want) {
+  if (!t) return rt_err(FLEX_ERR_INVALID, "%s: the tensor is missing", name);
+  if (t->ndim != ndim)
+    return rt_err(FLEX_ERR_INVALID, "%s: expected a rank-%d tensor, got rank %d", name, ndim,
+                  (int)t->ndim);
+  if (ndim > 0 && !t->shape) return rt_err(FLEX_ERR_INVALID, "%s: shape is NULL", name);
+  for (int d = 0; d < ndim; d++)
+    if (t->shape[d] < 0 || t->shape[d] > INT32_MAX)
+      return rt_err(FLEX_ERR_INVALID, "%s: dimension %d has extent %lld (expected 0..%d)", name, d,
+                    (long long)t->shape[d], INT32_MAX);
+  if (!t->data) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= t->shape[d];
+    if (n) return rt_err(FLEX_ERR_INVALID, "%s: data is NULL", name);
+  }
+  if (want)
+    for (int d = 0; d < ndim; d++)
+      if (want[d] >= 0 && t->shape[d] != want[d]) {
+        char w[128], g[128];
+        int64_t ws[IR_MAXDIMS];
+        for (int e = 0; e < ndim; e++) ws[e] = want[e] >= 0 ? want[e] : t->shape[e];
+        shape_text(w, sizeof w, ws, ndim);
+        shape_text(g, sizeof g, t->shape, ndim);
+        return rt_err(FLEX_ERR_INVALID, "%s: expected shape %s, got %s", name, w, g);
+      }
+  if (ndim > 0 && t->strides && t->shape[ndim - 1] > 1 && t->strides[ndim - 1] != 1)
+    return rt_err(FLEX_ERR_INVALID, "%s: the last dimension must have unit stride, got stride %lld",
+                  name, (long long)t->strides[ndim - 1]);
+  bool on_host = t->device.device_type == kDLCPU || t->device.device_type == kDLCUDAHost ||
+                 t->device.device_type == kDLCUDAManaged;
+  if (v->host && !on_host)
+    return rt_err(FLEX_ERR_INVALID, "%s: the %s backend needs host memory (kDLCPU), got device type %d",
+                  name, flex_backend_name(v->a->backend), (int)t->device.device_type);
+  return FLEX_OK;
+}
+
+static flex_status check_dtype(const char *name, const DLTensor *t, bool out) {
+  if (out ? is_out_float(t->dtype) : is_float(t->dtype)) return FLEX_OK;
+  return rt_err(FLEX_ERR_INVALID, "%s: expected %s, got %s", name,
+                out ? "float32 or float64" : "float16, bfloat16, float32 or float64",
+                rt_dtype_name(t->dtype));
+}
+
+/* q, k, v: ranks, agreement, dtypes; sets the sizes. */
+static flex_status check_qkv(V *v) {
+  const flex_args *a = v->a;
+  RtCall *c = v->c;
+  flex_status st;
+  if ((st = check_tensor(v, "q", a->q, 4, NULL)) || (st = check_tensor(v, "k", a->k, 4, NULL)) ||
+      (st = check_tensor(v, "v", a->v, 4, NULL)))
+    return st;
+  const int64_t *q = a->q->shape, *k = a->k->shape, *vv = a->v->shape;
+  if (k[0] != q[0] || vv[0] != q[0])
+    return rt_err(FLEX_ERR_INVALID, "batch sizes disagree: q has B=%lld, k has %lld, v has %lld",
+                  (long long)q[0], (long long)k[0], (long long)vv[0]);
+  if (k[3] != q[3])
+    return rt_err(FLEX_ERR_INVALID, "k: head dim E=%lld does not match q's E=%lld", (long long)k[3],
+                  (long long)q[3]);
+  if (vv[1] != k[1])
+    return rt_err(FLEX_ERR_INVALID, "v: %lld key/value heads, but k has %lld", (long long)vv[1],
+                  (long long)k[1]);
+  if (vv[2] != k[2])
+    return rt_err(FLEX_ERR_INVALID, "v: KV_LEN=%lld does not match k's KV_LEN=%lld",
+                  (long long)vv[2], (long long)k[2]);
+  if (q[1] < 1 || k[1] < 1)
+    return rt_err(FLEX_ERR_INVALID, "q and k need at least one head, got H=%lld, HKV=%lld",
+                  (long long)q[1], (long long)k[1]);
+  if (q[1] % k[1])
+    return rt_err(FLEX_ERR_INVALID, "H=%lld query heads is not a multiple of HKV=%lld key/value heads",
+                  (long long)q[1], (long long)k[1]);
+  if (q[3] < 1 || vv[3] < 1)
+    return rt_err(FLEX_ERR_INVALID, "head dims must be at least 1, got E=%lld, EV=%lld",
+                  (long long)q[3], (long long)vv[3]);
+  if ((st = check_dtype("q", a->q, false))) return st;
+  if (memcmp(&a->k->dtype, &a->q->dtype, sizeof a->q->dtype) ||
+      memcmp(&a->v->dtype, &a->q->dtype, sizeof a->q->dtype))
+    return rt_err(FLEX_ERR_INVALID, "q, k and v must share a dtype, got %s, %s and %s",
+                  rt_dtype_name(a->q->dtype), rt_dtype_name(a->k->dtype),
+                  rt_dtype_name(a->v->dtype));
+  c->B = (int)q[0], c->H = (int)q[1], c->HKV = (int)k[1], c->G = c->H / c->HKV;
+  c->QL = (int)q[2], c->KL = (int)k[2], c->E = (int)q[3], c->EV = (int)vv[3];
+  c->dtype = a->q->dtype;
+  return FLEX_OK;
+}
+
+/* A float tensor of a known shape (out, lse, dout, dq, ...). */
+static flex_status check_shaped(V *v, const char *name, const DLTensor *t, int ndim,
+                                const int64_t *want, bool out) {
+  flex_status st = check_tensor(v, name, t, ndim, want);
+  return st ? st : check_dtype(name, t, out);
+}
+
+static flex_status check_io(V *v, bool backward) {
+  const flex_args *a = v->a;
+  const RtCall *c = v->c;
+  int64_t o[4] = {c->B, c->H, c->QL, c->EV}, l[3] = {c->B, c->H, c->QL};
+  int64_t q[4] = {c->B, c->H, c->QL, c->E}, k[4] = {c->B, c->HKV, c->KL, c->E};
+  int64_t vv[4] = {c->B, c->HKV, c->KL, c->EV};
+  flex_status st;
+  if ((st = check_shaped(v, "out", a->out, 4, o, true)) ||
+      (st = check_shaped(v, "lse", a->lse, 3, l, true)))
+    return st;
+  if (!backward) return FLEX_OK;
+  if ((st = check_shaped(v, "dout", a->dout, 4, o, false))) return st;
+  if (a->dlse && (st = check_shaped(v, "dlse", a->dlse, 3, l, true))) return st;
+  if ((st = check_shaped(v, "dq", a->dq, 4, q, true)) ||
+      (st = check_shaped(v, "dk", a->dk, 4, k, true)) ||
+      (st = check_shaped(v, "dv", a->dv, 4, vv, true)))
+    return st;
+  return FLEX_OK;
+}
+
+static flex_status check_params(V *v) {
+  const IrModule *m = v->c->mod;
+  const flex_args *a = v->a;
+  IrVal *p = arena_alloc(v->arena, sizeof(IrVal) * (size_t)(m->nparams + 1));
+  bool *set = arena_alloc(v->arena, (size_t)m->nparams + 1);
+  for (int i = 0; i < a->nparams; i++) {
+    const char *name = a->params[i].name ? a->params[i].name : "(null)";
+    int slot = -1;
+    for (int j = 0; j < m->nparams; j++)
+      if (!strcmp(m->params[j].id, name)) slot = j;
+    if (slot < 0) {
+      Buf names = {0};
+      for (int j = 0; j < m->nparams; j++) buf_printf(&names, "%s%s", j ? ", " : "", m->params[j].id);
+      flex_status st = rt_err(FLEX_ERR_INVALID, "unknown param '%s' (the kernel declares %s)", name,
+                              m->nparams ? names.data : "no params");
+      buf_free(&names);
+      return st;
+    }
+    if (set[slot]) return rt_err(FLEX_ERR_INVALID, "param '%s' is given twice", name);
+    double x = a->params[i].value;
+    if (m->params[slot].type == IT_I32) {
+      if (!(x == floor(x)) || x < INT32_MIN || x > INT32_MAX)
+        return rt_err(FLEX_ERR_INVALID, "param '%s' is an int, got %g", name, x);
+      p[slot] = ir_vi((int32_t)x);
+    } else {
+      if (x != x) return rt_err(FLEX_ERR_INVALID, "param '%s' is NaN", name);
+      p[slot] = ir_vf((double)(float)x); /* a float param is binary32 on every backend */
+    }
+    set[slot] = true;
+  }
+  for (int j = 0; j < m->nparams; j++)
+    if (!set[j]) {
+      if (!m->params[j].has_default)
+        return rt_err(FLEX_ERR_INVALID, "param '%s' has no default and was not given",
+                      m->params[j].id);
+      p[j] = m->params[j].def;
+    }
+  v->c->params = p;
+  return FLEX_OK;
+}
+
+/* The DLPack type a declared buffer dtype needs. */
+static DLDataType buffer_dtype(DType t) {
+  switch (t) {
+  case DT_F32: return rt_dtype(kDLFloat, 32);
+  case DT_F16: return rt_dtype(kDLFloat, 16);
+  case DT_BF16: return rt_dtype(kDLBfloat, 16);
+  case DT_I32: return rt_dtype(kDLInt, 32);
+  case DT_I64: return rt_dtype(kDLInt, 64);
+  case DT_U8: return rt_dtype(kDLUInt, 8);
+  case DT_BOOL: return rt_dtype(kDLBool, 8);
+  }
+  PANIC("bad dtype");
+}
+
+/* Which buffer slot a name means; an error listing the declared ones if none. */
+static int buffer_slot(const IrModule *m, const char *name) {
+  for (int j = 0; j < m->nbuffers; j++)
+    if (!strcmp(m->buffers[j].id, name)) return j;
+  Buf names = {0};
+  for (int j = 0; j < m->nbuffers; j++) buf_printf(&names, "%s%s", j ? ", " : "", m->buffers[j].id);
+  rt_err(FLEX_ERR_INVALID, "unknown buffer '%s' (the kernel declares %s)", name,
+         m->nbuffers ? names.data : "no buffers");
+  buf_free(&names);
+  return -1;
+}
+
+/* Dims of buffer `j` against its declaration; binds free size symbols. */
+static flex_status check_buffer_dims(V *v, int j, const char *what, const DLTensor *t, bool *bound) {
+  const IrBuffer *ib = &v->c->mod->buffers[j];
+  int32_t *sz = v->c->sizes;
+  for (int d = 0; d < ib->ndims; d++) {
+    int64_t want = ib->dims[d].fixed;
+    const char *why = "fixed by the declaration";
+    if (want < 0) {
+      int s = ib->dims[d].size;
+      why = v->c->mod->sizes[s].id;
+      if (s >= SZ_COUNT && !bound[s]) {
+        sz[s] = (int32_t)t->shape[d];
+        bound[s] = true;
+      }
+      want = sz[s];
+    }
+    if (t->shape[d] != want) {
+      char g[128];
+      shape_text(g, sizeof g, t->shape, (int)t->ndim);
+      return rt_err(FLEX_ERR_INVALID, "%s '%s': dimension %d must be %lld (%s), got shape %s", what,
+                    ib->id, d, (long long)want, why, g);
+    }
+  }
+  return FLEX_OK;
+}
+
+/* A host view of a tensor for the interpreter. */
+static void view_of(IrBufView *bv, const DLTensor *t, DType dt, bool host) {
+  bv->data = host ? (const char *)t->data + t->byte_offset : NULL;
+  bv->dtype = dt;
+  bv->ndims = (int)t->ndim;
+  int64_t stride = 1;
+  for (int d = (int)t->ndim - 1; d >= 0; d--) {
+    bv->shape[d] = t->shape[d];
+    bv->strides[d] = t->strides ? t->strides[d] : stride;
+    stride *= t->shape[d];
+  }
+}
+
+static flex_status check_buffers(V *v, bool backward) {
+  RtCall *c = v->c;
+  const IrModule *m = c->mod;
+  const flex_args *a = v->a;
+  int nb = m->nbuffers;
+  c->bufs = arena_alloc(v->arena, sizeof(IrBufView) * (size_t)(nb + 1));
+  c->buf_tensors = arena_alloc(v->arena, sizeof(DLTensor *) * (size_t)(nb + 1));
+  c->buf_grads = arena_alloc(v->arena, sizeof(DLTensor *) * (size_t)(nb + 1));
+  bool *bound = arena_alloc(v->arena, (size_t)m->nsizes + 1);
+  flex_status st;
+  for (int i = 0; i < a->nbuffers; i++) {
+    const flex_buffer *fb = &a->buffers[i];
+    int j = buffer_slot(m, fb->name ? fb->name : "(null)");
+    if (j < 0) return FLEX_ERR_INVALID;
+    const IrBuffer *ib = &m->buffers[j];
+    if (c->buf_tensors[j]) return rt_err(FLEX_ERR_INVALID, "buffer '%s' is given twice", ib->id);
+    char what[160];
+    snprintf(what, sizeof what, "buffer '%s'", ib->id);
+    if ((st = check_tensor(v, what, fb->tensor, ib->ndims, NULL))) return st;
+    DLDataType want = buffer_dtype(ib->dtype);
+    if (memcmp(&fb->tensor->dtype, &want, sizeof want))
+      return rt_err(FLEX_ERR_INVALID, "buffer '%s' is declared %s: expected %s data, got %s", ib->id,
+                    dtype_name(ib->dtype), rt_dtype_name(want), rt_dtype_name(fb->tensor->dtype));
+    if ((st = check_buffer_dims(v, j, "buffer", fb->tensor, bound))) return st;
+    c->buf_tensors[j] = fb->tensor;
+    view_of(&c->bufs[j], fb->tensor, ib->dtype, v->host);
+    if (fb->grad && !ib->grad)
+      return rt_err(FLEX_ERR_INVALID, "buffer '%s' has a gradient tensor but is not declared `grad`",
+                    ib->id);
+    if (fb->grad && backward) {
+      snprintf(what, sizeof what, "gradient of buffer '%s'", ib->id);
+      if ((st = check_tensor(v, what, fb->grad, ib->ndims, fb->tensor->shape)) ||
+          (st = check_dtype(what, fb->grad, true)))
+        return st;
+      c->buf_grads[j] = fb->grad;
+    }
+  }
+  for (int j = 0; j < nb; j++)
+    if (m->buffers[j].used && !c->buf_tensors[j])
+      return rt_err(FLEX_ERR_INVALID, "buffer '%s' is read by the kernel but was not given",
+                    m->buffers[j].id);
+  return FLEX_OK;
+}
+
+flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const flex_args *a,
+                        bool backward) {
+  memset(c, 0, sizeof *c);
+  c->kernel = k;
+  c->mod = k->mod;
+  c->args = a;
+  c->backward = backward;
+  V v = {c, arena, a, a->backend != FLEX_BACKEND_CUDA};
+  flex_status st;
+  if ((st = check_qkv(&v)) || (st = check_io(&v, backward))) return st;
+  if (a->nparams < 0 || (a->nparams && !a->params))
+    return rt_err(FLEX_ERR_INVALID, "params: %d given but the array is NULL", a->nparams);
+  if (a->nbuffers < 0 || (a->nbuffers && !a->buffers))
+    return rt_err(FLEX_ERR_INVALID, "buffers: %d given but the array is NULL", a->nbuffers);
+  if (!isfinite(a->scale))
+    return rt_err(FLEX_ERR_INVALID, "scale must be finite, got %g", a->scale);
+  c->scale = a->scale != 0 ? a->scale : 1.0 / sqrt((double)c->E);
+  const IrModule *m = k->mod;
+  c->sizes = arena_alloc(arena, sizeof(int32_t) * (size_t)(m->nsizes + SZ_COUNT));
+  int32_t pre[SZ_COUNT] = {c->B, c->H, c->HKV, c->QL, c->KL};
+  for (int s = 0; s < SZ_COUNT; s++) c->sizes[s] = pre[s];
+  if ((st = check_params(&v)) || (st = check_buffers(&v, backward))) return st;
+  return FLEX_OK;
+}

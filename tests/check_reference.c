@@ -1,0 +1,503 @@
+/* The float64 reference backend: its backward against central finite
+ * differences of L = sum(O * dO) + sum(LSE * dLSE) for every sample kernel,
+ * its forward against a naive attention written here, fully masked rows,
+ * and checked-run failures. Fresh random inputs every run. */
+#include <check.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/npy.h"
+#include "runtime/rt.h"
+#include "testlib.h"
+
+#define MAXB 8
+
+/* A host array with its DLTensor view. */
+typedef struct Arr {
+  RtArray a;
+  DLTensor t;
+} Arr;
+
+static void arr_init(Arr *x, DLDataType dt, int nd, const int64_t *shape) {
+  rt_array_init(&x->a, dt, nd, shape);
+  x->t = rt_array_tensor(&x->a);
+}
+static double *D(Arr *x) { return x->a.data; }
+static int64_t N(const Arr *x) { return rt_array_count(&x->a); }
+
+/* Shapes of one case. */
+typedef struct Dims {
+  int B, H, HKV, QL, KL, E, EV;
+} Dims;
+
+/* One attention call with everything it reads and writes, all float64. */
+typedef struct Case {
+  flex_kernel *k;
+  Dims d;
+  Arr q, k_, v, out, lse, dout, dlse, dq, dk, dv;
+  Arr bufs[MAXB], grads[MAXB];
+  flex_buffer fb[MAXB];
+  flex_param params[MAXB];
+  flex_args args;
+  uint64_t seed;
+} Case;
+
+static const DLDataType F64 = {kDLFloat, 64, 1};
+
+static void fill_normal(Arr *x, uint64_t *seed) {
+  for (int64_t i = 0; i < N(x); i++) D(x)[i] = tl_normal(seed);
+}
+
+/* Random but valid buffers: float values on a 2^-10 grid (so binary32
+ * perturbations are exact), sorted ids, int values in [0, KV_LEN]. */
+static void make_buffer(Case *c, int j) {
+  const IrBuffer *ib = &c->k->mod->buffers[j];
+  int64_t shape[IR_MAXDIMS];
+  int32_t pre[SZ_COUNT] = {c->d.B, c->d.H, c->d.HKV, c->d.QL, c->d.KL};
+  int free_size = c->d.QL > c->d.KL ? c->d.QL : c->d.KL;
+  for (int d = 0; d < ib->ndims; d++)
+    shape[d] = ib->dims[d].fixed >= 0 ? ib->dims[d].fixed
+             : ib->dims[d].size < SZ_COUNT ? pre[ib->dims[d].size] : free_size;
+  static const uint8_t codes[] = {kDLFloat, kDLFloat, kDLBfloat, kDLInt, kDLInt, kDLUInt, kDLBool};
+  static const uint8_t bits[] = {32, 16, 16, 32, 64, 8, 8};
+  arr_init(&c->bufs[j], rt_dtype(codes[ib->dtype], bits[ib->dtype]), ib->ndims, shape);
+  int64_t n = N(&c->bufs[j]), id = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double x;
+    if (ib->dtype == DT_F32 || ib->dtype == DT_F16 || ib->dtype == DT_BF16)
+      x = ldexp(round(ldexp(tl_uniform(&c->seed) * 1.6 - 0.8, 8)), -8);
+    else if (ib->sorted) x = (double)(id += tl_uniform(&c->seed) < 0.2);
+    else if (ib->dtype == DT_BOOL) x = (double)(tl_rand(&c->seed) & 1);
+    else x = (double)(tl_rand(&c->seed) % (uint64_t)(c->d.KL + 1));
+    rt_array_set(&c->bufs[j].a, i, x);
+  }
+  c->fb[j].name = ib->id;
+  c->fb[j].tensor = &c->bufs[j].t;
+  if (ib->grad) {
+    arr_init(&c->grads[j], F64, ib->ndims, shape);
+    c->fb[j].grad = &c->grads[j].t;
+  }
+}
+
+static void case_init(Case *c, flex_kernel *k, Dims d, uint64_t seed) {
+  memset(c, 0, sizeof *c);
+  c->k = k;
+  c->d = d;
+  c->seed = seed;
+  int64_t q[4] = {d.B, d.H, d.QL, d.E}, kk[4] = {d.B, d.HKV, d.KL, d.E};
+  int64_t v[4] = {d.B, d.HKV, d.KL, d.EV}, o[4] = {d.B, d.H, d.QL, d.EV};
+  arr_init(&c->q, F64, 4, q), arr_init(&c->dq, F64, 4, q);
+  arr_init(&c->k_, F64, 4, kk), arr_init(&c->dk, F64, 4, kk);
+  arr_init(&c->v, F64, 4, v), arr_init(&c->dv, F64, 4, v);
+  arr_init(&c->out, F64, 4, o), arr_init(&c->dout, F64, 4, o);
+  arr_init(&c->lse, F64, 3, o), arr_init(&c->dlse, F64, 3, o);
+  fill_normal(&c->q, &c->seed), fill_normal(&c->k_, &c->seed), fill_normal(&c->v, &c->seed);
+  fill_normal(&c->dout, &c->seed), fill_normal(&c->dlse, &c->seed);
+  const IrModule *m = k->mod;
+  CHECK(m->nbuffers <= MAXB && m->nparams <= MAXB);
+  for (int j = 0; j < m->nbuffers; j++) make_buffer(c, j);
+  for (int j = 0; j < m->nparams; j++) {
+    c->params[j].name = m->params[j].id;
+    c->params[j].value = m->params[j].type == IT_I32 ? (double)(1 + tl_rand(&c->seed) % 8)
+                                                     : 2 + 4 * tl_uniform(&c->seed);
+  }
+  flex_args *a = &c->args;
+  a->backend = FLEX_BACKEND_REFERENCE;
+  a->q = &c->q.t, a->k = &c->k_.t, a->v = &c->v.t, a->out = &c->out.t, a->lse = &c->lse.t;
+  a->dout = &c->dout.t, a->dlse = &c->dlse.t, a->dq = &c->dq.t, a->dk = &c->dk.t, a->dv = &c->dv.t;
+  a->params = c->params, a->nparams = m->nparams;
+  a->buffers = c->fb, a->nbuffers = m->nbuffers;
+  a->check_bounds = true;
+  a->scale = tl_uniform(&c->seed) < 0.5 ? 0 : 0.2 + 0.3 * tl_uniform(&c->seed);
+}
+
+static void case_free(Case *c) {
+  Arr *all[] = {&c->q, &c->k_, &c->v, &c->out, &c->lse, &c->dout, &c->dlse, &c->dq, &c->dk, &c->dv};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) rt_array_free(&all[i]->a);
+  for (int j = 0; j < MAXB; j++) {
+    rt_array_free(&c->bufs[j].a);
+    rt_array_free(&c->grads[j].a);
+  }
+}
+
+static void poison(Arr *x) {
+  for (int64_t i = 0; i < N(x); i++) D(x)[i] = NAN;
+}
+
+static void forward(Case *c) {
+  poison(&c->out), poison(&c->lse);
+  ck_assert_msg(flex_forward(c->k, &c->args) == FLEX_OK, "forward: %s", flex_last_error());
+}
+
+static void backward(Case *c) {
+  forward(c);
+  poison(&c->dq), poison(&c->dk), poison(&c->dv);
+  for (int j = 0; j < MAXB; j++)
+    if (c->grads[j].a.data) poison(&c->grads[j]);
+  ck_assert_msg(flex_backward(c->k, &c->args) == FLEX_OK, "backward: %s", flex_last_error());
+}
+
+/* L = sum(O dO) + sum(LSE dLSE) over rows that are not fully masked (there
+ * LSE is the constant -inf). */
+static double loss(Case *c) {
+  forward(c);
+  double L = 0;
+  for (int64_t i = 0; i < N(&c->out); i++) L += D(&c->out)[i] * D(&c->dout)[i];
+  for (int64_t i = 0; i < N(&c->lse); i++)
+    if (isfinite(D(&c->lse)[i])) L += D(&c->lse)[i] * D(&c->dlse)[i];
+  return L;
+}
+
+/* Directional derivative of L along u (x is perturbed in place, float64 or
+ * float32 storage), Richardson-extrapolated central differences. */
+static double fd_along(Case *c, Arr *x, const double *u, double h) {
+  int64_t n = N(x);
+  double *x0 = base_alloc(sizeof(double) * (size_t)(n ? n : 1)), d[2];
+  for (int64_t i = 0; i < n; i++) x0[i] = rt_array_get(&x->a, i);
+  for (int k = 0; k < 2; k++, h /= 2) {
+    double l[2];
+    for (int sgn = 0; sgn < 2; sgn++) {
+      for (int64_t i = 0; i < n; i++) rt_array_set(&x->a, i, x0[i] + (sgn ? -h : h) * u[i]);
+      l[sgn] = loss(c);
+    }
+    d[k] = (l[0] - l[1]) / (2 * h);
+  }
+  for (int64_t i = 0; i < n; i++) rt_array_set(&x->a, i, x0[i]);
+  base_free(x0);
+  return (4 * d[1] - d[0]) / 3;
+}
+
+/* Check gradient g of L w.r.t. x: along a direction leaning on g (so the
+ * projection is far from zero) and at the element of largest |g|. Float32
+ * inputs use signs and power-of-two steps, exact on their 2^-8 grid. */
+static void check_grad(Case *c, const char *name, Arr *x, Arr *g, bool f32) {
+  int64_t n = N(x);
+  if (!n) return;
+  double *u = base_alloc(sizeof(double) * (size_t)n), gg = 0, dot = 0, gmax = 0;
+  int64_t imax = 0;
+  for (int64_t i = 0; i < n; i++) {
+    ck_assert_msg(!isnan(D(g)[i]), "%s[%lld] is NaN", name, (long long)i);
+    gg += D(g)[i] * D(g)[i];
+    if (fabs(D(g)[i]) > gmax) gmax = fabs(D(g)[i]), imax = i;
+  }
+  double rms = sqrt(gg / (double)n);
+  for (int64_t i = 0; i < n; i++) {
+    u[i] = f32 ? (D(g)[i] > 0 ? 1.0 : D(g)[i] < 0 ? -1.0 : (tl_rand(&c->seed) & 1 ? 1.0 : -1.0))
+               : D(g)[i] + (rms > 0 ? 0.5 * rms : 1.0) * tl_normal(&c->seed);
+    dot += D(g)[i] * u[i];
+  }
+  double h = f32 ? ldexp(1, -7) : 1e-3;
+  double fd = fd_along(c, x, u, h);
+  if (gg == 0) {
+    ck_assert_msg(fabs(fd) < 1e-9, "%s: gradient is 0 but finite differences give %g", name, fd);
+  } else {
+    double err = fabs(fd - dot) / fabs(dot);
+    ck_assert_msg(err < 1e-6, "%s: directional derivative %.12g, finite differences %.12g (rel %.2e)",
+                  name, dot, fd, err);
+    memset(u, 0, sizeof(double) * (size_t)n);
+    u[imax] = 1;
+    fd = fd_along(c, x, u, h);
+    err = fabs(fd - D(g)[imax]) / fabs(D(g)[imax]);
+    ck_assert_msg(err < 1e-6, "%s[%lld]: %.12g, finite differences %.12g (rel %.2e)", name,
+                  (long long)imax, D(g)[imax], fd, err);
+  }
+  base_free(u);
+}
+
+static void check_all_grads(Case *c, const char *what) {
+  backward(c);
+  char name[256];
+  /* backward() poisoned the outputs before; copy the gradients out of the
+   * way, since every finite difference reruns the forward. */
+  Arr gq, gk, gv, gb[MAXB];
+  int64_t q[4], k[4], v[4];
+  memcpy(q, c->dq.a.shape, sizeof q), memcpy(k, c->dk.a.shape, sizeof k), memcpy(v, c->dv.a.shape, sizeof v);
+  arr_init(&gq, F64, 4, q), arr_init(&gk, F64, 4, k), arr_init(&gv, F64, 4, v);
+  memcpy(D(&gq), D(&c->dq), sizeof(double) * (size_t)N(&gq));
+  memcpy(D(&gk), D(&c->dk), sizeof(double) * (size_t)N(&gk));
+  memcpy(D(&gv), D(&c->dv), sizeof(double) * (size_t)N(&gv));
+  snprintf(name, sizeof name, "%s: dq", what), check_grad(c, name, &c->q, &gq, false);
+  snprintf(name, sizeof name, "%s: dk", what), check_grad(c, name, &c->k_, &gk, false);
+  snprintf(name, sizeof name, "%s: dv", what), check_grad(c, name, &c->v, &gv, false);
+  const IrModule *m = c->k->mod;
+  for (int j = 0; j < m->nbuffers; j++) {
+    if (!m->buffers[j].grad) continue;
+    arr_init(&gb[j], F64, c->grads[j].a.ndim, c->grads[j].a.shape);
+    memcpy(D(&gb[j]), D(&c->grads[j]), sizeof(double) * (size_t)N(&gb[j]));
+    snprintf(name, sizeof name, "%s: d_%s", what, m->buffers[j].id);
+    check_grad(c, name, &c->bufs[j], &gb[j], true);
+    rt_array_free(&gb[j].a);
+  }
+  rt_array_free(&gq.a), rt_array_free(&gk.a), rt_array_free(&gv.a);
+}
+
+/* Odd shapes: head dim 15, Q_LEN 23 vs KV_LEN 56, EV != E, GQA; MQA with a
+ * single query; a single key. */
+static const Dims shapes[] = {
+    {2, 4, 2, 23, 56, 15, 9},
+    {1, 3, 1, 1, 17, 8, 8},
+    {1, 2, 2, 9, 1, 4, 6},
+};
+
+START_TEST(samples_against_finite_differences) {
+  uint64_t seed = tl_seed();
+  DIR *dir = opendir(tl_src_path("samples"));
+  ck_assert_ptr_nonnull(dir);
+  struct dirent *e;
+  int nfiles = 0;
+  while ((e = readdir(dir))) {
+    size_t len = strlen(e->d_name);
+    if (len < 7 || strcmp(e->d_name + len - 6, ".score")) continue;
+    char rel[512];
+    snprintf(rel, sizeof rel, "samples/%s", e->d_name);
+    flex_kernel *k;
+    ck_assert_msg(flex_kernel_load(&k, tl_src_path(rel), NULL) == FLEX_OK, "%s: %s", rel,
+                  flex_last_error());
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+      Case c;
+      case_init(&c, k, shapes[s], seed++);
+      char what[600];
+      snprintf(what, sizeof what, "%s shape %zu", rel, s);
+      check_all_grads(&c, what);
+      case_free(&c);
+    }
+    flex_kernel_free(k);
+    nfiles++;
+  }
+  closedir(dir);
+  ck_assert_int_ge(nfiles, 9);
+}
+END_TEST
+
+/* Plain softmax attention with GQA, written independently. */
+static void naive(const Case *c, double scale, double *O, double *L) {
+  Dims d = c->d;
+  const double *q = c->q.a.data, *k = c->k_.a.data, *v = c->v.a.data;
+  double *p = base_alloc(sizeof(double) * (size_t)d.KL);
+  for (int b = 0; b < d.B; b++)
+    for (int h = 0; h < d.H; h++)
+      for (int i = 0; i < d.QL; i++) {
+        int kh = h / (d.H / d.HKV);
+        double mx = -INFINITY, sum = 0;
+        for (int j = 0; j < d.KL; j++) {
+          double s = 0;
+          for (int e = 0; e < d.E; e++)
+            s += q[(((size_t)b * d.H + h) * d.QL + i) * d.E + e] *
+                 k[(((size_t)b * d.HKV + kh) * d.KL + j) * d.E + e];
+          p[j] = s * scale;
+          mx = fmax(mx, p[j]);
+        }
+        for (int j = 0; j < d.KL; j++) sum += (p[j] = exp(p[j] - mx));
+        size_t row = ((size_t)b * d.H + h) * d.QL + i;
+        L[row] = mx + log(sum);
+        for (int e = 0; e < d.EV; e++) {
+          double o = 0;
+          for (int j = 0; j < d.KL; j++) o += p[j] / sum * v[(((size_t)b * d.HKV + kh) * d.KL + j) * d.EV + e];
+          O[row * d.EV + e] = o;
+        }
+      }
+  base_free(p);
+}
+
+static double rel_norm(const double *x, const double *ref, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (isnan(x[i])) return INFINITY;
+    num += (x[i] - ref[i]) * (x[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return sqrt(num / den);
+}
+
+START_TEST(forward_matches_naive) {
+  uint64_t seed = tl_seed() + 100;
+  const char *src = "score id(s, b, h, q, kv) { return s; }\n";
+  flex_kernel *k;
+  ck_assert(flex_kernel_from_source(&k, "plain.score", src, strlen(src), NULL) == FLEX_OK);
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    Case c;
+    case_init(&c, k, shapes[s], seed++);
+    forward(&c);
+    double *O = base_alloc(sizeof(double) * (size_t)N(&c.out)), *L = base_alloc(sizeof(double) * (size_t)N(&c.lse));
+    double scale = c.args.scale ? c.args.scale : 1 / sqrt((double)c.d.E);
+    naive(&c, scale, O, L);
+    ck_assert_double_lt(rel_norm(D(&c.out), O, N(&c.out)), 1e-12);
+    ck_assert_double_lt(rel_norm(D(&c.lse), L, N(&c.lse)), 1e-12);
+    base_free(O), base_free(L);
+    case_free(&c);
+  }
+  flex_kernel_free(k);
+}
+END_TEST
+
+START_TEST(half_inputs_decode_exactly) {
+  /* float16 q, k, v: the reference must agree with the naive attention on
+   * the decoded values. */
+  uint64_t seed = tl_seed() + 200;
+  const char *src = "score id(s, b, h, q, kv) { return s; }\n";
+  flex_kernel *k;
+  ck_assert(flex_kernel_from_source(&k, "plain.score", src, strlen(src), NULL) == FLEX_OK);
+  Case c;
+  case_init(&c, k, shapes[0], seed);
+  Arr h[3];
+  Arr *src3[3] = {&c.q, &c.k_, &c.v};
+  for (int i = 0; i < 3; i++) {
+    arr_init(&h[i], rt_dtype(kDLFloat, 16), 4, src3[i]->a.shape);
+    for (int64_t j = 0; j < N(src3[i]); j++) {
+      rt_array_set(&h[i].a, j, D(src3[i])[j]);
+      D(src3[i])[j] = rt_array_get(&h[i].a, j); /* the naive side sees the decoded value */
+    }
+  }
+  c.args.q = &h[0].t, c.args.k = &h[1].t, c.args.v = &h[2].t;
+  forward(&c);
+  double *O = base_alloc(sizeof(double) * (size_t)N(&c.out)), *L = base_alloc(sizeof(double) * (size_t)N(&c.lse));
+  naive(&c, c.args.scale ? c.args.scale : 1 / sqrt((double)c.d.E), O, L);
+  ck_assert_double_lt(rel_norm(D(&c.out), O, N(&c.out)), 1e-12);
+  ck_assert_double_lt(rel_norm(D(&c.lse), L, N(&c.lse)), 1e-12);
+  base_free(O), base_free(L);
+  for (int i = 0; i < 3; i++) rt_array_free(&h[i].a);
+  case_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
+START_TEST(fully_masked_rows) {
+  /* Rows q < 4 see nothing (mask), and the score itself returns -inf for
+   * kv > q + 10: O = 0, LSE = -inf, zero gradients, no NaN anywhere. */
+  uint64_t seed = tl_seed() + 300;
+  const char *src = "buffer w: f32[H] grad;\n"
+                    "score f(s, b, h, q, kv) { return where(kv > q + 10, -inf, s * w[h]); }\n"
+                    "mask m(b, h, q, kv) { return kv < q - 3; }\n";
+  flex_kernel *k;
+  ck_assert_msg(flex_kernel_from_source(&k, "masked.score", src, strlen(src), NULL) == FLEX_OK, "%s",
+                flex_last_error());
+  Case c;
+  case_init(&c, k, shapes[0], seed);
+  backward(&c);
+  Dims d = c.d;
+  for (int b = 0; b < d.B; b++)
+    for (int h = 0; h < d.H; h++)
+      for (int i = 0; i < d.QL; i++) {
+        size_t row = ((size_t)b * d.H + h) * d.QL + i;
+        if (i < 4) ck_assert(isinf(D(&c.lse)[row]) && D(&c.lse)[row] < 0);
+        else ck_assert(isfinite(D(&c.lse)[row]));
+        for (int e = 0; e < d.EV && i < 4; e++) ck_assert(D(&c.out)[row * d.EV + e] == 0);
+        for (int e = 0; e < d.E && i < 4; e++) ck_assert(D(&c.dq)[row * d.E + e] == 0);
+      }
+  Arr *all[] = {&c.out, &c.dq, &c.dk, &c.dv, &c.grads[0]};
+  for (size_t t = 0; t < 5; t++)
+    for (int64_t i = 0; i < N(all[t]); i++) ck_assert(!isnan(D(all[t])[i]));
+  check_all_grads(&c, "masked.score");
+  case_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
+START_TEST(checked_runs) {
+  uint64_t seed = tl_seed() + 400;
+  /* An out-of-range read fails a checked run with the interpreter's message. */
+  const char *src = "buffer t: f32[N];\nscore f(s, b, h, q, kv) {\n  return s + t[kv];\n}\n";
+  flex_kernel *k;
+  ck_assert(flex_kernel_from_source(&k, "oob.score", src, strlen(src), NULL) == FLEX_OK);
+  Case c;
+  case_init(&c, k, shapes[0], seed);
+  int64_t small[1] = {5};
+  rt_array_free(&c.bufs[0].a);
+  arr_init(&c.bufs[0], rt_dtype(kDLFloat, 32), 1, small);
+  for (int i = 0; i < 5; i++) rt_array_set(&c.bufs[0].a, i, 0.5 + i);
+  ck_assert_int_eq(flex_forward(k, &c.args), FLEX_ERR_RUNTIME);
+  ck_assert_msg(strstr(flex_last_error(), "'t'") && strstr(flex_last_error(), "[5]") &&
+                    strstr(flex_last_error(), "oob.score:3:14"),
+                "%s", flex_last_error());
+  ck_assert_int_eq(flex_backward(k, &c.args), FLEX_ERR_RUNTIME);
+  /* Unchecked: no crash, and the in-range part is computed. */
+  c.args.check_bounds = false;
+  forward(&c);
+  for (int64_t i = 0; i < N(&c.out); i++) ck_assert(isfinite(D(&c.out)[i]));
+  case_free(&c);
+  flex_kernel_free(k);
+  /* A broken `sorted` promise. */
+  ck_assert(flex_kernel_load(&k, tl_src_path("samples/document.score"), NULL) == FLEX_OK);
+  case_init(&c, k, shapes[0], seed + 1);
+  rt_array_set(&c.bufs[0].a, 3, 1000);
+  ck_assert_int_eq(flex_forward(k, &c.args), FLEX_ERR_RUNTIME);
+  ck_assert_msg(strstr(flex_last_error(), "sorted") && strstr(flex_last_error(), "doc"), "%s",
+                flex_last_error());
+  case_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
+START_TEST(validation_messages) {
+  uint64_t seed = tl_seed() + 500;
+  flex_kernel *k;
+  ck_assert(flex_kernel_load(&k, tl_src_path("samples/gemma2.score"), NULL) == FLEX_OK);
+  Case c;
+  case_init(&c, k, shapes[0], seed);
+  int64_t bad_shape[4] = {2, 3, 23, 15}, rank3[3] = {2, 4, 23};
+  Arr x;
+  /* Each broken call, and a piece of its message. */
+  struct { int what; const char *want; } cases[] = {
+      {0, "not a multiple"}, {1, "rank-4"}, {2, "share a dtype"}, {3, "declared f32"},
+      {4, "must be finite"}, {5, "is an int"}, {6, "unknown param 'nope'"}, {7, "unit stride"},
+      {8, "host memory"}, {9, "'slopes' is read by the kernel"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    Case b = c;
+    flex_param p[2] = {{"window", 3}, {"softcap", 2}};
+    DLTensor t = c.k_.t;
+    int64_t strides[4] = {2 * 56 * 15, 56 * 15, 15, 2};
+    memset(&x, 0, sizeof x);
+    switch (cases[i].what) {
+    case 0: arr_init(&x, F64, 4, bad_shape); b.args.k = &x.t; b.args.v = &x.t; break;
+    case 1: arr_init(&x, F64, 3, rank3); b.args.q = &x.t; break;
+    case 2: arr_init(&x, rt_dtype(kDLFloat, 32), 4, c.k_.a.shape); b.args.k = &x.t; break;
+    case 3: arr_init(&x, F64, 1, c.bufs[0].a.shape); b.fb[0].tensor = &x.t; b.args.buffers = b.fb; break;
+    case 4: b.args.scale = INFINITY; break;
+    case 5: p[0].value = 2.5; b.args.params = p; b.args.nparams = 2; break;
+    case 6: p[0].name = "nope"; b.args.params = p; b.args.nparams = 1; break;
+    case 7: t.strides = strides; b.args.k = &t; break;
+    case 8: t.device.device_type = kDLCUDA; b.args.k = &t; break;
+    case 9: b.args.nbuffers = 0; break;
+    }
+    ck_assert_int_eq(flex_forward(k, &b.args), FLEX_ERR_INVALID);
+    ck_assert_msg(strstr(flex_last_error(), cases[i].want), "case %zu: %s", i, flex_last_error());
+    rt_array_free(&x.a);
+  }
+  /* Zero lengths where the math is well defined: KV_LEN 0 gives fully
+   * masked rows, Q_LEN 0 and B 0 do nothing. */
+  Dims zero[3] = {{1, 2, 1, 3, 0, 4, 4}, {1, 2, 1, 0, 5, 4, 4}, {0, 2, 1, 3, 5, 4, 4}};
+  for (int z = 0; z < 3; z++) {
+    Case e;
+    case_init(&e, k, zero[z], seed + 10 + (uint64_t)z);
+    backward(&e);
+    for (int64_t i = 0; i < N(&e.lse); i++) ck_assert(isinf(D(&e.lse)[i]) && D(&e.lse)[i] < 0);
+    for (int64_t i = 0; i < N(&e.out); i++) ck_assert(D(&e.out)[i] == 0);
+    for (int64_t i = 0; i < N(&e.dq); i++) ck_assert(D(&e.dq)[i] == 0);
+    case_free(&e);
+  }
+  case_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("reference");
+  TCase *tc = tcase_create("reference");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, samples_against_finite_differences);
+  tcase_add_test(tc, forward_matches_naive);
+  tcase_add_test(tc, half_inputs_decode_exactly);
+  tcase_add_test(tc, fully_masked_rows);
+  tcase_add_test(tc, checked_runs);
+  tcase_add_test(tc, validation_messages);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
