@@ -1,13 +1,18 @@
 # The embedding sample: a C program that loads a .score file with the
-# runtime and checks the CUDA backend against the float64 reference. Its
-# test exits 77 (skipped) where there is no CUDA device.
+# runtime and checks a device backend against the float64 reference. The
+# CUDA test exits 77 (skipped) where there is no CUDA device; the emulator
+# test runs everywhere.
 add_executable(embed ${CMAKE_CURRENT_LIST_DIR}/embed.c)
 target_compile_options(embed PRIVATE ${FLEXC_WARNINGS})
 target_link_libraries(embed PRIVATE flexc_lib)
 enable_testing()
-add_test(NAME sample_embed COMMAND embed ${CMAKE_CURRENT_LIST_DIR}/softcap.score
+add_test(NAME sample_embed COMMAND embed --backend cuda ${CMAKE_CURRENT_LIST_DIR}/gemma2.score
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(sample_embed PROPERTIES SKIP_RETURN_CODE 77
+  ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+add_test(NAME sample_embed_emu COMMAND embed --backend emu --dtype bf16 ${CMAKE_CURRENT_LIST_DIR}/gemma2.score
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(sample_embed_emu PROPERTIES
   ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
 add_test(NAME driver_gpu COMMAND check_driver --gpu WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(driver_gpu PROPERTIES SKIP_RETURN_CODE 77

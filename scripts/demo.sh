@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
-# Sets everything up and runs the main job: compile a sample .score file and
-# show what flexc makes of it.
+# Sets everything up and runs the main job: compile a sample .score file,
+# show what flexc makes of it, and run its kernels forward and backward on
+# the best backend available (the GPU when there is one, else the emulator,
+# which runs the same generated CUDA on the CPU), checked against the
+# float64 reference.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh build
-sample=samples/gemma2.score
+sample=${1:-samples/gemma2.score}
+
 echo "== flexc check $sample"
-build/flexc check "$sample"
-echo "== flexc ir $sample"
-build/flexc ir "$sample"
+build/flexc check "$sample" && echo "ok"
+echo
+echo "== flexc ir --grad $sample   (score, mask and the joint backward function)"
+build/flexc ir --grad "$sample"
+echo
+echo "== flexc mask $sample --shape 1,1,8192,8192 --param window=1024   (block sparsity, 128x128 blocks)"
+build/flexc mask "$sample" --shape 1,1,8192,8192 --param window=1024
+echo
+echo "== embed $sample   (fp16 forward + backward on the best backend vs the float64 reference)"
+build/embed --backend auto --dtype fp16 "$sample"

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
 scripts/setup.sh build -DFLEXC_WERROR=ON
-(cd build && ctest --output-on-failure -j "$jobs")
+(cd build && ctest --output-on-failure -j "$jobs" -LE slow)
 
 scripts/setup.sh build-san -DFLEXC_WERROR=ON -DFLEXC_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 (cd build-san && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
