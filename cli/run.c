@@ -9,6 +9,10 @@
  * from the cast values); buffers are converted to their declared dtype.
  * Writes out.npy and lse.npy, and with --dout dq.npy dk.npy dv.npy and
  * d_NAME.npy per `grad` buffer. The reference writes float64, others float32.
+ *
+ * The cuda backend reads and writes device memory: every tensor is mirrored
+ * on the device (outputs in the dtype of q, lse and gradients in float32),
+ * run there, copied back and widened to float32 for the files.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -18,6 +22,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "runtime/driver.h"
 #include "runtime/npy.h"
 #include "runtime/rt.h"
 
@@ -43,6 +48,8 @@ typedef struct RunState {
   DLTensor tq, tk, tv, tdout, tdlse, tout, tlse, tdq, tdk, tdv;
   DLTensor tbufs[MAXNAMED], tgrads[MAXNAMED];
   flex_buffer fbufs[MAXNAMED];
+  RtCuDevicePtr dev[10 + 2 * MAXNAMED]; /* cuda backend: device copies (0: none) */
+  int ndev;                              /* entries of dev in use */
 } RunState;
 
 /* NAME=VALUE into its halves (the string is modified). */
@@ -244,6 +251,7 @@ static double now(void) {
 }
 
 static void free_state(RunState *s) {
+  for (int i = 0; i < s->ndev; i++) rt_drv_free(s->dev[i]);
   RtArray *all[] = {&s->q, &s->k, &s->v, &s->dout, &s->dlse, &s->out, &s->lse, &s->dq, &s->dk, &s->dv};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) rt_array_free(all[i]);
   for (int i = 0; i < MAXNAMED; i++) {
@@ -256,6 +264,8 @@ static void free_state(RunState *s) {
 static bool prepare(const RunOpts *o, const flex_kernel *kern, RunState *s) {
   DLDataType f64 = rt_dtype(kDLFloat, 64), f32 = rt_dtype(kDLFloat, 32);
   DLDataType odt = o->backend == FLEX_BACKEND_REFERENCE ? f64 : f32;
+  /* The cuda kernels write out, dq, dk and dv in the dtype of q. */
+  DLDataType xdt = o->backend == FLEX_BACKEND_CUDA ? o->dtype : odt;
   bool bwd = o->dout != NULL;
   if (!read_tensor(o->q, "q", o->dtype, &s->q, &s->tq) ||
       !read_tensor(o->k, "k", o->dtype, &s->k, &s->tk) ||
@@ -272,14 +282,99 @@ static bool prepare(const RunOpts *o, const flex_kernel *kern, RunState *s) {
       return false;
     }
   const int64_t *q = s->q.shape, *k = s->k.shape, *v = s->v.shape;
-  alloc_out(&s->out, &s->tout, odt, 4, q[0], q[1], q[2], v[3]);
+  alloc_out(&s->out, &s->tout, xdt, 4, q[0], q[1], q[2], v[3]);
   alloc_out(&s->lse, &s->tlse, odt, 3, q[0], q[1], q[2], 0);
   if (bwd) {
-    alloc_out(&s->dq, &s->tdq, odt, 4, q[0], q[1], q[2], q[3]);
-    alloc_out(&s->dk, &s->tdk, odt, 4, k[0], k[1], k[2], k[3]);
-    alloc_out(&s->dv, &s->tdv, odt, 4, v[0], v[1], v[2], v[3]);
+    alloc_out(&s->dq, &s->tdq, xdt, 4, q[0], q[1], q[2], q[3]);
+    alloc_out(&s->dk, &s->tdk, xdt, 4, k[0], k[1], k[2], k[3]);
+    alloc_out(&s->dv, &s->tdv, xdt, 4, v[0], v[1], v[2], v[3]);
   }
   return read_buffers(o, kern, s, bwd);
+}
+
+/* ---- the cuda backend's device copies ----------------------------------- */
+
+/* One host array and the tensor the call sees; `out` marks results. */
+typedef struct Pair {
+  RtArray *a;
+  DLTensor *t;
+  bool out;
+} Pair;
+
+/* Every tensor of the run; returns the count. */
+static int pairs_of(const RunOpts *o, RunState *s, Pair *p) {
+  int n = 0;
+  bool bwd = o->dout != NULL;
+  p[n++] = (Pair){&s->q, &s->tq, false};
+  p[n++] = (Pair){&s->k, &s->tk, false};
+  p[n++] = (Pair){&s->v, &s->tv, false};
+  p[n++] = (Pair){&s->out, &s->tout, true};
+  p[n++] = (Pair){&s->lse, &s->tlse, true};
+  if (bwd) {
+    p[n++] = (Pair){&s->dout, &s->tdout, false};
+    if (o->dlse) p[n++] = (Pair){&s->dlse, &s->tdlse, false};
+    p[n++] = (Pair){&s->dq, &s->tdq, true};
+    p[n++] = (Pair){&s->dk, &s->tdk, true};
+    p[n++] = (Pair){&s->dv, &s->tdv, true};
+  }
+  for (int i = 0; i < o->nbufs; i++) {
+    p[n++] = (Pair){&s->bufs[i], &s->tbufs[i], false};
+    if (s->fbufs[i].grad) p[n++] = (Pair){&s->grads[i], &s->tgrads[i], true};
+  }
+  return n;
+}
+
+static size_t bytes_of(const RtArray *a) {
+  return (size_t)rt_array_count(a) * (size_t)rt_dtype_size(a->dtype);
+}
+
+static bool drv_failed(flex_status st) {
+  if (st) fprintf(stderr, "flexc: error: %s\n", flex_last_error());
+  return st != FLEX_OK;
+}
+
+/* Copy every tensor to device 0 (outputs too: the kernels may read them)
+ * and point the call's tensors at the copies. */
+static bool to_device(const RunOpts *o, RunState *s) {
+  Pair p[10 + 2 * MAXNAMED];
+  int n = pairs_of(o, s, p);
+  for (int i = 0; i < n; i++) {
+    size_t bytes = bytes_of(p[i].a);
+    p[i].t->device.device_type = kDLCUDA;
+    p[i].t->device.device_id = 0;
+    if (!bytes) continue;
+    RtCuDevicePtr d = 0;
+    if (drv_failed(rt_drv_alloc(&d, bytes))) return false;
+    s->dev[s->ndev++] = d;
+    if (drv_failed(rt_drv_memcpy_htod(d, p[i].a->data, bytes, NULL))) return false;
+    p[i].t->data = (void *)(uintptr_t)d;
+  }
+  return !drv_failed(rt_drv_sync(NULL));
+}
+
+/* Copy the results back into their host arrays. */
+static bool from_device(const RunOpts *o, RunState *s) {
+  Pair p[10 + 2 * MAXNAMED];
+  int n = pairs_of(o, s, p);
+  for (int i = 0; i < n; i++) {
+    size_t bytes = bytes_of(p[i].a);
+    if (p[i].out && bytes &&
+        drv_failed(rt_drv_memcpy_dtoh(p[i].a->data, (RtCuDevicePtr)(uintptr_t)p[i].t->data,
+                                      bytes, NULL)))
+      return false;
+  }
+  return !drv_failed(rt_drv_sync(NULL));
+}
+
+/* Write a result as float32 when it is held in a 16-bit float dtype. */
+static bool write_result(const char *dir, const char *name, const RtArray *a) {
+  if (a->dtype.bits != 16) return write_out(dir, name, a);
+  RtArray w;
+  rt_array_init(&w, rt_dtype(kDLFloat, 32), a->ndim, a->shape);
+  for (int64_t i = 0; i < rt_array_count(a); i++) rt_array_set(&w, i, rt_array_get(a, i));
+  bool ok = write_out(dir, name, &w);
+  rt_array_free(&w);
+  return ok;
 }
 
 static void shape_str(char *out, size_t cap, const RtArray *a) {
@@ -298,11 +393,14 @@ static int execute(const RunOpts *o, flex_kernel *kern, RunState *s) {
   a.params = o->params, a.nparams = o->nparams;
   a.buffers = s->fbufs, a.nbuffers = o->nbufs;
   a.check_bounds = o->check_bounds;
+  bool cuda = o->backend == FLEX_BACKEND_CUDA;
+  if (cuda && !to_device(o, s)) return 1;
   double t0 = now();
   if (flex_forward(kern, &a)) {
     fprintf(stderr, "flexc: error: %s\n", flex_last_error());
     return 1;
   }
+  if (cuda && drv_failed(rt_drv_sync(NULL))) return 1; /* launches are asynchronous */
   double t1 = now(), t2 = t1;
   if (o->dout) {
     a.dout = &s->tdout, a.dlse = o->dlse ? &s->tdlse : NULL;
@@ -311,12 +409,14 @@ static int execute(const RunOpts *o, flex_kernel *kern, RunState *s) {
       fprintf(stderr, "flexc: error: %s\n", flex_last_error());
       return 1;
     }
+    if (cuda && drv_failed(rt_drv_sync(NULL))) return 1;
     t2 = now();
   }
-  bool ok = write_out(o->out, "out", &s->out) && write_out(o->out, "lse", &s->lse);
+  if (cuda && !from_device(o, s)) return 1;
+  bool ok = write_result(o->out, "out", &s->out) && write_out(o->out, "lse", &s->lse);
   if (ok && o->dout) {
-    ok = write_out(o->out, "dq", &s->dq) && write_out(o->out, "dk", &s->dk) &&
-         write_out(o->out, "dv", &s->dv);
+    ok = write_result(o->out, "dq", &s->dq) && write_result(o->out, "dk", &s->dk) &&
+         write_result(o->out, "dv", &s->dv);
     for (int i = 0; ok && i < o->nbufs; i++)
       if (s->fbufs[i].grad) {
         char name[256];
@@ -338,6 +438,11 @@ int cli_run(int argc, char **argv) {
   RunOpts o;
   int st = parse_args(&o, argc, argv);
   if (st) return st;
+  /* Without a device nothing else is worth doing: say so first. */
+  if (o.backend == FLEX_BACKEND_CUDA && (rt_drv_init() || rt_drv_use_device(0))) {
+    fprintf(stderr, "flexc: error: %s\n", flex_last_error());
+    return 1;
+  }
   flex_kernel *kern;
   if (flex_kernel_load(&kern, o.file, o.kernel)) {
     fprintf(stderr, "%s", flex_last_error());

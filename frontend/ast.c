@@ -252,7 +252,40 @@ static Decl *new_decl(Parser *ps, DeclKind k, const char *id, Loc idloc, Loc who
   d->index = ps->counts[k]++;
   Program *p = ps->prog;
   ARENA_PUSH(ps->a, p->decls, p->ndecls, ps->cap, d);
+  /* Errors come in source order: one since the previous declaration ended
+   * (a syntax error, a bad character, a misplaced statement) lies in this
+   * one, and its checks would report cascades. */
+  if (ps->d->errors > ps->errors_done || ps->last_syntax_error > whole.start)
+    ARENA_PUSH(ps->a, ps->lost.broken, ps->lost.nbroken, ps->lost.bcap, d);
   return d;
+}
+
+void fe_decl_done(Parser *ps) { ps->errors_done = ps->d->errors; }
+
+static void lose_name(Parser *ps, const char *id) {
+  ARENA_PUSH(ps->a, ps->lost.names, ps->lost.nnames, ps->lost.ncap, id);
+}
+
+static bool ident_char(char c, bool first) {
+  return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (!first && c >= '0' && c <= '9');
+}
+
+/* Every identifier-like word in the skipped text may have been the name of
+ * a declaration; over-collecting only silences a few cascades. */
+void fe_decl_lost(Parser *ps, Loc whole) {
+  const char *t = ps->src->text;
+  uint32_t i = whole.start, end = whole.end < ps->src->len ? whole.end : (uint32_t)ps->src->len;
+  while (i < end) {
+    if (!ident_char(t[i], true) || (i > 0 && ident_char(t[i - 1], false))) {
+      i++;
+      continue;
+    }
+    uint32_t j = i;
+    while (j < end && ident_char(t[j], false)) j++;
+    lose_name(ps, arena_strndup(ps->a, t + i, j - i));
+    i = j;
+  }
 }
 
 /* A param default: a number literal, possibly negated. Returns false (after
@@ -278,6 +311,7 @@ void fe_decl_param(Parser *ps, int tok_type, Loc tloc, const char *id, Loc idloc
                    Loc whole) {
   if (tok_type == FE_TY_BOOL) {
     diag_error(ps->d, tloc, "a param must be int or float, not bool");
+    lose_name(ps, id); /* its uses are not news */
     return;
   }
   Decl *d = new_decl(ps, D_PARAM, id, idloc, whole);
@@ -369,12 +403,16 @@ void fe_close_bracket(Parser *ps, char ch) {
 Program *fe_parse(Arena *a, const Source *src, Diags *d) {
   Program *p = arena_alloc(a, sizeof *p);
   p->src = src;
-  Parser ps = {.a = a, .src = src, .d = d, .prog = p};
+  Parser ps = {.a = a, .src = src, .d = d, .prog = p, .errors_done = d->errors};
   yyscan_t scanner;
   if (fe_yylex_init_extra(&ps, &scanner)) PANIC("cannot create the scanner");
   YY_BUFFER_STATE buf = fe_yy_scan_bytes(src->text, (int)src->len, scanner);
+  int before = d->errors;
   fe_yyparse(scanner, &ps);
   fe_yy_delete_buffer(buf, scanner);
   fe_yylex_destroy(scanner);
+  /* Callers stop at the first failing stage; check what parsed cleanly now
+   * so that one run reports every error it can find. */
+  if (d->errors > before) fe_check_rest(a, p, d, &ps.lost);
   return p;
 }

@@ -60,6 +60,15 @@ typedef struct Bracket {
   Loc loc;  /* where */
 } Bracket;
 
+/* What syntax errors took away, so that checking the rest of the file stays
+ * quiet about it (its messages would be cascades, not news). */
+typedef struct FeLost {
+  Decl **broken;      /* declarations that contain a syntax error: not checked */
+  int nbroken, bcap;  /* used, allocated */
+  const char **names; /* identifiers written in declarations lost whole */
+  int nnames, ncap;   /* used, allocated */
+} FeLost;
+
 /* Parser state, shared with the scanner through yyextra. */
 typedef struct Parser {
   Arena *a;          /* where the AST lives */
@@ -73,6 +82,8 @@ typedef struct Parser {
   int brcap;         /* allocated */
   int counts[D_KERNEL + 1]; /* decls per kind so far (Decl.index) */
   uint32_t last_syntax_error; /* 1 + offset of the latest syntax error; 0: none */
+  FeLost lost;       /* declarations broken or lost by syntax errors */
+  int errors_done;   /* d->errors when the latest declaration ended */
 } Parser;
 
 /* ---- builders (ast.c), called from the grammar actions ---- */
@@ -102,9 +113,18 @@ void fe_decl_buffer(Parser *ps, const char *id, Loc idloc, const char *dtype, Lo
 void fe_decl_fn(Parser *ps, DeclKind kind, const char *id, Loc idloc, NameList *params,
                 Body *body, Loc whole);
 void fe_decl_kernel(Parser *ps, const char *id, Loc idloc, KItems *k, Loc whole);
+/* A declaration has ended: errors after this belong to the next one. */
+void fe_decl_done(Parser *ps);
+/* A declaration skipped whole by error recovery: remember its names. */
+void fe_decl_lost(Parser *ps, Loc whole);
 
 /* Parameter type keywords for fe_decl_param. */
 enum { FE_TY_INT, FE_TY_FLOAT, FE_TY_BOOL };
+
+/* ---- sema (sema.c) ---- */
+/* fe_check() after syntax errors: skips the broken declarations and reports
+ * no unknown names that a lost declaration may have defined. */
+int fe_check_rest(Arena *a, Program *p, Diags *d, const FeLost *lost);
 
 /* ---- scanner helpers (lex.l) ---- */
 /* Note an opening/closing bracket; the parser uses the stack for messages

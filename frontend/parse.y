@@ -95,7 +95,7 @@ static Loc span(Loc a, Loc b) { Loc l = {a.start, b.end}; return l; }
 /* file := decl* */
 file
   : %empty
-  | file decl
+  | file decl  { fe_decl_done(ps); }
   ;
 
 /* decl := param | const | buffer | score | mask | kernel
@@ -107,8 +107,8 @@ decl
   | SCORE IDENT '(' opt_params ')' '{' body '}' { fe_decl_fn(ps, D_SCORE, $2, @2, $4, $7, @$); }
   | MASK IDENT '(' opt_params ')' '{' body '}'  { fe_decl_fn(ps, D_MASK, $2, @2, $4, $7, @$); }
   | KERNEL IDENT '{' kitems '}'        { fe_decl_kernel(ps, $2, @2, $4, @$); }
-  | error ';'                          { }
-  | error '}'                          { }
+  | error ';'                          { fe_decl_lost(ps, @$); }
+  | error '}'                          { fe_decl_lost(ps, @$); }
   ;
 
 /* ptype := 'int' | 'float' | 'bool' (bool is rejected with a message) */

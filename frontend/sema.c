@@ -36,6 +36,7 @@ typedef struct Sema {
   int nsyms, symcap;
   Edge *edges;      /* calls between functions */
   int nedges, edgecap;
+  const FeLost *lost; /* after syntax errors: what they took away (NULL: nothing) */
 } Sema;
 
 static Type check_expr(Sema *s, Expr *e, int depth);
@@ -70,6 +71,20 @@ static Sym *find_sym(Sema *s, const char *id) {
   for (int i = 0; i < s->nsyms; i++)
     if (!strcmp(s->syms[i].id, id)) return &s->syms[i];
   return NULL;
+}
+
+/* A name that a declaration lost to a syntax error may have defined: an
+ * "unknown" message about it would be a cascade. */
+static bool lost_name(const Sema *s, const char *id) {
+  for (int i = 0; s->lost && i < s->lost->nnames; i++)
+    if (!strcmp(s->lost->names[i], id)) return true;
+  return false;
+}
+
+static bool broken(const Sema *s, const Decl *d) {
+  for (int i = 0; s->lost && i < s->lost->nbroken; i++)
+    if (s->lost->broken[i] == d) return true;
+  return false;
 }
 
 static bool is_num(Type t) { return t == TY_INT || t == TY_FLOAT; }
@@ -221,7 +236,7 @@ static Type check_name(Sema *s, Expr *e) {
     e->name.dim = sym->dim;
     return TY_INT;
   }
-  diag_error(s->d, e->loc, "unknown name '%s'", id);
+  if (!lost_name(s, id)) diag_error(s->d, e->loc, "unknown name '%s'", id);
   return TY_ERROR;
 }
 
@@ -389,7 +404,7 @@ static Type check_call(Sema *s, Expr *e, int depth) {
   }
   if (d)
     diag_error(s->d, e->call.id_loc, "'%s' is a %s, not a function", d->id, kind_name(d->kind));
-  else
+  else if (!lost_name(s, e->call.id))
     diag_error(s->d, e->call.id_loc, "unknown function '%s'", e->call.id);
   return TY_ERROR;
 }
@@ -400,7 +415,7 @@ static Type check_index(Sema *s, Expr *e, int depth) {
   if (!d || d->kind != D_BUFFER) {
     if (d)
       diag_error(s->d, e->index.id_loc, "'%s' is a %s, not a buffer", d->id, kind_name(d->kind));
-    else
+    else if (!lost_name(s, e->index.id))
       diag_error(s->d, e->index.id_loc, "unknown buffer '%s'", e->index.id);
     return TY_ERROR;
   }
@@ -535,7 +550,7 @@ static bool check_mask_expr(Sema *s, Expr *e, int depth) {
     } else {
       if (d)
         diag_error(s->d, e->loc, "'%s' is a %s, not a mask", d->id, kind_name(d->kind));
-      else
+      else if (!lost_name(s, e->name.id))
         diag_error(s->d, e->loc, "unknown mask '%s'", e->name.id);
       ok = false;
     }
@@ -562,7 +577,7 @@ static void check_kernel(Sema *s, Decl *k) {
     else if (d)
       diag_error(s->d, k->kernel.score_loc, "'%s' is a %s, not a score function", d->id,
                  kind_name(d->kind));
-    else
+    else if (!lost_name(s, k->kernel.score))
       diag_error(s->d, k->kernel.score_loc, "unknown score function '%s'", k->kernel.score);
   }
   if (k->kernel.mask) check_mask_expr(s, k->kernel.mask, 0);
@@ -638,19 +653,26 @@ static void check_recursion(Sema *s) {
   }
 }
 
-int fe_check(Arena *a, Program *p, Diags *d) {
+static int check_program(Arena *a, Program *p, Diags *d, const FeLost *lost) {
   int before = d->errors;
-  Sema s = {.a = a, .p = p, .d = d};
+  Sema s = {.a = a, .p = p, .d = d, .lost = lost};
   s.cstate = arena_alloc(a, sizeof(int) * (size_t)(p->ndecls + 1));
   check_namespace(&s);
   for (int i = 0; i < p->ndecls; i++)
     if (p->decls[i]->kind == D_BUFFER) check_dims(&s, p->decls[i]);
   for (int i = 0; i < p->ndecls; i++) {
     Decl *x = p->decls[i];
+    if (broken(&s, x)) continue;
     if (x->kind == D_CONST) check_const(&s, x);
     else if (x->kind == D_SCORE || x->kind == D_MASK) check_fn(&s, x);
     else if (x->kind == D_KERNEL && !x->kernel.implicit) check_kernel(&s, x);
   }
   check_recursion(&s);
   return d->errors - before;
+}
+
+int fe_check(Arena *a, Program *p, Diags *d) { return check_program(a, p, d, NULL); }
+
+int fe_check_rest(Arena *a, Program *p, Diags *d, const FeLost *lost) {
+  return check_program(a, p, d, lost);
 }

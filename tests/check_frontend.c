@@ -320,6 +320,30 @@ START_TEST(several_errors) {
 }
 END_TEST
 
+/* After a syntax error the clean declarations are still checked; broken
+ * ones are not, and names lost with a declaration cause no cascade. */
+START_TEST(recovery_checks_the_rest) {
+  Run *r = run("const c = 2 * ;\nmask m(b, h, q, kv) { return q + kv; }\n"
+               "score f(s, b, h, q, kv) {\n  let x = s + ;\n  return x && true;\n}\n"
+               "kernel k { score = f; mask = m && gone && n; }\nmask n(b, h, q, kv) { return q >= c; }\n");
+  const char *t = diags(r);
+  ck_assert_msg(r->d.errors == 4, "%s", t);
+  ck_assert_ptr_nonnull(strstr(t, "t.score:1:15: error: unexpected ';', expected an expression\n"));
+  ck_assert_ptr_nonnull(strstr(t, "t.score:4:15: error: unexpected ';', expected an expression\n"));
+  ck_assert_ptr_nonnull(strstr(t, "t.score:2:30: error: mask 'm' must return bool, not int\n"));
+  ck_assert_ptr_nonnull(strstr(t, "t.score:7:35: error: unknown mask 'gone'\n"));
+  ck_assert_ptr_null(strstr(t, "'c'"));
+  ck_assert_ptr_null(strstr(t, "'x'"));
+  done(r);
+  /* A bad character breaks its declaration like a syntax error does. */
+  r = run("mask m(b, h, q, kv) { return q >= kv\x01; }\nmask n(b, h, q, kv) { return 1; }\n");
+  t = diags(r);
+  ck_assert_msg(r->d.errors == 2, "%s", t);
+  ck_assert_ptr_nonnull(strstr(t, "mask 'n' must return bool, not int"));
+  done(r);
+}
+END_TEST
+
 START_TEST(error_limit) {
   Buf b = {0};
   for (int i = 0; i < 80; i++) buf_printf(&b, "const c%d = nope;\n", i);
@@ -418,6 +442,7 @@ int main(void) {
   tcase_add_test(tc, caret_rendering);
   tcase_add_test(tc, note_for_duplicate);
   tcase_add_test(tc, several_errors);
+  tcase_add_test(tc, recovery_checks_the_rest);
   tcase_add_test(tc, error_limit);
   tcase_add_test(tc, deep_nesting);
   tcase_add_test(tc, pick_kernels);

@@ -272,6 +272,89 @@ START_TEST(samples_against_finite_differences) {
 }
 END_TEST
 
+/* Every element of g against its own central difference (relative norm
+ * error over the tensor). Float32 buffers step by 2^-7, exact on their grid. */
+static double check_grad_elements(Case *c, const char *name, Arr *x, const Arr *g, bool f32) {
+  int64_t n = N(x);
+  double *u = base_alloc(sizeof(double) * (size_t)(n ? n : 1)), num = 0, den = 0;
+  double h = f32 ? ldexp(1, -7) : 1e-3;
+  for (int64_t i = 0; i < n; i++) {
+    u[i] = 1;
+    double fd = fd_along(c, x, u, h), gi = D((Arr *)g)[i];
+    u[i] = 0;
+    ck_assert_msg(!isnan(gi) && !isnan(fd), "%s[%lld]: %g, finite differences %g", name,
+                  (long long)i, gi, fd);
+    num += (fd - gi) * (fd - gi), den += gi * gi;
+  }
+  base_free(u);
+  if (den == 0) {
+    ck_assert_msg(sqrt(num) < 1e-9, "%s: gradient is 0 but finite differences give norm %g",
+                  name, sqrt(num));
+    return 0;
+  }
+  double err = sqrt(num / den);
+  ck_assert_msg(err < 1e-6, "%s: relative norm error %.2e against finite differences", name, err);
+  return err;
+}
+
+/* A copy of gradient `g` that survives the forwards the differences rerun. */
+static void keep(Arr *dst, Arr *g) {
+  arr_init(dst, F64, g->a.ndim, g->a.shape);
+  memcpy(D(dst), D(g), sizeof(double) * (size_t)N(dst));
+}
+
+/* Every element of dq, dk, dv and each buffer gradient, at one tiny shape. */
+static void check_every_element(Case *c, const char *what) {
+  backward(c);
+  Arr gq, gk, gv, gb;
+  keep(&gq, &c->dq), keep(&gk, &c->dk), keep(&gv, &c->dv);
+  char name[700];
+  double e[3 + MAXB] = {0};
+  snprintf(name, sizeof name, "%s: dq", what), e[0] = check_grad_elements(c, name, &c->q, &gq, false);
+  snprintf(name, sizeof name, "%s: dk", what), e[1] = check_grad_elements(c, name, &c->k_, &gk, false);
+  snprintf(name, sizeof name, "%s: dv", what), e[2] = check_grad_elements(c, name, &c->v, &gv, false);
+  const IrModule *m = c->k->mod;
+  int ne = 3;
+  for (int j = 0; j < m->nbuffers; j++) {
+    if (!m->buffers[j].grad) continue;
+    keep(&gb, &c->grads[j]);
+    snprintf(name, sizeof name, "%s: d_%s", what, m->buffers[j].id);
+    e[ne++] = check_grad_elements(c, name, &c->bufs[j], &gb, true);
+    rt_array_free(&gb.a);
+  }
+  fprintf(stderr, "  %s: every element: dq %.1e dk %.1e dv %.1e", what, e[0], e[1], e[2]);
+  for (int i = 3; i < ne; i++) fprintf(stderr, " buffer %.1e", e[i]);
+  fputc('\n', stderr);
+  rt_array_free(&gq.a), rt_array_free(&gk.a), rt_array_free(&gv.a);
+}
+
+START_TEST(samples_every_element) {
+  uint64_t seed = tl_seed();
+  const Dims tiny = {1, 2, 1, 5, 7, 3, 2};
+  DIR *dir = opendir(tl_src_path("samples"));
+  ck_assert_ptr_nonnull(dir);
+  struct dirent *e;
+  int nfiles = 0;
+  while ((e = readdir(dir))) {
+    size_t len = strlen(e->d_name);
+    if (len < 7 || strcmp(e->d_name + len - 6, ".score")) continue;
+    char rel[512];
+    snprintf(rel, sizeof rel, "samples/%s", e->d_name);
+    flex_kernel *k;
+    ck_assert_msg(flex_kernel_load(&k, tl_src_path(rel), NULL) == FLEX_OK, "%s: %s", rel,
+                  flex_last_error());
+    Case c;
+    case_init(&c, k, tiny, seed++);
+    check_every_element(&c, rel);
+    case_free(&c);
+    flex_kernel_free(k);
+    nfiles++;
+  }
+  closedir(dir);
+  ck_assert_int_ge(nfiles, 9);
+}
+END_TEST
+
 /* Plain softmax attention with GQA, written independently. */
 static void naive(const Case *c, double scale, double *O, double *L) {
   Dims d = c->d;
@@ -489,6 +572,7 @@ int main(void) {
   TCase *tc = tcase_create("reference");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, samples_against_finite_differences);
+  tcase_add_test(tc, samples_every_element);
   tcase_add_test(tc, forward_matches_naive);
   tcase_add_test(tc, half_inputs_decode_exactly);
   tcase_add_test(tc, fully_masked_rows);

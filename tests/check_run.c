@@ -136,6 +136,64 @@ START_TEST(success_paths) {
 }
 END_TEST
 
+/* Relative norm error of DIR/a against DIR/b over every element; NaN or a
+ * shape mismatch never passes. */
+static double file_err(const char *a, const char *b) {
+  RtArray x, r;
+  read_npy(a, &x);
+  read_npy(b, &r);
+  ck_assert_msg(x.ndim == r.ndim && rt_array_count(&x) == rt_array_count(&r), "%s vs %s", a, b);
+  for (int d = 0; d < x.ndim; d++) ck_assert_int_eq(x.shape[d], r.shape[d]);
+  double num = 0, den = 0;
+  bool nan = false;
+  for (int64_t i = 0; i < rt_array_count(&x); i++) {
+    double xi = rt_array_get(&x, i), ri = rt_array_get(&r, i);
+    nan |= isnan(xi) || isnan(ri);
+    if (isinf(ri) && xi == ri) continue; /* fully masked rows: lse = -inf */
+    num += (xi - ri) * (xi - ri), den += ri * ri;
+  }
+  rt_array_free(&x);
+  rt_array_free(&r);
+  ck_assert_msg(den > 0, "%s is all zeros", b);
+  return nan ? INFINITY : sqrt(num / den);
+}
+
+/* --backend emu through the CLI, float32 files, against a reference run on
+ * the same files (both cast the inputs to --dtype first). */
+static void emu_vs_reference(const char *dtype, double tol, double gtol) {
+  const char *backends[2] = {"emu", "reference"};
+  for (int i = 0; i < 2; i++) {
+    char extra[1024];
+    snprintf(extra, sizeof extra,
+             "--k %s/k.npy --dout %s/do.npy --buffer rel_bias=%s/bias.npy --dtype %s "
+             "--backend %s --out %s/%s_%s",
+             dir, dir, dir, dtype, backends[i], dir, backends[i], dtype);
+    Buf out = {0};
+    ck_assert_msg(run("samples/relpos_bias.score", extra, &out) == 0, "%s", out.data);
+    ck_assert_msg(strstr(out.data, backends[i]), "%s", out.data);
+    buf_free(&out);
+  }
+  const char *files[] = {"out", "lse", "dq", "dk", "dv", "d_rel_bias"};
+  for (int i = 0; i < 6; i++) {
+    char a[128], b[128];
+    snprintf(a, sizeof a, "emu_%s/%s.npy", dtype, files[i]);
+    snprintf(b, sizeof b, "reference_%s/%s.npy", dtype, files[i]);
+    RtArray x;
+    read_npy(a, &x);
+    ck_assert_msg(x.dtype.code == kDLFloat && x.dtype.bits == 32, "%s is not float32", a);
+    rt_array_free(&x);
+    double e = file_err(a, b), lim = i < 2 ? tol : gtol;
+    fprintf(stderr, "  emu %s %s: rel. error %.2e\n", dtype, files[i], e);
+    ck_assert_msg(e < lim, "%s: relative error %g over %g", a, e, lim);
+  }
+}
+
+START_TEST(emu_backend) {
+  emu_vs_reference("fp32", 1e-4, 1e-3);
+  emu_vs_reference("fp16", 5e-3, 2e-2);
+}
+END_TEST
+
 /* Each failing command and a piece of the message it must print. */
 START_TEST(user_errors) {
   struct { const char *sample, *fmt, *want; int status; } cases[] = {
@@ -168,6 +226,7 @@ int main(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, success_paths);
   tcase_add_test(tc, user_errors);
+  tcase_add_test(tc, emu_backend);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
