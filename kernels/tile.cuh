@@ -5,7 +5,8 @@
  * past `nrows` and columns at or past `ncols` are zero in shared memory, so
  * padded head dims and ragged sequence tails contribute nothing to a dot
  * product. 16-bit tiles use 16-byte cp.async when rows are 16-byte aligned
- * (vec16), else element loads.
+ * (vec16), else element loads; a 16-byte chunk that straddles `ncols` is
+ * loaded element-wise, so nothing past a row's last column is ever read.
  */
 #ifndef FLEX_TILE_CUH
 #define FLEX_TILE_CUH
@@ -22,7 +23,16 @@ __device__ __forceinline__ void flex_tile_load(T *dst, int pitch, const T *src, 
 #pragma unroll
     for (int i = threadIdx.x; i < R * CH; i += NT) {
       const int r = i / CH, c = i % CH * 8;
-      const bool ok = row0 + r < nrows && c < ncols;
+      const bool row_ok = row0 + r < nrows;
+      if (row_ok && c < ncols && c + 8 > ncols) {
+        /* A chunk straddling ncols (E = 15, say): its tail is the next row
+         * or past the tensor, and must read as zero, so go element-wise. */
+        for (int e = 0; e < 8; e++)
+          dst[r * pitch + c + e] =
+              c + e < ncols ? flex_gload(src + (row0 + r) * row_stride + c + e) : (T)0;
+        continue;
+      }
+      const bool ok = row_ok && c < ncols;
       const T *g = ok ? src + (row0 + r) * row_stride + c : src;
       flex_cp_async_16(dst + r * pitch + c, g, ok);
     }

@@ -4,7 +4,10 @@
  * The rules (docs/runtime.md has the full list):
  *   q [B,H,Q_LEN,E], k [B,HKV,KV_LEN,E], v [B,HKV,KV_LEN,EV], H % HKV == 0;
  *   B, Q_LEN, KV_LEN may be 0; H, HKV, E, EV must be at least 1;
- *   q, k, v share one float dtype; outputs are float32 or float64;
+ *   q, k, v share one float dtype; out, dq, dk, dv have q's dtype on every
+ *   backend, or float32/float64 on the reference and emu backends (the
+ *   reference writes only those two); lse and dlse are float32 (float64 on
+ *   the reference); dout has q's dtype except on the reference;
  *   the last dimension has unit stride; reference and emu need host memory
  *   (the cuda backend checks its own devices, after looking for a driver);
  *   params and buffers are matched by name against the kernel's declarations.
@@ -84,6 +87,49 @@ static flex_status check_dtype(const char *name, const DLTensor *t, bool out) {
                 rt_dtype_name(t->dtype));
 }
 
+static bool same_dtype(DLDataType a, DLDataType b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+/* out, dq, dk, dv: q's dtype everywhere (the cuda backend, like PyTorch's
+ * SDPA, writes nothing else); float32 or float64 on the reference and emu
+ * backends, which widen. The reference stores float32 and float64 only. */
+static flex_status check_out_dtype(V *v, const char *name, const DLTensor *t) {
+  DLDataType q = v->c->dtype;
+  const char *qn = rt_dtype_name(q), *got = rt_dtype_name(t->dtype);
+  flex_backend be = v->a->backend;
+  bool same = same_dtype(t->dtype, q);
+  if (be == FLEX_BACKEND_CUDA) {
+    if (same) return FLEX_OK;
+    return rt_err(FLEX_ERR_INVALID, "%s: the cuda backend writes q's dtype: expected %s, got %s",
+                  name, qn, got);
+  }
+  if (is_out_float(t->dtype) || (same && be == FLEX_BACKEND_EMU)) return FLEX_OK;
+  if (be == FLEX_BACKEND_REFERENCE || is_out_float(q))
+    return rt_err(FLEX_ERR_INVALID, "%s: expected float32 or float64 on the %s backend, got %s",
+                  name, flex_backend_name(be), got);
+  return rt_err(FLEX_ERR_INVALID, "%s: expected %s (q's dtype), float32 or float64, got %s", name,
+                qn, got);
+}
+
+/* lse and dlse: float32; the reference also takes float64. */
+static flex_status check_lse_dtype(V *v, const char *name, const DLTensor *t) {
+  DLDataType t32 = rt_dtype(kDLFloat, 32);
+  if (same_dtype(t->dtype, t32)) return FLEX_OK;
+  if (v->a->backend == FLEX_BACKEND_REFERENCE) return check_dtype(name, t, true);
+  return rt_err(FLEX_ERR_INVALID, "%s: expected float32 on the %s backend, got %s", name,
+                flex_backend_name(v->a->backend), rt_dtype_name(t->dtype));
+}
+
+/* dout: any float dtype on the reference; q's dtype on the devices' kernels. */
+static flex_status check_dout_dtype(V *v, const DLTensor *t) {
+  if (v->a->backend == FLEX_BACKEND_REFERENCE) return check_dtype("dout", t, false);
+  if (same_dtype(t->dtype, v->c->dtype)) return FLEX_OK;
+  return rt_err(FLEX_ERR_INVALID, "dout: expected %s (q's dtype) on the %s backend, got %s",
+                rt_dtype_name(v->c->dtype), flex_backend_name(v->a->backend),
+                rt_dtype_name(t->dtype));
+}
+
 /* q, k, v: ranks, agreement, dtypes; sets the sizes. */
 static flex_status check_qkv(V *v) {
   const flex_args *a = v->a;
@@ -126,11 +172,20 @@ static flex_status check_qkv(V *v) {
   return FLEX_OK;
 }
 
+/* What a float tensor's dtype must be. */
+typedef enum Role { ROLE_OUT, ROLE_LSE, ROLE_DOUT } Role;
+
 /* A float tensor of a known shape (out, lse, dout, dq, ...). */
 static flex_status check_shaped(V *v, const char *name, const DLTensor *t, int ndim,
-                                const int64_t *want, bool out) {
+                                const int64_t *want, Role role) {
   flex_status st = check_tensor(v, name, t, ndim, want);
-  return st ? st : check_dtype(name, t, out);
+  if (st) return st;
+  switch (role) {
+  case ROLE_OUT: return check_out_dtype(v, name, t);
+  case ROLE_LSE: return check_lse_dtype(v, name, t);
+  case ROLE_DOUT: return check_dout_dtype(v, t);
+  }
+  PANIC("bad role");
 }
 
 static flex_status check_io(V *v, bool backward) {
@@ -140,15 +195,15 @@ static flex_status check_io(V *v, bool backward) {
   int64_t q[4] = {c->B, c->H, c->QL, c->E}, k[4] = {c->B, c->HKV, c->KL, c->E};
   int64_t vv[4] = {c->B, c->HKV, c->KL, c->EV};
   flex_status st;
-  if ((st = check_shaped(v, "out", a->out, 4, o, true)) ||
-      (st = check_shaped(v, "lse", a->lse, 3, l, true)))
+  if ((st = check_shaped(v, "out", a->out, 4, o, ROLE_OUT)) ||
+      (st = check_shaped(v, "lse", a->lse, 3, l, ROLE_LSE)))
     return st;
   if (!backward) return FLEX_OK;
-  if ((st = check_shaped(v, "dout", a->dout, 4, o, false))) return st;
-  if (a->dlse && (st = check_shaped(v, "dlse", a->dlse, 3, l, true))) return st;
-  if ((st = check_shaped(v, "dq", a->dq, 4, q, true)) ||
-      (st = check_shaped(v, "dk", a->dk, 4, k, true)) ||
-      (st = check_shaped(v, "dv", a->dv, 4, vv, true)))
+  if ((st = check_shaped(v, "dout", a->dout, 4, o, ROLE_DOUT))) return st;
+  if (a->dlse && (st = check_shaped(v, "dlse", a->dlse, 3, l, ROLE_LSE))) return st;
+  if ((st = check_shaped(v, "dq", a->dq, 4, q, ROLE_OUT)) ||
+      (st = check_shaped(v, "dk", a->dk, 4, k, ROLE_OUT)) ||
+      (st = check_shaped(v, "dv", a->dv, 4, vv, ROLE_OUT)))
     return st;
   return FLEX_OK;
 }

@@ -1,0 +1,341 @@
+/* Generated kernels on the emulator against the float64 reference, through
+ * the public API: every .score kernel under samples/, forward and backward, fp32,
+ * fp16 and bf16, on shapes that do not fit the tiles (head dim 15, Q_LEN 37,
+ * KV_LEN 70), grouped (GQA) and single (MQA) key/value heads, EV != E,
+ * fully masked rows, a given dLSE, and `grad` buffers.
+ *
+ * Both backends read the SAME input tensors (already rounded to the dtype;
+ * the reference decodes fp16/bf16 exactly), so the error measured is the
+ * kernels' own. Outputs are NaN-poisoned before each run; each tensor is
+ * compared by relative norm error, NaN never passes, and fully masked rows
+ * must come back exactly as DSL.md says (O = 0, LSE = -inf, dQ = 0).
+ *
+ * The default run covers every sample with every dtype once, the shape
+ * variants spread over them; FLEXC_EMU_FULL=1 (or --full) runs the whole
+ * cross product; --timing runs the timing case only (seconds, no assertion).
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/flex.h"
+#include "runtime/npy.h"
+#include "testlib.h"
+
+static uint64_t rng;
+
+/* One problem shape and the optional features it turns on. */
+typedef struct Shape {
+  int B, H, HKV, QL, KL, E, EV; /* sizes (H % HKV == 0) */
+  bool dlse;                    /* give dLSE to the backward */
+  bool native_out;              /* emu outputs in q's dtype instead of float32 */
+} Shape;
+
+static const Shape shapes[] = {
+    {2, 4, 2, 37, 70, 15, 24, true, false},  /* GQA, odd E, EV != E, ragged tails */
+    {1, 3, 1, 70, 37, 16, 16, false, true},  /* MQA, Q_LEN > KV_LEN */
+    {2, 2, 2, 65, 33, 40, 72, true, true},   /* MHA, one row past a 64-row tile */
+    {1, 2, 1, 21, 130, 72, 33, false, false}, /* several key tiles, E > EV */
+    {1, 2, 2, 17, 19, 160, 136, true, false}, /* head dims over 128: the halved tiles */
+};
+#define NSHAPES ((int)(sizeof shapes / sizeof *shapes))
+#define NDEFAULT_SHAPES 4 /* the default run spreads shapes 0..3 over the samples */
+
+static const char *const samples[] = {"alibi", "causal", "causal_lower_right", "dilated",
+                                      "document", "gemma2", "head_temperature", "natten",
+                                      "prefix_lm", "relpos_bias", "sliding_window", "softcap"};
+#define NSAMPLES ((int)(sizeof samples / sizeof *samples))
+
+/* fp32, fp16, bf16 with their forward and gradient tolerances. */
+typedef struct Dt {
+  const char *name;
+  uint8_t code, bits;
+  double tol, gtol;
+} Dt;
+static const Dt dtypes[] = {{"fp32", kDLFloat, 32, 1e-4, 1e-3},
+                            {"fp16", kDLFloat, 16, 5e-3, 2e-2},
+                            {"bf16", kDLBfloat, 16, 3e-2, 6e-2}};
+
+/* An array and its DLTensor view. */
+typedef struct Arr {
+  RtArray a;
+  DLTensor t;
+} Arr;
+
+static void arr_init(Arr *x, DLDataType dt, int nd, int64_t d0, int64_t d1, int64_t d2,
+                     int64_t d3) {
+  int64_t s[4] = {d0, d1, d2, d3};
+  rt_array_init(&x->a, dt, nd, s);
+  x->t = rt_array_tensor(&x->a);
+}
+
+static void arr_fill(Arr *x, double lo, double hi, bool normal) {
+  for (int64_t i = 0; i < rt_array_count(&x->a); i++)
+    rt_array_set(&x->a, i, normal ? tl_normal(&rng) : lo + (hi - lo) * tl_uniform(&rng));
+}
+
+static void arr_poison(Arr *x) {
+  for (int64_t i = 0; i < rt_array_count(&x->a); i++) rt_array_set(&x->a, i, NAN);
+}
+
+/* Relative norm error of x against ref; NaN anywhere gives infinity.
+ * Equal infinities (LSE of fully masked rows) count as exact. */
+static double rel_err(const Arr *x, const Arr *ref) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < rt_array_count(&x->a); i++) {
+    double a = rt_array_get(&x->a, i), b = rt_array_get(&ref->a, i);
+    if (isnan(a) || isnan(b)) return INFINITY;
+    if (isinf(b) && a == b) continue;
+    num += (a - b) * (a - b), den += b * b;
+  }
+  return den > 0 ? sqrt(num / den) : INFINITY; /* an all-zero reference proves nothing */
+}
+
+/* Params and buffers of one sample, valid for the shape. */
+typedef struct Extras {
+  flex_param params[4];
+  int np;
+  Arr buf[3], gemu[3], gref[3]; /* buffer data; gradients (emu float32, reference float64) */
+  bool grad[3];                 /* buffer i is `grad` */
+  flex_buffer fe[3], fr[3];     /* as given to the emu and the reference */
+  int nb;
+} Extras;
+
+static void add_param(Extras *x, const char *name, double v) {
+  x->params[x->np++] = (flex_param){name, v};
+}
+
+static Arr *add_buf(Extras *x, const char *name, DLDataType dt, int nd, int64_t d0, int64_t d1,
+                    bool grad) {
+  int i = x->nb++;
+  arr_init(&x->buf[i], dt, nd, d0, d1, 0, 0);
+  x->grad[i] = grad;
+  x->fe[i] = x->fr[i] = (flex_buffer){name, &x->buf[i].t, NULL};
+  if (grad) {
+    arr_init(&x->gemu[i], rt_dtype(kDLFloat, 32), nd, d0, d1, 0, 0);
+    arr_init(&x->gref[i], rt_dtype(kDLFloat, 64), nd, d0, d1, 0, 0);
+    arr_poison(&x->gemu[i]), arr_poison(&x->gref[i]);
+    x->fe[i].grad = &x->gemu[i].t, x->fr[i].grad = &x->gref[i].t;
+  }
+  return &x->buf[i];
+}
+
+/* Sorted document ids for `n` tokens: runs of random length. */
+static void fill_docs(Arr *d, int n) {
+  int32_t id = 0;
+  for (int i = 0; i < n; i++) {
+    if (i && tl_uniform(&rng) < 0.12) id++;
+    rt_array_set(&d->a, i, id);
+  }
+}
+
+static void sample_extras(Extras *x, const char *name, const Shape *s) {
+  DLDataType f32 = rt_dtype(kDLFloat, 32), i32 = rt_dtype(kDLInt, 32);
+  memset(x, 0, sizeof *x);
+  if (!strcmp(name, "alibi") || !strcmp(name, "gemma2"))
+    arr_fill(add_buf(x, "slopes", f32, 1, s->H, 0, false), 0.05, 0.5, false);
+  if (!strcmp(name, "gemma2")) add_param(x, "softcap", 4.0), add_param(x, "window", 13);
+  if (!strcmp(name, "dilated")) add_param(x, "dilation", 3); /* rows q < h % 3 see nothing */
+  if (!strcmp(name, "document")) {
+    int T = s->QL > s->KL ? s->QL : s->KL;
+    fill_docs(add_buf(x, "doc", i32, 1, T, 0, false), T);
+  }
+  if (!strcmp(name, "head_temperature")) {
+    arr_fill(add_buf(x, "temp", f32, 1, s->H, 0, true), 0, 0, true);
+    Arr *len = add_buf(x, "lengths", i32, 1, s->B, 0, false);
+    for (int b = 0; b < s->B; b++) /* batch 0 all padding when there are two: empty rows */
+      rt_array_set(&len->a, b, s->B > 1 && b == 0 ? 0 : 1 + (int)(tl_uniform(&rng) * s->KL));
+  }
+  if (!strcmp(name, "natten")) add_param(x, "width", 8), add_param(x, "radius", 1);
+  if (!strcmp(name, "prefix_lm")) add_param(x, "prefix", 9);
+  if (!strcmp(name, "relpos_bias")) arr_fill(add_buf(x, "rel_bias", f32, 2, s->H, 9, true), 0, 0, true);
+  if (!strcmp(name, "sliding_window")) add_param(x, "window", 10);
+  if (!strcmp(name, "softcap")) add_param(x, "softcap", 2.5);
+}
+
+static void extras_free(Extras *x) {
+  for (int i = 0; i < x->nb; i++) {
+    rt_array_free(&x->buf[i].a);
+    if (x->grad[i]) rt_array_free(&x->gemu[i].a), rt_array_free(&x->gref[i].a);
+  }
+}
+
+/* Everything one case reads and writes; [0] is the emulator's, [1] the reference's. */
+typedef struct Run {
+  Arr q, k, v, dout, dlse;
+  Arr out[2], lse[2], dq[2], dk[2], dv[2];
+  flex_args a[2];
+  Extras x;
+} Run;
+
+static void run_init(Run *r, const Shape *s, DLDataType dt, const char *sample) {
+  DLDataType f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
+  DLDataType od = s->native_out ? dt : f32;
+  memset(r, 0, sizeof *r);
+  arr_init(&r->q, dt, 4, s->B, s->H, s->QL, s->E), arr_fill(&r->q, 0, 0, true);
+  arr_init(&r->k, dt, 4, s->B, s->HKV, s->KL, s->E), arr_fill(&r->k, 0, 0, true);
+  arr_init(&r->v, dt, 4, s->B, s->HKV, s->KL, s->EV), arr_fill(&r->v, 0, 0, true);
+  arr_init(&r->dout, dt, 4, s->B, s->H, s->QL, s->EV), arr_fill(&r->dout, 0, 0, true);
+  arr_init(&r->dlse, f32, 3, s->B, s->H, s->QL, 0), arr_fill(&r->dlse, 0, 0, true);
+  for (int i = 0; i < 2; i++) {
+    DLDataType o = i ? f64 : od;
+    arr_init(&r->out[i], o, 4, s->B, s->H, s->QL, s->EV);
+    arr_init(&r->lse[i], i ? f64 : f32, 3, s->B, s->H, s->QL, 0);
+    arr_init(&r->dq[i], o, 4, s->B, s->H, s->QL, s->E);
+    arr_init(&r->dk[i], o, 4, s->B, s->HKV, s->KL, s->E);
+    arr_init(&r->dv[i], o, 4, s->B, s->HKV, s->KL, s->EV);
+    Arr *outs[] = {&r->out[i], &r->lse[i], &r->dq[i], &r->dk[i], &r->dv[i]};
+    for (int j = 0; j < 5; j++) arr_poison(outs[j]);
+  }
+  sample_extras(&r->x, sample, s);
+  for (int i = 0; i < 2; i++) {
+    flex_args *a = &r->a[i];
+    a->backend = i ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
+    a->q = &r->q.t, a->k = &r->k.t, a->v = &r->v.t, a->dout = &r->dout.t;
+    a->dlse = s->dlse ? &r->dlse.t : NULL;
+    a->out = &r->out[i].t, a->lse = &r->lse[i].t;
+    a->dq = &r->dq[i].t, a->dk = &r->dk[i].t, a->dv = &r->dv[i].t;
+    a->params = r->x.params, a->nparams = r->x.np;
+    a->buffers = i ? r->x.fr : r->x.fe, a->nbuffers = r->x.nb;
+  }
+}
+
+static void run_free(Run *r) {
+  Arr *all[] = {&r->q, &r->k, &r->v, &r->dout, &r->dlse};
+  for (int j = 0; j < 5; j++) rt_array_free(&all[j]->a);
+  for (int i = 0; i < 2; i++) {
+    Arr *outs[] = {&r->out[i], &r->lse[i], &r->dq[i], &r->dk[i], &r->dv[i]};
+    for (int j = 0; j < 5; j++) rt_array_free(&outs[j]->a);
+  }
+  extras_free(&r->x);
+}
+
+/* Rows the reference left fully masked must be exactly O = 0, LSE = -inf
+ * (and dQ = 0 after the backward). Returns how many there were. */
+static int check_masked_rows(const Run *r, const Shape *s, bool backward) {
+  int rows = s->B * s->H * s->QL, masked = 0;
+  for (int i = 0; i < rows; i++) {
+    if (rt_array_get(&r->lse[1].a, i) != -INFINITY) continue;
+    masked++;
+    double l = rt_array_get(&r->lse[0].a, i);
+    ck_assert_msg(l == -INFINITY, "fully masked row %d: emu lse %g, want -inf", i, l);
+    for (int e = 0; e < s->EV; e++) {
+      double o = rt_array_get(&r->out[0].a, (int64_t)i * s->EV + e);
+      ck_assert_msg(o == 0, "fully masked row %d: emu out[%d] = %g, want 0", i, e, o);
+    }
+    for (int e = 0; backward && e < s->E; e++) {
+      double g = rt_array_get(&r->dq[0].a, (int64_t)i * s->E + e);
+      ck_assert_msg(g == 0, "fully masked row %d: emu dq[%d] = %g, want 0", i, e, g);
+    }
+  }
+  return masked;
+}
+
+/* One (sample, dtype, shape) case: forward and backward on both backends. */
+static void run_case(int si, int di, int shi) {
+  const Shape *s = &shapes[shi];
+  const Dt *d = &dtypes[di];
+  char path[256];
+  snprintf(path, sizeof path, "samples/%s.score", samples[si]);
+  flex_kernel *k = NULL;
+  ck_assert_msg(flex_kernel_load(&k, tl_src_path(path), NULL) == FLEX_OK, "%s", flex_last_error());
+  Run r;
+  run_init(&r, s, rt_dtype(d->code, d->bits), samples[si]);
+  for (int i = 1; i >= 0; i--) {
+    const char *who = i ? "reference" : "emu";
+    ck_assert_msg(flex_forward(k, &r.a[i]) == FLEX_OK, "%s forward: %s", who, flex_last_error());
+    ck_assert_msg(flex_backward(k, &r.a[i]) == FLEX_OK, "%s backward: %s", who, flex_last_error());
+  }
+  double eo = rel_err(&r.out[0], &r.out[1]), el = rel_err(&r.lse[0], &r.lse[1]);
+  double eq = rel_err(&r.dq[0], &r.dq[1]), ek = rel_err(&r.dk[0], &r.dk[1]);
+  double ev = rel_err(&r.dv[0], &r.dv[1]), eb = 0;
+  for (int i = 0; i < r.x.nb; i++)
+    if (r.x.grad[i]) eb = fmax(eb, rel_err(&r.x.gemu[i], &r.x.gref[i]));
+  int masked = check_masked_rows(&r, s, true);
+  fprintf(stderr,
+          "  %-18s %s B%d H%d/%d L%d/%d E%d/%d%s%s: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g"
+          " dbuf %.2g, %d masked rows\n",
+          samples[si], d->name, s->B, s->H, s->HKV, s->QL, s->KL, s->E, s->EV,
+          s->dlse ? " dlse" : "", s->native_out ? " native-out" : "", eo, el, eq, ek, ev, eb,
+          masked);
+  ck_assert_msg(eo < d->tol && el < d->tol, "%s %s: forward error out %g lse %g", samples[si],
+                d->name, eo, el);
+  ck_assert_msg(eq < d->gtol && ek < d->gtol && ev < d->gtol && eb < d->gtol,
+                "%s %s: gradient error dq %g dk %g dv %g dbuf %g", samples[si], d->name, eq, ek, ev,
+                eb);
+  run_free(&r);
+  flex_kernel_free(k);
+}
+
+/* Default matrix: sample x dtype, shape variants rotated over them. */
+START_TEST(sample_default) {
+  int si = _i / 3, di = _i % 3;
+  run_case(si, di, (si + di) % NDEFAULT_SHAPES);
+}
+END_TEST
+
+/* Full matrix: sample x dtype x shape. */
+START_TEST(sample_full) {
+  int si = _i / (3 * NSHAPES), di = _i / NSHAPES % 3;
+  run_case(si, di, _i % NSHAPES);
+}
+END_TEST
+
+/* Head dims over 128 (the halved tiles) for two samples in the default run. */
+START_TEST(large_head_dim) { run_case(_i ? 9 : 5, _i ? 1 : 2, 4); }
+END_TEST
+
+/* The timing case: B=1, H=2, L=S=256, E=64, fp16, forward and backward. */
+static void timing(void) {
+  Shape s = {1, 2, 2, 256, 256, 64, 64, false, false};
+  flex_kernel *k = NULL;
+  if (flex_kernel_load(&k, tl_src_path("samples/causal.score"), NULL) != FLEX_OK) {
+    fprintf(stderr, "%s\n", flex_last_error());
+    exit(EXIT_FAILURE);
+  }
+  Run r;
+  run_init(&r, &s, rt_dtype(kDLFloat, 16), "causal");
+  struct timespec t0, t1, t2;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  flex_status f = flex_forward(k, &r.a[0]);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  flex_status b = f ? f : flex_backward(k, &r.a[0]);
+  clock_gettime(CLOCK_MONOTONIC, &t2);
+  if (f || b) fprintf(stderr, "emu failed: %s\n", flex_last_error());
+  double tf = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  double tb = (double)(t2.tv_sec - t1.tv_sec) + (double)(t2.tv_nsec - t1.tv_nsec) * 1e-9;
+  printf("emu timing (causal, fp16, B=1 H=2 L=S=256 E=64, build included): forward %.2f s, "
+         "backward %.2f s, total %.2f s\n", tf, tb, tf + tb);
+  run_free(&r);
+  flex_kernel_free(k);
+  if (f || b) exit(EXIT_FAILURE);
+}
+
+int main(int argc, char **argv) {
+  rng = tl_seed();
+  bool full = argc > 1 && !strcmp(argv[1], "--full");
+  const char *env = getenv("FLEXC_EMU_FULL");
+  if (env && *env && strcmp(env, "0")) full = true;
+  if (argc > 1 && !strcmp(argv[1], "--timing")) {
+    timing();
+    return EXIT_SUCCESS;
+  }
+  Suite *s = suite_create("emu_kernels");
+  TCase *tc = tcase_create("samples");
+  tcase_set_timeout(tc, 300);
+  if (full) {
+    tcase_add_loop_test(tc, sample_full, 0, NSAMPLES * 3 * NSHAPES);
+  } else {
+    tcase_add_loop_test(tc, sample_default, 0, NSAMPLES * 3);
+    tcase_add_loop_test(tc, large_head_dim, 0, 2);
+  }
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
