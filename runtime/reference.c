@@ -12,6 +12,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "npy.h"
 #include "rt.h"
 
 /* ---- tensor access ------------------------------------------------------- */
@@ -45,7 +46,10 @@ static double get(const DLTensor *t, const int64_t *idx) {
 static void put(const DLTensor *t, const int64_t *idx, double v) {
   char *p = (char *)t->data + t->byte_offset;
   int64_t o = off_of(t, idx);
-  if (t->dtype.bits == 32) {
+  if (t->dtype.bits == 16) { /* outputs in q's dtype: fp16 or bf16, rounded once */
+    uint16_t h = t->dtype.code == kDLBfloat ? rt_bf16_from_double(v) : rt_half_from_double(v);
+    memcpy(p + o * 2, &h, 2);
+  } else if (t->dtype.bits == 32) {
     float f = (float)v;
     memcpy(p + o * 4, &f, 4);
   } else {

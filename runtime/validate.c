@@ -93,7 +93,7 @@ static bool same_dtype(DLDataType a, DLDataType b) {
 
 /* out, dq, dk, dv: q's dtype everywhere (the cuda backend, like PyTorch's
  * SDPA, writes nothing else); float32 or float64 on the reference and emu
- * backends, which widen. The reference stores float32 and float64 only. */
+ * backends, which widen; q's dtype there too. */
 static flex_status check_out_dtype(V *v, const char *name, const DLTensor *t) {
   DLDataType q = v->c->dtype;
   const char *qn = rt_dtype_name(q), *got = rt_dtype_name(t->dtype);
@@ -104,8 +104,8 @@ static flex_status check_out_dtype(V *v, const char *name, const DLTensor *t) {
     return rt_err(FLEX_ERR_INVALID, "%s: the cuda backend writes q's dtype: expected %s, got %s",
                   name, qn, got);
   }
-  if (is_out_float(t->dtype) || (same && be == FLEX_BACKEND_EMU)) return FLEX_OK;
-  if (be == FLEX_BACKEND_REFERENCE || is_out_float(q))
+  if (is_out_float(t->dtype) || same) return FLEX_OK;
+  if (is_out_float(q))
     return rt_err(FLEX_ERR_INVALID, "%s: expected float32 or float64 on the %s backend, got %s",
                   name, flex_backend_name(be), got);
   return rt_err(FLEX_ERR_INVALID, "%s: expected %s (q's dtype), float32 or float64, got %s", name,
