@@ -25,6 +25,7 @@
 
 #include "../base/base.h"
 #include "../frontend/frontend.h"
+#include "../kernels/scalar.cuh"
 
 typedef enum IrType { IT_VOID, IT_BOOL, IT_I32, IT_F32 } IrType;
 const char *ir_type_name(IrType t); /* "void", "bool", "i32", "f32" */
@@ -159,18 +160,10 @@ static inline IrVal ir_vi(int32_t v) { IrVal r; r.f = 0; r.i = v; return r; }
 static inline IrVal ir_vf(double v) { IrVal r; r.f = v; return r; }
 /* Two's complement wrap to 32 bits. */
 static inline int32_t ir_wrap(int64_t v) { return (int32_t)(uint32_t)(uint64_t)v; }
-/* C division truncating toward zero; x / 0 == 0; INT_MIN / -1 wraps. */
-static inline int32_t ir_idiv(int32_t a, int32_t b) {
-  if (b == 0) return 0;
-  if (b == -1) return ir_wrap(-(int64_t)a);
-  return a / b;
-}
-/* C remainder; x % 0 == x; INT_MIN % -1 == 0. */
-static inline int32_t ir_imod(int32_t a, int32_t b) {
-  if (b == 0) return a;
-  if (b == -1) return 0;
-  return a % b;
-}
+/* The DSL's integer division and remainder (kernels/scalar.cuh: the same
+ * code the generated CUDA runs): x / 0 == 0, x % 0 == x, INT_MIN / -1 wraps. */
+static inline int32_t ir_idiv(int32_t a, int32_t b) { return flex_idiv(a, b); }
+static inline int32_t ir_imod(int32_t a, int32_t b) { return flex_imod(a, b); }
 /* float -> int truncating toward zero, saturating; NaN gives 0. */
 static inline int32_t ir_f2i(double x) {
   if (x != x) return 0;

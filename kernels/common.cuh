@@ -12,23 +12,8 @@
 
 /* ---- the DSL's integer rules: 32-bit wrapping, defined division ---------- */
 
-__device__ __forceinline__ int flex_iadd(int a, int b) { return (int)((uint32_t)a + (uint32_t)b); }
-__device__ __forceinline__ int flex_isub(int a, int b) { return (int)((uint32_t)a - (uint32_t)b); }
-__device__ __forceinline__ int flex_imul(int a, int b) { return (int)((uint32_t)a * (uint32_t)b); }
-__device__ __forceinline__ int flex_ineg(int a) { return (int)(0u - (uint32_t)a); }
-__device__ __forceinline__ int flex_iabs(int a) { return a < 0 ? flex_ineg(a) : a; }
-/* C division truncating toward zero; x / 0 == 0; INT_MIN / -1 wraps. */
-__device__ __forceinline__ int flex_idiv(int a, int b) {
-  if (b == 0) return 0;
-  if (b == -1) return flex_ineg(a);
-  return a / b;
-}
-/* C remainder; x % 0 == x; INT_MIN % -1 == 0. */
-__device__ __forceinline__ int flex_imod(int a, int b) {
-  if (b == 0) return a;
-  if (b == -1) return 0;
-  return a % b;
-}
+#include "scalar.cuh"
+
 /* float -> int truncating toward zero, saturating; NaN gives 0. */
 __device__ __forceinline__ int flex_f2i(float x) {
   if (x != x) return 0;
