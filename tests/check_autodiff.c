@@ -279,9 +279,5 @@ int main(void) {
   tcase_add_test(tc, integer_paths_carry_nothing);
   tcase_add_test(tc, grad_buffer_sites);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return tl_run_suite(s);
 }

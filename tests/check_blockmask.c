@@ -229,9 +229,5 @@ int main(void) {
   tcase_add_test(tc, user_mask_roundtrip);
   tcase_add_test(tc, cli_causal_long);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return tl_run_suite(s);
 }

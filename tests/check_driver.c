@@ -239,9 +239,5 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, forward_and_backward_without_device);
   tcase_add_test(tc, cli_run_without_device);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return tl_run_suite(s);
 }

@@ -476,9 +476,5 @@ int main(void) {
   tcase_add_loop_test(gen, generated_fp16, 0, 2);
   tcase_add_loop_test(gen, generated_bf16, 0, 2);
   suite_add_tcase(s, gen);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return tl_run_suite(s);
 }

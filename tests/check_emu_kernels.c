@@ -333,9 +333,5 @@ int main(int argc, char **argv) {
     tcase_add_loop_test(tc, large_head_dim, 0, 2);
   }
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return tl_run_suite(s);
 }

@@ -91,9 +91,5 @@ int main(void) {
   tcase_set_timeout(tc, (env ? atof(env) : 10.0) + 60.0); /* the loop's time plus one slow input */
   tcase_add_test(tc, fuzz_check);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return tl_run_suite(s);
 }

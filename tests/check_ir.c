@@ -528,9 +528,5 @@ int main(void) {
   tcase_add_test_raise_signal(tc, verify_catches_forward_ref, SIGABRT);
   suite_add_tcase(s, tc);
   suite_add_tcase(s, source_tests());
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return tl_run_suite(s);
 }

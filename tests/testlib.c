@@ -63,3 +63,11 @@ double tl_normal(uint64_t *s) {
   if (u < 1e-300) u = 1e-300;
   return sqrt(-2.0 * log(u)) * cos(2.0 * 3.14159265358979323846 * v);
 }
+
+int tl_run_suite(Suite *s) {
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <check.h>
+
 #include "base/base.h"
 
 /* Path of a file in the source tree ("tests/cases/x.score" -> absolute). */
@@ -20,5 +22,8 @@ uint64_t tl_seed(void);
 uint64_t tl_rand(uint64_t *state);
 double tl_uniform(uint64_t *state); /* [0, 1) */
 double tl_normal(uint64_t *state);
+
+/* Run a Check suite with the default settings; the process exit status. */
+int tl_run_suite(Suite *s);
 
 #endif
