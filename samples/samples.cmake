@@ -17,3 +17,8 @@ set_tests_properties(sample_embed_emu PROPERTIES
 add_test(NAME driver_gpu COMMAND check_driver --gpu WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(driver_gpu PROPERTIES SKIP_RETURN_CODE 77
   ENVIRONMENT "CK_DEFAULT_TIMEOUT=120;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+
+# randn: random .npy inputs for trying the command line without Python.
+add_executable(randn ${CMAKE_CURRENT_LIST_DIR}/randn.c)
+target_compile_options(randn PRIVATE ${FLEXC_WARNINGS})
+target_link_libraries(randn PRIVATE flexc_lib)
