@@ -40,7 +40,6 @@ typedef enum Detect {
   RACE,   /* the race-check module fails the launch with a shared memory race */
   BOUNDS, /* the launch fails its global bounds check */
   WRONG,  /* the result is outside the tolerance (or the launch fails) */
-  GAP_RACE, /* RACE, but the emulator misses it today: runs only with FLEXC_EMU_GAPS=1 */
 } Detect;
 
 /* One test: a template edit, the problem it runs on, and what must happen. */
@@ -67,11 +66,9 @@ static const Case cases[] = {
     {"no barrier before the next stage's loads", "flex_fwd.cuh",
      "    __syncthreads(); /* the next iteration's loads overwrite the other stage */\n", "\n",
      CG_FP16, 64, false, false, RACE},
-    /* Not yet caught: cp.async destinations do not enter the race shadow
-     * (FLEXC_EMU_GAPS=1 runs it). */
     {"no barrier before the next stage's loads (cp.async)", "flex_fwd.cuh",
      "    __syncthreads(); /* the next iteration's loads overwrite the other stage */\n", "\n",
-     CG_FP16, 64, false, true, GAP_RACE},
+     CG_FP16, 64, false, true, RACE},
     {"fp32: no barrier between writing P and reading it", "flex_fwd.cuh",
      "      sP[r * PS + tr + TPR * j] = pj;\n    }\n    __syncthreads();\n",
      "      sP[r * PS + tr + TPR * j] = pj;\n    }\n", CG_FP32, 15, false, false, RACE},
@@ -276,8 +273,6 @@ START_TEST(mutation) {
   double tol = c->dtype == CG_FP32 ? 1e-4 : 5e-3, err;
   char msg[EMU_ERR_LEN];
   flex_status st;
-  const char *gaps = getenv("FLEXC_EMU_GAPS");
-  bool run_gaps = gaps && *gaps && strcmp(gaps, "0");
   switch (c->detect) {
   case PASS:
     for (int race = 0; race < 2; race++) {
@@ -286,12 +281,6 @@ START_TEST(mutation) {
       ck_assert_msg(err < tol, "%s: error %g", c->what, err);
     }
     break;
-  case GAP_RACE:
-    if (!run_gaps) {
-      fprintf(stderr, "  %-48s skipped (a known emulator gap; FLEXC_EMU_GAPS=1 runs it)\n", c->what);
-      break;
-    }
-    /* fall through */
   case RACE:
     st = run_case(c, true, msg, &err);
     ck_assert_msg(st != FLEX_OK && strstr(msg, "shared memory race"),

@@ -223,6 +223,9 @@ EMU_API static void flex_cp_async_16(void *smem, const void *gmem, bool pred) {
     memset(c.data, 0, 16);
   }
   memset(smem, 0xFF, 16); /* reading before the wait sees poison */
+  /* The copy may land any time from now until the wait: for the race check
+   * it writes the destination both now and when it lands. */
+  if (emu_w->shadow) emu_shadow_access(f->tid, (size_t)(c.dst - emu_w->smem), 16, true);
   f->copies.push_back(c);
 }
 
