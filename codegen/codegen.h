@@ -30,6 +30,7 @@ typedef enum CgMaskMode {
   CG_MASK_NONE = 0,  /* no mask: every tile, no per-element test */
   CG_MASK_LISTS = 1, /* BlockMask lists; per-element mask on partial blocks */
   CG_MASK_DENSE = 2, /* every tile, per-element mask everywhere */
+  CG_MASK_IMPLICIT = 3, /* the walk classifies tiles itself (flex_mask_block); no BlockMask */
 } CgMaskMode;
 
 /* Tile shape of one kernel body. */
@@ -49,6 +50,7 @@ typedef struct CgOptions {
   CgArch arch;         /* target */
   CgMaskMode mask_mode; /* block walk and mask evaluation */
   bool has_mask;       /* the kernel has a mask function */
+  bool mask_builder;   /* also emit the BlockMask builder entries (kernels/flex_blockmask.cuh) */
   bool backward;       /* emit the backward entries (needs m->joint) */
   bool grad_buffers;   /* some buffer is `grad`: the joint has ACCUMs */
   bool score_identity; /* the score returns s unchanged: skip the call */
@@ -79,6 +81,17 @@ CgLaunch cg_launch_fwd(const CgOptions *o, int B, int H, int q_len);      /* fle
 CgLaunch cg_launch_bwd_pre(const CgOptions *o, int B, int H, int q_len);  /* flex_bwd_pre */
 CgLaunch cg_launch_bwd(const CgOptions *o, int B, int HKV, int kv_len);   /* flex_bwd */
 CgLaunch cg_launch_bwd_dq(const CgOptions *o, int B, int H, int q_len);   /* flex_bwd_dq */
+
+/* The BlockMask builder (mask_builder): flex_mask_build classifies the
+ * blocks of one query-block row per CTA, flex_mask_lists writes the lists
+ * (one thread per row or column of blocks). Bm, Hm: the mask's stored extents. */
+CgLaunch cg_launch_mask_build(const CgOptions *o, int Bm, int Hm, int nq);
+CgLaunch cg_launch_mask_lists(const CgOptions *o, int Bm, int Hm, int nq, int nkv);
+/* Block sizes of a BlockMask every kernel of `o` can walk (multiples of the
+ * forward and backward tiles): what the builder uses. */
+void cg_mask_blocks(const CgOptions *o, int *block_q, int *block_kv);
+/* Whether a BlockMask of these block sizes can be walked by the kernels of `o`. */
+bool cg_mask_blocks_ok(const CgOptions *o, int block_q, int block_kv);
 
 /* Names and limits of the architectures. */
 const char *cg_arch_name(CgArch a);       /* "sm_80", ... */

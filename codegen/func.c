@@ -243,8 +243,184 @@ static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind ki
   buf_puts(out, ";\n}\n\n");
 }
 
+/* ---- the block classifier ---------------------------------------------------- */
+
+/* How the classifier holds a value: int range, three-valued bool, or
+ * nothing (floats are unknown on the device; see kernels/interval.cuh). */
+static char iv_kind(const IrInst *in) {
+  return in->type == IT_I32 ? 'I' : in->type == IT_BOOL ? 'B' : 'F';
+}
+
+/* Operand k of `in` as an abstract value; a float operand is unknown. */
+static void put_iv(Buf *out, const IrFunc *f, const IrInst *in, int k) {
+  const IrInst *a = &f->inst[in->args[k]];
+  if (iv_kind(a) == 'F') buf_puts(out, a->type == IT_BOOL ? "flex_ivb_top()" : "flex_iv_top()");
+  else buf_printf(out, "t%d", in->args[k]);
+}
+
+/* The spelling of an abstract integer or boolean op, or NULL (the top). */
+static const char *iv_fn(IrOp op) {
+  switch (op) {
+  case IR_ADD_I: return "flex_iv_add";
+  case IR_SUB_I: return "flex_iv_sub";
+  case IR_MUL_I: return "flex_iv_mul";
+  case IR_DIV_I: return "flex_iv_div";
+  case IR_MOD_I: return "flex_iv_mod";
+  case IR_MIN_I: return "flex_iv_imin";
+  case IR_MAX_I: return "flex_iv_imax";
+  case IR_NEG_I: return "flex_iv_neg";
+  case IR_ABS_I: return "flex_iv_iabs";
+  case IR_B2I: return "flex_iv_b2i";
+  case IR_LT_I: return "flex_iv_lt";
+  case IR_LE_I: return "flex_iv_le";
+  case IR_EQ_I: return "flex_iv_eq";
+  case IR_NE_I: return "flex_iv_ne";
+  case IR_EQ_B: return "flex_ivb_eq";
+  case IR_NE_B: return "flex_ivb_ne";
+  case IR_NOT: return "flex_ivb_not";
+  case IR_AND: return "flex_ivb_and";
+  case IR_OR: return "flex_ivb_or";
+  default: return NULL;
+  }
+}
+
+/* Element x (an int64 expression) of a buffer, in the language's type. */
+static void put_elem(Buf *out, const IrModule *m, int slot, const char *x) {
+  const IrBuffer *bf = &m->buffers[slot];
+  static const char *const pre[] = {[DT_I32] = "(int)flex_gload(", [DT_I64] = "(int)flex_gload(",
+                                    [DT_U8] = "(int)flex_gload(", [DT_BOOL] = "(flex_gload("};
+  buf_puts(out, pre[bf->dtype]);
+  put_name(out, bf->id);
+  buf_printf(out, " + %s)%s", x, bf->dtype == DT_BOOL ? " != 0)" : "");
+}
+
+/* The extent of dimension d of a buffer. */
+static void put_dim(Buf *out, const IrBuffer *bf, int d) {
+  if (bf->dims[d].fixed >= 0) buf_printf(out, "%d", bf->dims[d].fixed);
+  else buf_printf(out, "p.sizes[%d]", bf->dims[d].size);
+}
+
+/* A load: exact when every index is one value in range; a sorted 1-D int
+ * buffer is bounded by its end points; otherwise its dtype's range. */
+static void put_iv_load(Buf *out, const IrModule *m, const IrInst *in, int i) {
+  const IrBuffer *bf = &m->buffers[in->aux];
+  bool u8 = bf->dtype == DT_U8;
+  if (iv_kind(in) == 'B') buf_printf(out, "  FlexIvB t%d = flex_ivb_top();\n  if (", i);
+  else buf_printf(out, "  FlexIvI t%d = %s;\n  if (", i, u8 ? "flex_iv_int(0, 255)" : "flex_iv_top()");
+  for (int d = 0; d < in->nargs; d++) {
+    buf_printf(out, "%st%d.lo >= 0 && t%d.hi < ", d ? " && " : "", in->args[d], in->args[d]);
+    put_dim(out, bf, d);
+  }
+  buf_puts(out, ") {\n    if (");
+  for (int d = 0; d < in->nargs; d++)
+    buf_printf(out, "%st%d.lo == t%d.hi", d ? " && " : "", in->args[d], in->args[d]);
+  buf_puts(out, ") {\n      const int64_t flex_o = ");
+  for (int d = 1; d < in->nargs; d++) buf_puts(out, "(");
+  buf_printf(out, "t%d.lo", in->args[0]);
+  for (int d = 1; d < in->nargs; d++) {
+    buf_puts(out, " * ");
+    put_dim(out, bf, d);
+    buf_printf(out, " + t%d.lo)", in->args[d]);
+  }
+  buf_puts(out, ";\n      const auto flex_v = ");
+  put_elem(out, m, in->aux, "flex_o");
+  buf_printf(out, ";\n      t%d = %s;\n    }", i, iv_kind(in) == 'B' ? "flex_ivb_point(flex_v)" : "flex_iv_int(flex_v, flex_v)");
+  if (bf->sorted && in->nargs == 1 && iv_kind(in) == 'I') {
+    char lo[48], hi[48];
+    snprintf(lo, sizeof lo, "(int64_t)t%d.lo", in->args[0]);
+    snprintf(hi, sizeof hi, "(int64_t)t%d.hi", in->args[0]);
+    buf_puts(out, " else {\n      const int64_t flex_lo = ");
+    put_elem(out, m, in->aux, lo);
+    buf_puts(out, ", flex_hi = ");
+    put_elem(out, m, in->aux, hi);
+    buf_printf(out, ";\n      if (flex_lo <= flex_hi) t%d = flex_iv_int(flex_lo, flex_hi); /* else a broken promise */\n    }", i);
+  }
+  buf_puts(out, "\n  }\n");
+}
+
+/* One live instruction of the mask as an abstract value (nothing for floats). */
+static void put_iv_inst(Buf *out, const IrModule *m, const IrFunc *f, int i) {
+  static const char *const argn[] = {[ARG_B] = "flex_b", [ARG_H] = "flex_h", [ARG_Q] = "flex_q",
+                                     [ARG_KV] = "flex_kv"};
+  const IrInst *in = &f->inst[i];
+  char k = iv_kind(in);
+  if (k == 'F') return;
+  const char *ty = k == 'I' ? "FlexIvI" : "FlexIvB";
+  if (in->op == IR_LOAD) {
+    put_iv_load(out, m, in, i);
+    return;
+  }
+  buf_printf(out, "  const %s t%d = ", ty, i);
+  const char *fn = iv_fn((IrOp)in->op);
+  switch (in->op) {
+  case IR_CONST:
+    if (k == 'B') buf_printf(out, "flex_ivb_point(%s)", in->imm.b ? "true" : "false");
+    else buf_printf(out, "flex_iv_int(%dLL, %dLL)", in->imm.i, in->imm.i);
+    break;
+  case IR_ARG:
+    if (in->aux >= ARG_B && in->aux <= ARG_KV)
+      buf_printf(out, "flex_iv_int(%s0, %s1)", argn[in->aux], argn[in->aux]);
+    else buf_puts(out, k == 'I' ? "flex_iv_top()" : "flex_ivb_top()");
+    break;
+  case IR_PARAM: case IR_SIZE:
+    buf_puts(out, "flex_iv_int(");
+    put_operand(out, m, f, i);
+    buf_puts(out, ", ");
+    put_operand(out, m, f, i);
+    buf_puts(out, ")");
+    break;
+  case IR_SELECT:
+    buf_printf(out, "%s(", k == 'I' ? "flex_iv_select" : "flex_ivb_select");
+    for (int a = 0; a < 3; a++) {
+      if (a) buf_puts(out, ", ");
+      put_iv(out, f, in, a);
+    }
+    buf_puts(out, ")");
+    break;
+  default:
+    if (!fn) {
+      buf_puts(out, k == 'I' ? "flex_iv_top()" : "flex_ivb_top()");
+      break;
+    }
+    buf_printf(out, "%s(", fn);
+    for (int a = 0; a < in->nargs; a++) {
+      if (a) buf_puts(out, ", ");
+      put_iv(out, f, in, a);
+    }
+    buf_puts(out, ")");
+    break;
+  }
+  buf_puts(out, ";\n");
+}
+
+/* flex_mask_block(): the mask over a block of (b, h, q, kv) (inclusive
+ * bounds) with the interval rules of kernels/interval.cuh; returns
+ * FLEX_BLOCK_EMPTY, _FULL or _PARTIAL, soundly (PARTIAL when unsure). */
+static void put_classifier(Buf *out, const IrModule *m) {
+  const IrFunc *f = m->mask;
+  buf_printf(out, "/* block classifier of the mask of kernel %s (interval analysis) */\n"
+                  "__device__ __forceinline__ int flex_mask_block(const FlexParams &p, int flex_b0, "
+                  "int flex_b1, int flex_h0, int flex_h1, int flex_q0, int flex_q1, int flex_kv0, "
+                  "int flex_kv1) {\n", m->kernel);
+  if (!f) {
+    buf_puts(out, "  return FLEX_BLOCK_FULL;\n}\n\n");
+    return;
+  }
+  bool *live = base_alloc((size_t)f->n + 1);
+  live[f->ret] = true;
+  for (int i = f->ret; i >= 0; i--)
+    for (int k = 0; live[i] && k < f->inst[i].nargs; k++) live[f->inst[i].args[k]] = true;
+  put_preamble(out, m, f);
+  for (int i = 0; i <= f->ret; i++)
+    if (live[i]) put_iv_inst(out, m, f, i);
+  if (iv_kind(&f->inst[f->ret]) == 'B') buf_printf(out, "  return flex_iv_class(t%d);\n}\n\n", f->ret);
+  else buf_puts(out, "  return FLEX_BLOCK_PARTIAL;\n}\n\n");
+  base_free(live);
+}
+
 void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o) {
   put_func(out, m, o->score_identity ? NULL : m->score, IRF_SCORE);
   put_func(out, m, m->mask, IRF_MASK);
   put_func(out, m, o->backward && !o->ds_is_dt ? m->joint : NULL, IRF_JOINT);
+  if (o->has_mask) put_classifier(out, m);
 }

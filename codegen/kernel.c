@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "codegen/codegen.h"
+#include "ir/interval.h"
 
 static const char *const arch_names[CG_NARCH] = {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"};
 
@@ -57,6 +58,9 @@ static size_t smem_fwd(const CgOptions *o) {
 
 static size_t smem_bwd(const CgOptions *o) {
   int EP = o->head_dim_pad, EVP = o->head_dim_v_pad, BM = o->bwd.block_m, BN = o->bwd.block_n;
+  if (o->dtype != CG_FP32) /* flex_bwd_tc: K, V, Q, dO, P^T, dS^T padded by 8; LSE, D */
+    return 2u * (size_t)(BN * (EP + 8) + BN * (EVP + 8) + BM * (EP + 8) + BM * (EVP + 8) +
+                         2 * BN * (BM + 8)) + 8u * (size_t)BM;
   return 4u * (size_t)(BN * (EP + 1) + BN * (EVP + 1) + BM * (EP + 1) + BM * (EVP + 1) +
                        2 * BN * (BM + 1) + 2 * BM);
 }
@@ -88,6 +92,11 @@ static void pick_tiles(CgOptions *o) {
   o->fwd.threads = 128;
   /* dK and dV live in registers: EP / TPR + EVP / TPR floats per thread. */
   o->bwd.block_m = o->bwd.block_n = big <= 128 ? 32 : 16;
+  if (o->dtype != CG_FP32) {
+    /* Tensor cores: 64 query rows; (EP + EVP) * BN / 128 dK/dV accumulators per thread. */
+    o->bwd.block_m = 64;
+    o->bwd.block_n = big <= 32 ? 64 : big <= 128 ? 32 : 16;
+  }
   o->bwd.threads = 128;
 }
 
@@ -109,7 +118,10 @@ bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int 
   o->head_dim_v_pad = round_up(EV, 16);
   o->arch = arch;
   o->has_mask = m->mask != NULL;
-  o->mask_mode = o->has_mask ? CG_MASK_DENSE : CG_MASK_NONE;
+  /* A mask the analysis decides needs no BlockMask: the walk classifies
+   * its tiles. The runtime switches undecidable masks to built lists. */
+  o->mask_mode = !o->has_mask ? CG_MASK_NONE
+                 : ir_interval_decidable(m) ? CG_MASK_IMPLICIT : CG_MASK_DENSE;
   o->backward = backward;
   for (int i = 0; i < m->nbuffers; i++) o->grad_buffers |= m->buffers[i].grad;
   o->score_identity = m->score_is_identity || returns_arg(m->score, ARG_S);
@@ -146,11 +158,36 @@ CgLaunch cg_launch_bwd_dq(const CgOptions *o, int B, int H, int q_len) {
   return launch(cdiv(q_len, 128), H, B, 128, 0);
 }
 
+CgLaunch cg_launch_mask_build(const CgOptions *o, int Bm, int Hm, int nq) {
+  (void)o;
+  return launch((unsigned)nq, Hm, Bm, 128, 0);
+}
+CgLaunch cg_launch_mask_lists(const CgOptions *o, int Bm, int Hm, int nq, int nkv) {
+  (void)o;
+  return launch(cdiv(nq + nkv, 128), Hm, Bm, 128, 0);
+}
+
+static int imax(int a, int b) { return a > b ? a : b; }
+
+/* Tiles are powers of two, so the larger of two is a multiple of both. */
+void cg_mask_blocks(const CgOptions *o, int *block_q, int *block_kv) {
+  *block_q = imax(o->fwd.block_m, o->bwd.block_m);
+  *block_kv = imax(o->fwd.block_n, o->bwd.block_n);
+}
+
+bool cg_mask_blocks_ok(const CgOptions *o, int block_q, int block_kv) {
+  return block_q > 0 && block_kv > 0 && block_q % o->fwd.block_m == 0 &&
+         block_kv % o->fwd.block_n == 0 && (!o->backward || (block_q % o->bwd.block_m == 0 &&
+                                                             block_kv % o->bwd.block_n == 0));
+}
+
 static const char *elem_type(CgDtype d) {
   return d == CG_FP32 ? "FlexF32" : d == CG_FP16 ? "FlexF16" : "FlexBF16";
 }
 
 static const char *mask_mode(CgMaskMode m) {
+  /* IMPLICIT runs the DENSE body: the walk's `full` flag skips the
+   * per-element test on full tiles, and empty tiles are never visited. */
   return m == CG_MASK_NONE ? "FLEX_MASK_NONE" : m == CG_MASK_LISTS ? "FLEX_MASK_LISTS"
                                                                    : "FLEX_MASK_DENSE";
 }
@@ -173,10 +210,15 @@ static void emit_entries(Buf *out, const CgOptions *o) {
     snprintf(body, sizeof body, "flex_fwd_tc<%s, %d, %d, %d, %d, %s, %s>", el, EP, EVP,
              o->fwd.block_m, o->fwd.block_n, mm, sid);
   entry(out, "flex_fwd", o->fwd.threads, body);
+  if (o->mask_builder) {
+    entry(out, "flex_mask_build", 128, "flex_mask_build_body");
+    entry(out, "flex_mask_lists", 128, "flex_mask_lists_body");
+  }
   if (!o->backward) return;
   snprintf(body, sizeof body, "flex_bwd_pre<%s, %d>", el, EVP);
   entry(out, "flex_bwd_pre", 128, body);
-  snprintf(body, sizeof body, "flex_bwd_main<%s, %d, %d, %d, %d, %s, %s, %s>", el, EP, EVP,
+  snprintf(body, sizeof body, "%s<%s, %d, %d, %d, %d, %s, %s, %s>",
+           o->dtype == CG_FP32 ? "flex_bwd_main" : "flex_bwd_tc", el, EP, EVP,
            o->bwd.block_m, o->bwd.block_n, mm, sid, o->ds_is_dt ? "false" : "true");
   entry(out, "flex_bwd", o->bwd.threads, body);
   snprintf(body, sizeof body, "flex_bwd_dq<%s>", el);
@@ -190,12 +232,20 @@ void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o) {
              " * forward tile %dx%d, backward tile %dx%d, %d threads per CTA.\n */\n",
              FLEXC_VERSION, o->source ? o->source : "<source>", m->kernel, cg_dtype_name(o->dtype),
              o->head_dim, o->head_dim_v, o->head_dim_pad, o->head_dim_v_pad, cg_arch_name(o->arch),
-             o->mask_mode == CG_MASK_NONE ? "none" : o->mask_mode == CG_MASK_LISTS ? "block lists"
-                                                                                  : "dense",
+             o->mask_mode == CG_MASK_NONE       ? "none"
+             : o->mask_mode == CG_MASK_LISTS    ? "block lists"
+             : o->mask_mode == CG_MASK_IMPLICIT ? "implicit (tiles classified in the walk)"
+                                                : "dense",
              o->score_identity ? ", identity score" : "", o->ds_is_dt ? ", ds = dt" : "",
              o->fwd.block_m, o->fwd.block_n, o->bwd.block_m, o->bwd.block_n, o->fwd.threads);
-  buf_puts(out, "#include \"common.cuh\"\n\n");
+  buf_puts(out, "#include \"common.cuh\"\n");
+  if (o->has_mask) buf_puts(out, "#include \"interval.cuh\"\n");
+  if (o->mask_mode == CG_MASK_IMPLICIT)
+    buf_printf(out, "#define FLEX_WALK_IMPLICIT 1\n#define FLEX_WALK_FWD_ROWS %d\n"
+                    "#define FLEX_WALK_BWD_ROWS %d\n", o->fwd.block_m, o->bwd.block_n);
+  buf_puts(out, "\n");
   cg_emit_funcs(out, m, o);
+  if (o->mask_builder) buf_puts(out, "#include \"flex_blockmask.cuh\"\n");
   buf_puts(out, "#include \"flex_fwd.cuh\"\n");
   if (o->backward) buf_puts(out, "#include \"flex_bwd.cuh\"\n");
   buf_puts(out, "\n");

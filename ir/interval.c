@@ -4,6 +4,8 @@
  * no precise rule gets the top of its type, which is always sound. */
 #include "interval.h"
 
+#include "kernels/interval.cuh"
+
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -69,15 +71,6 @@ static IrAbs abs_join(IrType t, IrAbs x, IrAbs y) {
   return abs_int(x.lo < y.lo ? x.lo : y.lo, x.hi > y.hi ? x.hi : y.hi);
 }
 
-static int64_t min4(int64_t a, int64_t b, int64_t c, int64_t d) {
-  int64_t m = a < b ? a : b, n = c < d ? c : d;
-  return m < n ? m : n;
-}
-static int64_t max4(int64_t a, int64_t b, int64_t c, int64_t d) {
-  int64_t m = a > b ? a : b, n = c > d ? c : d;
-  return m > n ? m : n;
-}
-
 /* ---- concrete evaluation of one op (all operands single values) ------------ */
 
 /* The interpreter's semantics, from the same ops.def column. */
@@ -97,77 +90,39 @@ static IrVal point_eval(const IrInst *in, IrVal a, IrVal b, IrVal c) {
   PANIC("interval: bad op %d", (int)in->op);
 }
 
-/* ---- integer transfer functions ------------------------------------------ */
+/* ---- integer and boolean transfer functions --------------------------------- */
 
-/* Truncating division over a box whose divisor range excludes zero: each
- * variable alone moves the quotient monotonically, so corners bound it. */
-static IrAbs div_nonzero(IrAbs a, int64_t d0, int64_t d1) {
-  int64_t q[4] = {a.lo / d0, a.lo / d1, a.hi / d0, a.hi / d1};
-  return abs_int(min4(q[0], q[1], q[2], q[3]), max4(q[0], q[1], q[2], q[3]));
-}
-
-static IrAbs tf_div_i(IrAbs a, IrAbs b) {
-  bool have = false;
-  IrAbs r = abs_int(0, 0);
-  if (b.lo <= -1) {
-    r = div_nonzero(a, b.lo, b.hi < -1 ? b.hi : -1);
-    have = true;
-  }
-  if (b.hi >= 1) {
-    IrAbs p = div_nonzero(a, b.lo > 1 ? b.lo : 1, b.hi);
-    r = have ? abs_join(IT_I32, r, p) : p;
-    have = true;
-  }
-  if (b.lo <= 0 && b.hi >= 0) r = have ? abs_join(IT_I32, r, abs_int(0, 0)) : abs_int(0, 0);
+/* The rules live in kernels/interval.cuh, shared with the device classifier. */
+static FlexIvI to_iv(IrAbs a) {
+  FlexIvI r = {a.lo, a.hi};
   return r;
 }
-
-static IrAbs tf_mod_i(IrAbs a, IrAbs b) {
-  if (b.lo == b.hi && b.lo != 0) {
-    int64_t m = b.lo < 0 ? -b.lo : b.lo;
-    if (a.lo / m == a.hi / m && (a.lo >= 0 || a.hi <= 0))
-      return abs_int(a.lo % m, a.hi % m); /* one quotient: x % m = x - k*m */
-  }
-  /* |x % y| < |y|, |x % y| <= |x|, the sign follows x; x % 0 == x. */
-  int64_t big = (b.lo < 0 ? -b.lo : b.lo) > (b.hi < 0 ? -b.hi : b.hi) ? (b.lo < 0 ? -b.lo : b.lo)
-                                                                       : (b.hi < 0 ? -b.hi : b.hi);
-  int64_t m = big > 0 ? big - 1 : 0;
-  int64_t lo = a.lo >= 0 ? 0 : (a.lo > -m ? a.lo : -m);
-  int64_t hi = a.hi <= 0 ? 0 : (a.hi < m ? a.hi : m);
-  IrAbs r = abs_int(lo, hi);
-  if (b.lo <= 0 && b.hi >= 0) r = abs_join(IT_I32, r, a);
-  return r;
-}
+static FlexIvB to_ivb(IrAbs a) { return flex_ivb(a.may_false, a.may_true); }
+static IrAbs from_iv(FlexIvI r) { return abs_int(r.lo, r.hi); }
+static IrAbs from_ivb(FlexIvB r) { return abs_bool(r.may_false, r.may_true); }
 
 static IrAbs tf_int2(IrOp op, IrAbs a, IrAbs b) {
+  FlexIvI x = to_iv(a), y = to_iv(b);
   switch (op) {
-  case IR_ADD_I: return abs_int(a.lo + b.lo, a.hi + b.hi);
-  case IR_SUB_I: return abs_int(a.lo - b.hi, a.hi - b.lo);
-  case IR_MUL_I:
-    return abs_int(min4(a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi),
-                   max4(a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi));
-  case IR_DIV_I: return tf_div_i(a, b);
-  case IR_MOD_I: return tf_mod_i(a, b);
-  case IR_MIN_I: return abs_int(a.lo < b.lo ? a.lo : b.lo, a.hi < b.hi ? a.hi : b.hi);
-  case IR_MAX_I: return abs_int(a.lo > b.lo ? a.lo : b.lo, a.hi > b.hi ? a.hi : b.hi);
+  case IR_ADD_I: return from_iv(flex_iv_add(x, y));
+  case IR_SUB_I: return from_iv(flex_iv_sub(x, y));
+  case IR_MUL_I: return from_iv(flex_iv_mul(x, y));
+  case IR_DIV_I: return from_iv(flex_iv_div(x, y));
+  case IR_MOD_I: return from_iv(flex_iv_mod(x, y));
+  case IR_MIN_I: return from_iv(flex_iv_imin(x, y));
+  case IR_MAX_I: return from_iv(flex_iv_imax(x, y));
   default: return abs_top(IT_I32);
   }
 }
 
 /* Comparisons: decided when the ranges are ordered or disjoint. */
 static IrAbs tf_cmp_i(IrOp op, IrAbs a, IrAbs b) {
+  FlexIvI x = to_iv(a), y = to_iv(b);
   switch (op) {
-  case IR_LT_I: return abs_bool(!(a.hi < b.lo), a.lo < b.hi);
-  case IR_LE_I: return abs_bool(!(a.hi <= b.lo), a.lo <= b.hi);
-  case IR_EQ_I: {
-    bool disjoint = a.hi < b.lo || b.hi < a.lo;
-    bool same = a.lo == a.hi && b.lo == b.hi && a.lo == b.lo;
-    return abs_bool(!same, !disjoint);
-  }
-  case IR_NE_I: {
-    IrAbs e = tf_cmp_i(IR_EQ_I, a, b);
-    return abs_bool(e.may_true, e.may_false);
-  }
+  case IR_LT_I: return from_ivb(flex_iv_lt(x, y));
+  case IR_LE_I: return from_ivb(flex_iv_le(x, y));
+  case IR_EQ_I: return from_ivb(flex_iv_eq(x, y));
+  case IR_NE_I: return from_ivb(flex_iv_ne(x, y));
   default: return abs_top(IT_BOOL);
   }
 }
@@ -193,12 +148,9 @@ static IrAbs tf_cmp_f(IrOp op, IrAbs a, IrAbs b) {
 
 static IrAbs tf_int1(IrOp op, IrAbs a) {
   switch (op) {
-  case IR_NEG_I: return abs_int(-a.hi, -a.lo);
-  case IR_ABS_I:
-    if (a.lo >= 0) return a;
-    if (a.hi <= 0) return abs_int(-a.hi, -a.lo);
-    return abs_int(0, -a.lo > a.hi ? -a.lo : a.hi);
-  case IR_B2I: return abs_int(a.may_false ? 0 : 1, a.may_true ? 1 : 0);
+  case IR_NEG_I: return from_iv(flex_iv_neg(to_iv(a)));
+  case IR_ABS_I: return from_iv(flex_iv_iabs(to_iv(a)));
+  case IR_B2I: return from_iv(flex_iv_b2i(to_ivb(a)));
   case IR_F2I: { /* monotone, saturating; NaN gives 0 */
     IrAbs r = abs_int(ir_f2i(a.flo), ir_f2i(a.fhi));
     return a.nan ? abs_join(IT_I32, r, abs_int(0, 0)) : r;
@@ -388,9 +340,9 @@ static IrAbs transfer(const IrModule *m, const IrIntervalEnv *env, const IrFunc 
   if (all) return abs_point(t, point_eval(in, pv[0], in->nargs > 1 ? pv[1] : pv[0],
                                           in->nargs > 2 ? pv[2] : pv[0]));
   switch (op) {
-  case IR_NOT: return abs_bool(a.may_true, a.may_false);
-  case IR_AND: return abs_bool(a.may_false || b.may_false, a.may_true && b.may_true);
-  case IR_OR: return abs_bool(a.may_false && b.may_false, a.may_true || b.may_true);
+  case IR_NOT: return from_ivb(flex_ivb_not(to_ivb(a)));
+  case IR_AND: return from_ivb(flex_ivb_and(to_ivb(a), to_ivb(b)));
+  case IR_OR: return from_ivb(flex_ivb_or(to_ivb(a), to_ivb(b)));
   case IR_SELECT:
     if (!a.may_false) return b;
     if (!a.may_true) return c;

@@ -28,6 +28,7 @@ typedef struct FlexBlockList {
   const int32_t *idx;         /* the listed block indices */
   int64_t num_b, num_h, num_r; /* element strides of num */
   int64_t idx_b, idx_h, idx_r; /* element strides of idx (last dim unit) */
+  int32_t q_side;              /* 1 in q_list / full_q_list: tells an implicit walk it runs the backward */
 } FlexBlockList;
 
 /* Everything one launch of flex_fwd, flex_bwd_pre, flex_bwd or flex_bwd_dq
@@ -58,6 +59,11 @@ typedef struct FlexParams {
   int32_t block_q, block_kv;       /* block-mask block sizes (multiples of the kernel's tiles) */
   int32_t vec16;                   /* nonzero: q/k/v/dout rows are 16-byte aligned (cp.async path) */
   float scale;                     /* softmax scale (1/sqrt(E) by default) */
+  /* ---- the BlockMask builder (flex_mask_build, flex_mask_lists) ---- */
+  unsigned char *mask_cls;         /* class byte per block [mask_B, mask_H, mask_nq, mask_nkv] */
+  int32_t *mask_out[8];            /* kv_num, kv_idx, full_kv_num, full_kv_idx, q_num, q_idx, full_q_num, full_q_idx */
+  int32_t mask_B, mask_H;          /* the mask's stored batch and head extents (1: broadcast) */
+  int32_t mask_nq, mask_nkv;       /* query and key blocks of block_q x block_kv */
 } FlexParams;
 
 #endif /* FLEX_PARAMS_CUH */

@@ -7,8 +7,17 @@
  * per-element mask needed), then the partial list. A listed block of
  * `block` columns is split into tiles of `tile` columns.
  *
- * This is the one place that decides the walk, so other block classifiers
- * (an implicit one from interval analysis) can be added here alone.
+ * Implicit masks (FLEX_WALK_IMPLICIT, defined by the generated source with
+ * its classifier flex_mask_block and the row tile heights
+ * FLEX_WALK_FWD_ROWS / FLEX_WALK_BWD_ROWS): no lists; the walk classifies tiles
+ * itself with interval arithmetic. init() trims the column range from both
+ * ends with coarse spans (causal stops at the diagonal, a window walks its
+ * band); next() skips empty spans, then empty tiles, and reports full
+ * tiles as `full`, so empty tiles are never loaded and full ones never run
+ * the per-element mask.
+ *
+ * Under FLEXC_EMU every visited tile is counted (thread 0 of the CTA), so
+ * tests can check that the walk visits exactly the live tiles.
  */
 #ifndef FLEX_WALK_CUH
 #define FLEX_WALK_CUH
@@ -23,6 +32,13 @@ struct FlexWalk {
   int c, c_end;          /* next tile start and the end of the current block */
   int tile, block, total; /* tile and block widths, columns in all */
   bool lists;            /* false: visit every tile */
+#ifdef FLEX_WALK_IMPLICIT
+  const FlexParams *prm; /* the launch's params (NULL: classify nothing) */
+  bool bwd;              /* rows are keys and columns queries (backward) */
+  int b, h, r0, r1;      /* the row tile: batch, head, first and last row */
+  int span_end;          /* end of the current coarse span (columns) */
+  bool span_full;        /* the current span is full: no per-tile test */
+#endif
 
   /* row: the row tile's first row; block_rows: the mask's block height. */
   __device__ __forceinline__ void init(const FlexBlockList &full, const FlexBlockList &part,
@@ -38,6 +54,10 @@ struct FlexWalk {
     c_end = 0;
     n[0] = n[1] = 0;
     idx[0] = idx[1] = 0;
+#ifdef FLEX_WALK_IMPLICIT
+    prm = 0;
+    if (!lists) implicit_init(full, part, b, h, row);
+#endif
     if (!lists) return;
     const int r = row / block_rows;
     const FlexBlockList *l2[2] = {&full, &part};
@@ -51,6 +71,17 @@ struct FlexWalk {
 
   /* The next tile's first column and whether its block is full; false at the end. */
   __device__ __forceinline__ bool next(int &col, bool &full) {
+    const bool have = next_tile(col, full);
+#ifdef FLEXC_EMU
+    if (have && threadIdx.x == 0) emu_count_tile();
+#endif
+    return have;
+  }
+
+  __device__ __forceinline__ bool next_tile(int &col, bool &full) {
+#ifdef FLEX_WALK_IMPLICIT
+    if (!lists && prm) return implicit_next(col, full);
+#endif
     if (!lists) {
       if (c >= total) return false;
       col = c;
@@ -75,6 +106,79 @@ struct FlexWalk {
     c += tile;
     return true;
   }
+
+#ifdef FLEX_WALK_IMPLICIT
+  /* Spans of this many tiles are classified before their tiles. */
+  static constexpr int SPAN = 8;
+
+  /* The class of columns [c0, c1] (inclusive) against the row tile. */
+  __device__ __forceinline__ int classify(int c0, int c1) const {
+    return bwd ? flex_mask_block(*prm, b, b, h, h, c0, c1, r0, r1)
+               : flex_mask_block(*prm, b, b, h, h, r0, r1, c0, c1);
+  }
+
+  /* Columns of tiles [t0, t1) (clipped to the total). */
+  __device__ __forceinline__ int span_class(int t0, int t1) const {
+    return classify(t0 * tile, min(t1 * tile, total) - 1);
+  }
+
+  /* The params struct whose lists the caller passed: the forward passes
+   * (p.full_kv_list, p.kv_list), the backward (p.full_q_list, p.q_list);
+   * the runtime marks the q side (q_side) since both pairs have the same
+   * layout. Anything else classifies nothing (every tile, per-element mask). */
+  __device__ __forceinline__ void implicit_init(const FlexBlockList &full, const FlexBlockList &part,
+                                                int b_, int h_, int row) {
+    /* Member offsets by address arithmetic on a nominal object (no load;
+     * NVRTC has no offsetof). */
+    const FlexParams *x = (const FlexParams *)&full;
+    const char *at = (const char *)&full;
+    bwd = full.q_side != 0;
+    const FlexParams *f =
+        (const FlexParams *)(at - ((bwd ? (const char *)&x->full_q_list
+                                        : (const char *)&x->full_kv_list) - at));
+    prm = (bwd ? &f->q_list : &f->kv_list) == &part && part.q_side == full.q_side ? f : 0;
+    if (prm && total != (bwd ? prm->q_len : prm->kv_len)) prm = 0; /* not the pair we know */
+    if (!prm) return;
+    b = b_, h = h_;
+    r0 = row;
+    /* The row tile's height comes from the generated source (the
+     * templates' BM / BN), never from the params, so it cannot be wrong. */
+    r1 = min(row + (bwd ? FLEX_WALK_BWD_ROWS : FLEX_WALK_FWD_ROWS), bwd ? prm->kv_len : prm->q_len) - 1;
+    span_end = 0;
+    span_full = false;
+    /* Trim empty columns from both ends, coarse spans first. */
+    int t0 = 0, t1 = (total + tile - 1) / tile;
+    for (int s = SPAN * SPAN; s >= 1 && t0 < t1; s /= SPAN) {
+      while (t0 < t1 && span_class(max(t0, t1 - s), t1) == FLEX_BLOCK_EMPTY) t1 = max(t0, t1 - s);
+      while (t0 < t1 && span_class(t0, min(t1, t0 + s)) == FLEX_BLOCK_EMPTY) t0 = min(t1, t0 + s);
+    }
+    c = t0 * tile;
+    total = min(total, t1 * tile);
+  }
+
+  /* The next live tile: empty spans and tiles are skipped unvisited. */
+  __device__ __forceinline__ bool implicit_next(int &col, bool &full) {
+    while (c < total) {
+      if (c >= span_end) {
+        span_end = min(c + SPAN * tile, total);
+        const int k = classify(c, span_end - 1);
+        if (k == FLEX_BLOCK_EMPTY) {
+          c = span_end;
+          continue;
+        }
+        span_full = k == FLEX_BLOCK_FULL;
+      }
+      const int c0 = c;
+      c += tile;
+      const int k = span_full ? FLEX_BLOCK_FULL : classify(c0, min(c0 + tile, total) - 1);
+      if (k == FLEX_BLOCK_EMPTY) continue;
+      col = c0;
+      full = k == FLEX_BLOCK_FULL;
+      return true;
+    }
+    return false;
+  }
+#endif
 };
 
 #endif /* FLEX_WALK_CUH */

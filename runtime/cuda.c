@@ -14,6 +14,7 @@
 #include "codegen/codegen.h"
 #include "driver.h"
 #include "kernels/params.cuh"
+#include "launch.h"
 #include "rt.h"
 
 /* ---- tensors ------------------------------------------------------------- */
@@ -65,80 +66,12 @@ static flex_status call_device(const RtCall *c, int *device) {
   return FLEX_OK;
 }
 
-/* Element stride of dimension d (compact when strides is NULL). */
-static int64_t stride_of(const DLTensor *t, int d) {
-  if (t->strides) return t->strides[d];
-  int64_t s = 1;
-  for (int i = t->ndim - 1; i > d; i--) s *= t->shape[i];
-  return s;
-}
-
-static char *data_of(const DLTensor *t) {
-  return t ? (char *)t->data + t->byte_offset : NULL;
-}
-
-/* [B, heads, rows, cols] strides. */
-static FlexStrides strides4(const DLTensor *t) {
-  FlexStrides s = {0, 0, 0};
-  if (t) s = (FlexStrides){stride_of(t, 0), stride_of(t, 1), stride_of(t, 2)};
-  return s;
-}
-
-static bool contiguous(const DLTensor *t) {
-  int64_t want = 1;
-  for (int d = t->ndim - 1; d >= 0; d--) {
-    if (t->shape[d] != 1 && stride_of(t, d) != want) return false;
-    want *= t->shape[d];
-  }
-  return true;
-}
-
-static int64_t numel(const DLTensor *t) {
-  int64_t n = 1;
-  for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
-  return n;
-}
-
-/* Whether a row-major [.., .., rows, cols] tensor allows 16-byte vector loads. */
-static bool aligned16(const DLTensor *t) {
-  if (!t) return true;
-  int64_t es = (t->dtype.bits + 7) / 8;
-  if (((uintptr_t)data_of(t)) % 16) return false;
-  for (int d = 0; d + 1 < t->ndim; d++)
-    if ((stride_of(t, d) * es) % 16) return false;
-  return true;
-}
-
-/* One side of a block mask (NULL tensors give an empty list). Dims of extent
- * 1 broadcast: their stride is 0. */
-static FlexBlockList block_list(const DLTensor *num, const DLTensor *idx) {
-  FlexBlockList l;
-  memset(&l, 0, sizeof l);
-  if (!num || !idx) return l;
-  l.num = (const int32_t *)data_of(num);
-  l.idx = (const int32_t *)data_of(idx);
-  l.num_b = num->shape[0] == 1 ? 0 : stride_of(num, 0);
-  l.num_h = num->shape[1] == 1 ? 0 : stride_of(num, 1);
-  l.num_r = stride_of(num, 2);
-  l.idx_b = idx->shape[0] == 1 ? 0 : stride_of(idx, 0);
-  l.idx_h = idx->shape[1] == 1 ? 0 : stride_of(idx, 1);
-  l.idx_r = stride_of(idx, 2);
-  return l;
-}
-
 /* ---- the params struct ----------------------------------------------------- */
 
-/* Everything in FlexParams that comes straight from the call. */
+/* FlexParams from the call (runtime/launch.c); the kernels write outputs
+ * in the input dtype, in place. */
 static flex_status fill_params(const RtCall *c, FlexParams *p) {
   const flex_args *a = c->args;
-  const IrModule *m = c->mod;
-  memset(p, 0, sizeof *p);
-  if (m->nparams > FLEX_MAX_PARAMS || m->nbuffers > FLEX_MAX_BUFFERS ||
-      m->nsizes > FLEX_MAX_SIZES)
-    return rt_err(FLEX_ERR_UNSUPPORTED,
-                  "the cuda backend supports at most %d params, %d buffers and %d sizes",
-                  FLEX_MAX_PARAMS, FLEX_MAX_BUFFERS, FLEX_MAX_SIZES - SZ_COUNT);
-  /* The kernels write outputs in the input dtype. */
   const DLTensor *outs[] = {a->out, c->backward ? a->dq : NULL, c->backward ? a->dk : NULL,
                             c->backward ? a->dv : NULL};
   const char *onames[] = {"out", "dq", "dk", "dv"};
@@ -147,49 +80,11 @@ static flex_status fill_params(const RtCall *c, FlexParams *p) {
       return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend writes '%s' in the dtype of q "
                     "(%d-bit code %d), got %d-bit code %d", onames[i], c->dtype.bits,
                     c->dtype.code, outs[i]->dtype.bits, outs[i]->dtype.code);
-  p->out = data_of(a->out);
-  p->lse = (float *)data_of(a->lse);
-  p->q = data_of(a->q), p->k = data_of(a->k), p->v = data_of(a->v);
-  p->sq = strides4(a->q), p->sk = strides4(a->k), p->sv = strides4(a->v);
-  p->so = strides4(a->out);
-  if (a->lse) p->lse_b = stride_of(a->lse, 0), p->lse_h = stride_of(a->lse, 1);
-  if (a->lse && (a->lse->dtype.code != kDLFloat || a->lse->dtype.bits != 32 ||
-                 stride_of(a->lse, 2) != 1))
-    return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend needs 'lse' as float32 with unit "
-                                        "stride along Q_LEN");
-  for (int i = 0; i < m->nparams; i++) {
-    if (m->params[i].type == IT_F32) p->pf[i] = (float)c->params[i].f;
-    else p->pi[i] = c->params[i].i;
-  }
-  for (int i = 0; i < m->nsizes; i++) p->sizes[i] = c->sizes[i];
-  for (int i = 0; i < m->nbuffers; i++) {
-    const DLTensor *t = c->buf_tensors[i];
-    if (!t) continue;
-    if (!contiguous(t))
-      return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend needs buffer '%s' contiguous "
-                                          "(row-major, no gaps)", m->buffers[i].id);
-    p->buf[i] = data_of(t);
-  }
-  p->B = c->B, p->H = c->H, p->HKV = c->HKV, p->G = c->G;
-  p->q_len = c->QL, p->kv_len = c->KL, p->E = c->E, p->EV = c->EV;
-  p->scale = (float)c->scale;
+  flex_status st = rt_launch_fill(c, p, "cuda");
+  if (st) return st;
   if (a->block_mask) {
-    const flex_block_mask *bm = a->block_mask;
-    p->block_q = bm->block_q ? bm->block_q : 128;
-    p->block_kv = bm->block_kv ? bm->block_kv : 128;
-    p->kv_list = block_list(bm->kv_num_blocks, bm->kv_indices);
-    p->full_kv_list = block_list(bm->full_kv_num_blocks, bm->full_kv_indices);
-    p->q_list = block_list(bm->q_num_blocks, bm->q_indices);
-    p->full_q_list = block_list(bm->full_q_num_blocks, bm->full_q_indices);
-  }
-  p->vec16 = aligned16(a->q) && aligned16(a->k) && aligned16(a->v);
-  if (c->backward) {
-    p->dq = data_of(a->dq), p->dk = data_of(a->dk), p->dv = data_of(a->dv);
-    p->dout = data_of(a->dout);
-    p->sdo = strides4(a->dout), p->sdq = strides4(a->dq);
-    p->sdk = strides4(a->dk), p->sdv = strides4(a->dv);
-    p->vec16 = p->vec16 && aligned16(a->dout);
-    if (a->block_mask && !a->block_mask->q_num_blocks)
+    rt_launch_tensor_lists(p, a->block_mask);
+    if (c->backward && !a->block_mask->q_num_blocks)
       return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend's backward needs the block mask's "
                                           "q_num_blocks/q_indices side");
   }
@@ -246,11 +141,12 @@ static Launch launch_of(const char *entry, CgLaunch g) {
   return l;
 }
 
-/* The generated source for the call and each entry's geometry. Without a
- * caller's BlockMask a masked kernel visits every tile and tests every
- * element (always right; a caller's BlockMask lets it skip blocks). */
+/* The generated source for the call and each entry's geometry; the mask
+ * mode comes from the shared plan (runtime/launch.c): implicit
+ * classification, a caller's BlockMask, or one built on the device.
+ * mb[0..1]: the builder's two entries (plan->build). */
 static flex_status generate(const RtCall *c, const char *arch, Buf *src, Launch *fwd,
-                            Launch bwd[3]) {
+                            Launch bwd[3], RtMaskPlan *plan, Launch mb[2]) {
   CgArch ca;
   if (!cg_arch_parse(arch, &ca)) ca = CG_SM89; /* newer parts: the portable mma.sync path */
   CgOptions o;
@@ -258,15 +154,40 @@ static flex_status generate(const RtCall *c, const char *arch, Buf *src, Launch 
   if (!cg_options_init(&o, c->mod, cg_dtype_of(c->dtype), c->E, c->EV, ca, c->backward, err,
                        sizeof err))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend cannot run this call: %s", err);
-  if (o.has_mask) o.mask_mode = c->args->block_mask ? CG_MASK_LISTS : CG_MASK_DENSE;
-  else o.mask_mode = c->args->block_mask ? CG_MASK_LISTS : CG_MASK_NONE;
+  flex_status st = rt_launch_mask_plan(c, &o, false, plan);
+  if (st) return st;
   o.source = c->kernel->src.path;
   cg_emit_cuda(src, c->mod, &o);
   *fwd = launch_of("flex_fwd", cg_launch_fwd(&o, c->B, c->H, c->QL));
   bwd[0] = launch_of("flex_bwd_pre", cg_launch_bwd_pre(&o, c->B, c->H, c->QL));
   bwd[1] = launch_of("flex_bwd", cg_launch_bwd(&o, c->B, c->HKV, c->KL));
   bwd[2] = launch_of("flex_bwd_dq", cg_launch_bwd_dq(&o, c->B, c->H, c->QL));
+  mb[0] = launch_of("flex_mask_build", cg_launch_mask_build(&o, plan->Bm, plan->Hm, plan->nq));
+  mb[1] = launch_of("flex_mask_lists",
+                    cg_launch_mask_lists(&o, plan->Bm, plan->Hm, plan->nq, plan->nkv));
   return FLEX_OK;
+}
+
+/* Device memory of a built BlockMask. */
+typedef struct BuiltMask {
+  RtCuDevicePtr mem[9]; /* the eight lists, then the class bytes */
+} BuiltMask;
+
+/* Build the BlockMask on the device (flex_mask_build, flex_mask_lists)
+ * and point the walk lists at it. */
+static flex_status build_mask(const RtMaskPlan *plan, FlexParams *p, RtCuModule mod,
+                              const Launch mb[2], BuiltMask *bm, RtCuStream strm) {
+  size_t bytes[9];
+  rt_launch_mask_bytes(plan, bytes);
+  flex_status st = FLEX_OK;
+  for (int i = 0; i < 9 && !st; i++) st = rt_drv_alloc(&bm->mem[i], bytes[i] ? bytes[i] : 4);
+  if (st) return st;
+  int32_t *arr[8];
+  for (int i = 0; i < 8; i++) arr[i] = (int32_t *)(uintptr_t)bm->mem[i];
+  rt_launch_builder(p, plan, (unsigned char *)(uintptr_t)bm->mem[8], arr);
+  st = launch(mod, &mb[0], p, strm);
+  if (!st) st = launch(mod, &mb[1], p, strm);
+  return st;
 }
 
 /* Scratch device memory of one backward call. */
@@ -287,13 +208,13 @@ static flex_status grad_targets(const RtCall *c, FlexParams *p, Scratch *s, RtCu
   for (int i = 0; i < c->mod->nbuffers; i++) {
     const DLTensor *g = c->buf_grads[i];
     if (!g) continue;
-    if (!contiguous(g))
+    if (!rt_contiguous(g))
       return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend needs the gradient of buffer '%s' "
                                           "contiguous", c->mod->buffers[i].id);
-    size_t n = (size_t)numel(g);
+    size_t n = (size_t)rt_numel(g);
     flex_status st = FLEX_OK;
     if (g->dtype.code == kDLFloat && g->dtype.bits == 32) {
-      p->buf_grad[i] = (float *)data_of(g);
+      p->buf_grad[i] = (float *)rt_data_of(g);
     } else {
       st = rt_drv_alloc(&s->grad[i], n * 4);
       p->buf_grad[i] = (float *)(uintptr_t)s->grad[i];
@@ -309,13 +230,13 @@ static flex_status grad_finish(const RtCall *c, Scratch *s, RtCuStream strm) {
   for (int i = 0; i < c->mod->nbuffers; i++) {
     if (!s->grad[i]) continue;
     const DLTensor *g = c->buf_grads[i];
-    size_t n = (size_t)numel(g);
+    size_t n = (size_t)rt_numel(g);
     float *f = base_alloc(n * 4 + 4);
     double *d = base_alloc(n * 8 + 8);
     flex_status st = rt_drv_memcpy_dtoh(f, s->grad[i], n * 4, strm);
     if (!st) st = rt_drv_sync(strm);
     for (size_t j = 0; !st && j < n; j++) d[j] = f[j];
-    if (!st) st = rt_drv_memcpy_htod((RtCuDevicePtr)(uintptr_t)data_of(g), d, n * 8, strm);
+    if (!st) st = rt_drv_memcpy_htod((RtCuDevicePtr)(uintptr_t)rt_data_of(g), d, n * 8, strm);
     if (!st) st = rt_drv_sync(strm);
     base_free(f);
     base_free(d);
@@ -329,12 +250,12 @@ static flex_status run_backward(const RtCall *c, FlexParams *p, RtCuModule mod,
   const flex_args *a = c->args;
   if (a->dlse) {
     bool same = a->lse && a->dlse->dtype.code == kDLFloat && a->dlse->dtype.bits == 32 &&
-                stride_of(a->dlse, 0) == p->lse_b && stride_of(a->dlse, 1) == p->lse_h &&
-                stride_of(a->dlse, 2) == 1;
+                rt_stride_of(a->dlse, 0) == p->lse_b && rt_stride_of(a->dlse, 1) == p->lse_h &&
+                rt_stride_of(a->dlse, 2) == 1;
     if (!same)
       return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend needs 'dlse' as float32 with the "
                                           "same strides as 'lse'");
-    p->dlse = (const float *)data_of(a->dlse);
+    p->dlse = (const float *)rt_data_of(a->dlse);
   }
   Scratch s;
   memset(&s, 0, sizeof s);
@@ -355,17 +276,28 @@ static flex_status run_backward(const RtCall *c, FlexParams *p, RtCuModule mod,
 /* Generate, compile (through the cache), load and launch. */
 static flex_status rt_cuda_run(const RtCall *c, FlexParams *p, int device, const char *arch) {
   Buf src = {0};
-  Launch fwd, bwd[3];
-  flex_status st = generate(c, arch, &src, &fwd, bwd);
+  Launch fwd, bwd[3], mb[2];
+  RtMaskPlan plan;
+  flex_status st = generate(c, arch, &src, &fwd, bwd, &plan, mb);
   RtCuModule mod = NULL;
   if (!st) st = rt_cuda_module_for(src.data, src.len, "cubin", arch, device, &mod);
   buf_free(&src);
   if (st) return st;
   RtCuStream strm = (RtCuStream)c->args->stream;
-  if (!c->backward) {
-    return launch(mod, &fwd, p, strm); /* asynchronous, like any launch on the caller's stream */
+  BuiltMask bm;
+  memset(&bm, 0, sizeof bm);
+  if (plan.build) st = build_mask(&plan, p, mod, mb, &bm, strm);
+  if (!st && !c->backward)
+    st = launch(mod, &fwd, p, strm); /* asynchronous, like any launch on the caller's stream */
+  else if (!st)
+    st = run_backward(c, p, mod, bwd, strm);
+  if (plan.build) { /* the launches read the built mask: wait before freeing it */
+    flex_status st2 = rt_drv_sync(strm);
+    for (int i = 0; i < 9; i++) rt_drv_free(bm.mem[i]);
+    if (!st) st = st2;
   }
-  return run_backward(c, p, mod, bwd, strm);
+  rt_launch_mask_free(&plan);
+  return st;
 }
 
 /* ---- one call ------------------------------------------------------------------- */

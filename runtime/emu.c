@@ -13,6 +13,7 @@
 #include "codegen/codegen.h"
 #include "kernels/params.cuh"
 #include "runtime/emu/emu_host.h"
+#include "runtime/launch.h"
 #include "runtime/npy.h"
 #include "runtime/rt.h"
 
@@ -29,48 +30,19 @@ typedef struct Stage {
   const DLTensor *dst[4];  /* the caller's tensors */
 } Stage;
 
-static int64_t stride_of(const DLTensor *t, int d) {
-  if (t->strides) return t->strides[d];
-  int64_t s = 1;
-  for (int i = t->ndim - 1; i > d; i--) s *= t->shape[i];
-  return s;
-}
-
-static char *data_of(const DLTensor *t) { return t ? (char *)t->data + t->byte_offset : NULL; }
-
-static FlexStrides strides4(const DLTensor *t) {
-  FlexStrides s = {0, 0, 0};
-  if (t) s = (FlexStrides){stride_of(t, 0), stride_of(t, 1), stride_of(t, 2)};
-  return s;
-}
-
 /* Register the bytes a tensor spans (non-negative strides). */
 static void add_tensor(Ranges *rs, const char *name, const DLTensor *t) {
   if (!t || !t->data || rs->n == 64) return;
   int64_t last = 0, es = (t->dtype.bits * t->dtype.lanes + 7) / 8;
   for (int d = 0; d < t->ndim; d++) {
     if (t->shape[d] == 0) return;
-    last += (t->shape[d] - 1) * stride_of(t, d);
+    last += (t->shape[d] - 1) * rt_stride_of(t, d);
   }
-  rs->r[rs->n++] = (EmuRange){(uintptr_t)data_of(t), (uint64_t)((last + 1) * es), name};
+  rs->r[rs->n++] = (EmuRange){(uintptr_t)rt_data_of(t), (uint64_t)((last + 1) * es), name};
 }
 
 static void add_raw(Ranges *rs, const char *name, const void *p, size_t bytes) {
   if (p && rs->n < 64) rs->r[rs->n++] = (EmuRange){(uintptr_t)p, bytes, name};
-}
-
-static FlexBlockList block_list(const DLTensor *num, const DLTensor *idx) {
-  FlexBlockList l;
-  memset(&l, 0, sizeof l);
-  if (!num || !idx) return l;
-  l.num = (const int32_t *)data_of(num), l.idx = (const int32_t *)data_of(idx);
-  l.num_b = num->shape[0] == 1 ? 0 : stride_of(num, 0);
-  l.num_h = num->shape[1] == 1 ? 0 : stride_of(num, 1);
-  l.num_r = stride_of(num, 2);
-  l.idx_b = idx->shape[0] == 1 ? 0 : stride_of(idx, 0);
-  l.idx_h = idx->shape[1] == 1 ? 0 : stride_of(idx, 1);
-  l.idx_r = stride_of(idx, 2);
-  return l;
 }
 
 static bool same_dtype(const DLTensor *t, DLDataType d) {
@@ -81,8 +53,8 @@ static bool same_dtype(const DLTensor *t, DLDataType d) {
 static void *stage_out(Stage *sg, int i, const DLTensor *t, DLDataType dt, FlexStrides *s,
                        Ranges *rs) {
   if (!t) return NULL;
-  *s = strides4(t);
-  if (same_dtype(t, dt)) return data_of(t);
+  *s = rt_strides4(t);
+  if (same_dtype(t, dt)) return rt_data_of(t);
   rt_array_init(&sg->a[i], dt, t->ndim, t->shape);
   sg->dst[i] = t;
   *s = (FlexStrides){t->shape[1] * t->shape[2] * t->shape[3], t->shape[2] * t->shape[3], t->shape[3]};
@@ -93,17 +65,17 @@ static void *stage_out(Stage *sg, int i, const DLTensor *t, DLDataType dt, FlexS
 /* The forward output as the backward's input, in the input dtype. */
 static const void *stage_in(Stage *sg, const DLTensor *t, DLDataType dt, FlexStrides *s, Ranges *rs) {
   if (!t) return NULL;
-  *s = strides4(t);
-  if (same_dtype(t, dt)) return data_of(t);
+  *s = rt_strides4(t);
+  if (same_dtype(t, dt)) return rt_data_of(t);
   rt_array_init(&sg->a[0], dt, t->ndim, t->shape);
   int64_t n = rt_array_count(&sg->a[0]);
   for (int64_t j = 0; j < n; j++) {
     int64_t off = 0, rem = j;
     for (int d = t->ndim - 1; d >= 0; d--) {
-      off += rem % t->shape[d] * stride_of(t, d);
+      off += rem % t->shape[d] * rt_stride_of(t, d);
       rem /= t->shape[d];
     }
-    double v = t->dtype.bits == 64 ? ((const double *)data_of(t))[off] : ((const float *)data_of(t))[off];
+    double v = t->dtype.bits == 64 ? ((const double *)rt_data_of(t))[off] : ((const float *)rt_data_of(t))[off];
     rt_array_set(&sg->a[0], j, v);
   }
   *s = (FlexStrides){t->shape[1] * t->shape[2] * t->shape[3], t->shape[2] * t->shape[3], t->shape[3]};
@@ -120,76 +92,47 @@ static void stage_finish(Stage *sg, bool ok) {
     for (int64_t j = 0; ok && t && j < n; j++) {
       int64_t off = 0, rem = j;
       for (int d = t->ndim - 1; d >= 0; d--) {
-        off += rem % t->shape[d] * stride_of(t, d);
+        off += rem % t->shape[d] * rt_stride_of(t, d);
         rem /= t->shape[d];
       }
       double v = rt_array_get(&sg->a[i], j);
-      if (t->dtype.bits == 64) ((double *)data_of(t))[off] = v;
-      else ((float *)data_of(t))[off] = (float)v;
+      if (t->dtype.bits == 64) ((double *)rt_data_of(t))[off] = v;
+      else ((float *)rt_data_of(t))[off] = (float)v;
     }
     rt_array_free(&sg->a[i]);
   }
 }
 
-/* FlexParams from the call; every tensor registered in rs. */
+/* FlexParams from the call (runtime/launch.c); every tensor registered in
+ * rs; outputs in another dtype staged. */
 static flex_status fill(const RtCall *c, FlexParams *p, Ranges *rs, Stage *sg) {
   const flex_args *a = c->args;
-  const IrModule *m = c->mod;
-  memset(p, 0, sizeof *p);
-  if (m->nparams > FLEX_MAX_PARAMS || m->nbuffers > FLEX_MAX_BUFFERS || m->nsizes > FLEX_MAX_SIZES)
-    return rt_err(FLEX_ERR_UNSUPPORTED, "the emu backend supports at most %d params and %d buffers",
-                  FLEX_MAX_PARAMS, FLEX_MAX_BUFFERS);
-  if (a->lse && (a->lse->dtype.code != kDLFloat || a->lse->dtype.bits != 32 || stride_of(a->lse, 2) != 1))
-    return rt_err(FLEX_ERR_UNSUPPORTED, "the emu backend needs 'lse' as float32 with unit stride");
+  flex_status st = rt_launch_fill(c, p, "emu");
+  if (st) return st;
   const char *names[] = {"q", "k", "v", "out", "lse", "dout", "dlse", "dq", "dk", "dv"};
   const DLTensor *ts[] = {a->q, a->k, a->v, a->out, a->lse, a->dout, a->dlse, a->dq, a->dk, a->dv};
   for (int i = 0; i < 10; i++) add_tensor(rs, names[i], ts[i]);
+  for (int i = 0; i < c->mod->nbuffers; i++)
+    add_tensor(rs, c->mod->buffers[i].id, c->buf_tensors[i]);
   p->out = c->backward ? (void *)stage_in(sg, a->out, c->dtype, &p->so, rs)
                        : stage_out(sg, 0, a->out, c->dtype, &p->so, rs);
-  p->lse = (float *)data_of(a->lse);
-  p->q = data_of(a->q), p->k = data_of(a->k), p->v = data_of(a->v);
-  p->sq = strides4(a->q), p->sk = strides4(a->k), p->sv = strides4(a->v);
-  if (a->lse) p->lse_b = stride_of(a->lse, 0), p->lse_h = stride_of(a->lse, 1);
-  for (int i = 0; i < m->nparams; i++) {
-    if (m->params[i].type == IT_F32) p->pf[i] = (float)c->params[i].f;
-    else p->pi[i] = c->params[i].i;
-  }
-  for (int i = 0; i < m->nsizes; i++) p->sizes[i] = c->sizes[i];
-  for (int i = 0; i < m->nbuffers; i++) {
-    p->buf[i] = data_of(c->buf_tensors[i]);
-    add_tensor(rs, m->buffers[i].id, c->buf_tensors[i]);
-  }
-  p->B = c->B, p->H = c->H, p->HKV = c->HKV, p->G = c->G;
-  p->q_len = c->QL, p->kv_len = c->KL, p->E = c->E, p->EV = c->EV;
-  p->scale = (float)c->scale;
-  if (a->block_mask) {
-    const flex_block_mask *bm = a->block_mask;
-    p->block_q = bm->block_q ? bm->block_q : 128;
-    p->block_kv = bm->block_kv ? bm->block_kv : 128;
-    p->kv_list = block_list(bm->kv_num_blocks, bm->kv_indices);
-    p->full_kv_list = block_list(bm->full_kv_num_blocks, bm->full_kv_indices);
-    p->q_list = block_list(bm->q_num_blocks, bm->q_indices);
-    p->full_q_list = block_list(bm->full_q_num_blocks, bm->full_q_indices);
-    const DLTensor *bt[] = {bm->kv_num_blocks, bm->kv_indices, bm->full_kv_num_blocks,
-                            bm->full_kv_indices, bm->q_num_blocks, bm->q_indices,
-                            bm->full_q_num_blocks, bm->full_q_indices};
-    for (int i = 0; i < 8; i++) add_tensor(rs, "block_mask", bt[i]);
-  }
-  p->vec16 = 0; /* keep the scalar path: host tensors need not be 16-byte aligned */
   if (c->backward) {
     p->dq = stage_out(sg, 1, a->dq, c->dtype, &p->sdq, rs);
     p->dk = stage_out(sg, 2, a->dk, c->dtype, &p->sdk, rs);
     p->dv = stage_out(sg, 3, a->dv, c->dtype, &p->sdv, rs);
-    p->dout = data_of(a->dout);
-    p->dlse = (const float *)data_of(a->dlse);
-    p->sdo = strides4(a->dout);
   }
   return FLEX_OK;
 }
 
-/* Run one entry; a failure becomes the call's error. */
+/* What the last call on this thread did (rt_emu_last_stats). */
+static _Thread_local RtEmuStats last_stats;
+
+RtEmuStats rt_emu_last_stats(void) { return last_stats; }
+
+/* Run one entry; a failure becomes the call's error. Adds the tiles its
+ * walks visited to *tiles (may be NULL). */
 static flex_status launch(EmuModule *mod, const char *entry, CgLaunch g, const FlexParams *p,
-                          const Ranges *rs) {
+                          const Ranges *rs, uint64_t *tiles) {
   EmuLaunch L;
   memset(&L, 0, sizeof L);
   L.kernel = entry;
@@ -201,92 +144,165 @@ static flex_status launch(EmuModule *mod, const char *entry, CgLaunch g, const F
   L.nranges = rs->n;
   flex_status st = emu_module_launch(mod, &L, NULL);
   if (st) return rt_err(st, "emulator: %s", L.error);
+  if (tiles) *tiles += L.tiles;
   return FLEX_OK;
 }
 
-/* Generate the source and get its module. */
-static flex_status module_for(const RtCall *c, CgOptions *o, EmuModule **mod) {
+/* Generate the source (mask mode from the plan) and get its module. */
+static flex_status module_for(const RtCall *c, CgOptions *o, RtMaskPlan *plan, EmuModule **mod) {
   char err[512];
   CgDtype dt = c->dtype.code == kDLBfloat ? CG_BF16 : c->dtype.bits == 16 ? CG_FP16 : CG_FP32;
   if (!cg_options_init(o, c->mod, dt, c->E, c->EV, CG_SM80, c->backward, err, sizeof err))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the emu backend cannot run this call: %s", err);
-  if (o->has_mask) o->mask_mode = c->args->block_mask ? CG_MASK_LISTS : CG_MASK_DENSE;
-  else o->mask_mode = c->args->block_mask ? CG_MASK_LISTS : CG_MASK_NONE;
+  flex_status st = rt_launch_mask_plan(c, o, true, plan);
+  if (st) return st;
   o->source = c->kernel->src.path;
   Buf src = {0}, log = {0};
   cg_emit_cuda(&src, c->mod, o);
   const char *rc = getenv("FLEXC_EMU_RACECHECK");
   EmuBuildOpts bo = {.racecheck = rc && *rc && strcmp(rc, "0") != 0};
-  flex_status st = emu_module_get(mod, src.data, &bo, &log);
+  st = emu_module_get(mod, src.data, &bo, &log);
   if (st) st = rt_err(st, "emulator: %s", log.data ? log.data : "build failed");
   buf_free(&src);
   buf_free(&log);
   return st;
 }
 
-flex_status rt_emu_forward(const RtCall *c) {
-  FlexParams p;
-  Ranges rs = {.n = 0};
-  CgOptions o;
-  EmuModule *mod;
-  Stage sg;
-  memset(&sg, 0, sizeof sg);
-  flex_status st = fill(c, &p, &rs, &sg);
-  if (!st) st = module_for(c, &o, &mod);
-  if (!st) st = launch(mod, "flex_fwd", cg_launch_fwd(&o, c->B, c->H, c->QL), &p, &rs);
-  stage_finish(&sg, st == FLEX_OK);
+/* Memory of a built BlockMask (host memory plays device memory). */
+typedef struct Built {
+  unsigned char *cls; /* class byte per block */
+  int32_t *arr[8];    /* the lists, as FlexParams.mask_out */
+} Built;
+
+static void built_free(Built *b) {
+  base_free(b->cls);
+  for (int i = 0; i < 8; i++) base_free(b->arr[i]);
+}
+
+/* The walk lists of the call: a caller's BlockMask (normalised), or one
+ * built by flex_mask_build + flex_mask_lists; nothing for NONE / IMPLICIT. */
+static flex_status mask_lists(EmuModule *mod, const CgOptions *o, const RtMaskPlan *plan,
+                              FlexParams *p, Ranges *rs, Built *bl) {
+  if (plan->user) {
+    rt_launch_user_lists(p, plan);
+    const RtBlockMask *b = &plan->bm;
+    size_t bh = (size_t)b->B * (size_t)b->H, nq = (size_t)b->nq, nkv = (size_t)b->nkv;
+    const FlexBlockList *l[4] = {&p->kv_list, &p->full_kv_list, &p->q_list, &p->full_q_list};
+    size_t rows[4] = {nq, nq, nkv, nkv}, cols[4] = {nkv, nkv, nq, nq};
+    for (int i = 0; i < 4; i++) {
+      add_raw(rs, "block_mask", l[i]->num, bh * rows[i] * 4);
+      add_raw(rs, "block_mask", l[i]->idx, bh * rows[i] * cols[i] * 4);
+    }
+    return FLEX_OK;
+  }
+  if (!plan->build) return FLEX_OK;
+  size_t bytes[9];
+  rt_launch_mask_bytes(plan, bytes);
+  bl->cls = base_alloc(bytes[8] + 1);
+  add_raw(rs, "mask classes", bl->cls, bytes[8]);
+  for (int i = 0; i < 8; i++) {
+    bl->arr[i] = base_alloc(bytes[i] + 4);
+    add_raw(rs, "built block mask", bl->arr[i], bytes[i]);
+  }
+  rt_launch_builder(p, plan, bl->cls, bl->arr);
+  flex_status st = launch(mod, "flex_mask_build", cg_launch_mask_build(o, plan->Bm, plan->Hm, plan->nq),
+                          p, rs, NULL);
+  if (!st)
+    st = launch(mod, "flex_mask_lists",
+                cg_launch_mask_lists(o, plan->Bm, plan->Hm, plan->nq, plan->nkv), p, rs, NULL);
+  last_stats.built = !st;
+  for (size_t i = 0; !st && i < bytes[8]; i++)
+    if (bl->cls[i] <= 2) last_stats.blocks[bl->cls[i]]++;
   return st;
 }
 
-flex_status rt_emu_backward(const RtCall *c) {
-  FlexParams p;
-  Ranges rs = {.n = 0};
-  CgOptions o;
-  EmuModule *mod;
-  Stage sg;
-  memset(&sg, 0, sizeof sg);
-  flex_status st = fill(c, &p, &rs, &sg);
-  if (!st) st = module_for(c, &o, &mod);
-  if (st) {
-    stage_finish(&sg, false);
-    return st;
-  }
-  size_t rows = (size_t)c->B * (size_t)c->H * (size_t)c->QL;
-  float *grads[FLEX_MAX_BUFFERS] = {0};
-  p.dq_acc = base_alloc(rows * (size_t)c->E * 4 + 4);
-  p.delta = base_alloc(rows * 4 + 4);
-  add_raw(&rs, "dq_acc", p.dq_acc, rows * (size_t)c->E * 4);
-  add_raw(&rs, "delta", p.delta, rows * 4);
+/* Everything a call sets up before its kernels run. */
+typedef struct Setup {
+  FlexParams p;       /* the params struct */
+  Ranges rs;          /* registered allocations */
+  CgOptions o;        /* what was generated */
+  RtMaskPlan plan;    /* how the mask is handled */
+  EmuModule *mod;     /* the compiled module */
+  Stage sg;           /* staged outputs */
+  Built bl;           /* a built BlockMask */
+} Setup;
+
+static flex_status setup(const RtCall *c, Setup *s) {
+  memset(s, 0, sizeof *s);
+  memset(&last_stats, 0, sizeof last_stats);
+  flex_status st = fill(c, &s->p, &s->rs, &s->sg);
+  if (!st) st = module_for(c, &s->o, &s->plan, &s->mod);
+  if (!st) st = mask_lists(s->mod, &s->o, &s->plan, &s->p, &s->rs, &s->bl);
+  last_stats.mode = s->o.mask_mode;
+  last_stats.vec16 = s->p.vec16 != 0;
+  return st;
+}
+
+static void teardown(Setup *s, bool ok) {
+  stage_finish(&s->sg, ok);
+  built_free(&s->bl);
+  rt_launch_mask_free(&s->plan);
+}
+
+flex_status rt_emu_forward(const RtCall *c) {
+  Setup s;
+  flex_status st = setup(c, &s);
+  if (!st)
+    st = launch(s.mod, "flex_fwd", cg_launch_fwd(&s.o, c->B, c->H, c->QL), &s.p, &s.rs,
+                &last_stats.fwd_tiles);
+  teardown(&s, st == FLEX_OK);
+  return st;
+}
+
+/* Widen the fp32 accumulators into the caller's gradient tensors. */
+static void grads_finish(const RtCall *c, float *const grads[FLEX_MAX_BUFFERS]) {
   for (int i = 0; i < c->mod->nbuffers; i++) {
     const DLTensor *g = c->buf_grads[i];
     if (!g) continue;
-    size_t n = 1;
-    for (int d = 0; d < g->ndim; d++) n *= (size_t)g->shape[d];
-    grads[i] = p.buf_grad[i] = base_alloc(n * 4 + 4); /* zeroed */
-    add_raw(&rs, "buffer gradient", grads[i], n * 4);
-  }
-  st = launch(mod, "flex_bwd_pre", cg_launch_bwd_pre(&o, c->B, c->H, c->QL), &p, &rs);
-  if (!st) st = launch(mod, "flex_bwd", cg_launch_bwd(&o, c->B, c->HKV, c->KL), &p, &rs);
-  if (!st) st = launch(mod, "flex_bwd_dq", cg_launch_bwd_dq(&o, c->B, c->H, c->QL), &p, &rs);
-  /* Widen the fp32 accumulators into the caller's gradient tensors. */
-  for (int i = 0; !st && i < c->mod->nbuffers; i++) {
-    const DLTensor *g = c->buf_grads[i];
-    if (!g) continue;
-    size_t n = 1;
-    for (int d = 0; d < g->ndim; d++) n *= (size_t)g->shape[d];
+    size_t n = (size_t)rt_numel(g);
     for (size_t j = 0; j < n; j++) {
       size_t off = 0, rem = j;
       for (int d = g->ndim - 1; d >= 0; d--) {
-        off += (rem % (size_t)g->shape[d]) * (size_t)stride_of(g, d);
+        off += (rem % (size_t)g->shape[d]) * (size_t)rt_stride_of(g, d);
         rem /= (size_t)g->shape[d];
       }
-      if (g->dtype.bits == 64) ((double *)data_of(g))[off] = grads[i][j];
-      else ((float *)data_of(g))[off] = grads[i][j];
+      if (g->dtype.bits == 64) ((double *)rt_data_of(g))[off] = grads[i][j];
+      else ((float *)rt_data_of(g))[off] = grads[i][j];
     }
   }
-  stage_finish(&sg, st == FLEX_OK);
+}
+
+flex_status rt_emu_backward(const RtCall *c) {
+  Setup s;
+  flex_status st = setup(c, &s);
+  if (st) {
+    teardown(&s, false);
+    return st;
+  }
+  FlexParams *p = &s.p;
+  size_t rows = (size_t)c->B * (size_t)c->H * (size_t)c->QL;
+  float *grads[FLEX_MAX_BUFFERS] = {0};
+  p->dq_acc = base_alloc(rows * (size_t)c->E * 4 + 4);
+  p->delta = base_alloc(rows * 4 + 4);
+  add_raw(&s.rs, "dq_acc", p->dq_acc, rows * (size_t)c->E * 4);
+  add_raw(&s.rs, "delta", p->delta, rows * 4);
+  for (int i = 0; i < c->mod->nbuffers; i++) {
+    const DLTensor *g = c->buf_grads[i];
+    if (!g) continue;
+    size_t n = (size_t)rt_numel(g);
+    grads[i] = p->buf_grad[i] = base_alloc(n * 4 + 4); /* zeroed */
+    add_raw(&s.rs, "buffer gradient", grads[i], n * 4);
+  }
+  st = launch(s.mod, "flex_bwd_pre", cg_launch_bwd_pre(&s.o, c->B, c->H, c->QL), p, &s.rs, NULL);
+  if (!st)
+    st = launch(s.mod, "flex_bwd", cg_launch_bwd(&s.o, c->B, c->HKV, c->KL), p, &s.rs,
+                &last_stats.bwd_tiles);
+  if (!st)
+    st = launch(s.mod, "flex_bwd_dq", cg_launch_bwd_dq(&s.o, c->B, c->H, c->QL), p, &s.rs, NULL);
+  if (!st) grads_finish(c, grads);
+  teardown(&s, st == FLEX_OK);
   for (int i = 0; i < FLEX_MAX_BUFFERS; i++) base_free(grads[i]);
-  base_free(p.dq_acc);
-  base_free(p.delta);
+  base_free(p->dq_acc);
+  base_free(p->delta);
   return st;
 }

@@ -1,0 +1,225 @@
+/* launch.c: FlexParams and the mask plan of a call, shared by the emulator
+ * (emu.c) and the CUDA backend (cuda.c) so the two launch exactly the same
+ * way. */
+#include "runtime/launch.h"
+
+#include <string.h>
+
+#include "ir/interval.h"
+
+int64_t rt_stride_of(const DLTensor *t, int d) {
+  if (t->strides) return t->strides[d];
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i > d; i--) s *= t->shape[i];
+  return s;
+}
+
+char *rt_data_of(const DLTensor *t) { return t ? (char *)t->data + t->byte_offset : NULL; }
+
+FlexStrides rt_strides4(const DLTensor *t) {
+  FlexStrides s = {0, 0, 0};
+  if (t) s = (FlexStrides){rt_stride_of(t, 0), rt_stride_of(t, 1), rt_stride_of(t, 2)};
+  return s;
+}
+
+int64_t rt_numel(const DLTensor *t) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+  return n;
+}
+
+bool rt_contiguous(const DLTensor *t) {
+  int64_t want = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    if (t->shape[d] != 1 && rt_stride_of(t, d) != want) return false;
+    want *= t->shape[d];
+  }
+  return true;
+}
+
+/* 16-byte aligned base and every non-last stride a multiple of 16 bytes
+ * (8 elements of a 16-bit dtype): each row a tile loader reads starts on a
+ * 16-byte boundary. */
+static bool aligned16(const DLTensor *t) {
+  if (!t) return true;
+  int64_t es = (t->dtype.bits + 7) / 8;
+  if (((uintptr_t)rt_data_of(t)) % 16) return false;
+  for (int d = 0; d + 1 < t->ndim; d++)
+    if ((rt_stride_of(t, d) * es) % 16) return false;
+  return true;
+}
+
+/* The 16-byte cp.async path: 16-bit elements, whole 16-byte chunks per row
+ * (E and EV multiples of 8, so no chunk crosses a row end), aligned rows. */
+static bool use_vec16(const RtCall *c) {
+  const flex_args *a = c->args;
+  return c->dtype.bits == 16 && c->E % 8 == 0 && c->EV % 8 == 0 && aligned16(a->q) &&
+         aligned16(a->k) && aligned16(a->v) && (!c->backward || aligned16(a->dout));
+}
+
+flex_status rt_launch_fill(const RtCall *c, FlexParams *p, const char *backend) {
+  const flex_args *a = c->args;
+  const IrModule *m = c->mod;
+  memset(p, 0, sizeof *p);
+  if (m->nparams > FLEX_MAX_PARAMS || m->nbuffers > FLEX_MAX_BUFFERS || m->nsizes > FLEX_MAX_SIZES)
+    return rt_err(FLEX_ERR_UNSUPPORTED,
+                  "the %s backend supports at most %d params, %d buffers and %d sizes", backend,
+                  FLEX_MAX_PARAMS, FLEX_MAX_BUFFERS, FLEX_MAX_SIZES - SZ_COUNT);
+  if (a->lse && (a->lse->dtype.code != kDLFloat || a->lse->dtype.bits != 32 ||
+                 rt_stride_of(a->lse, 2) != 1))
+    return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend needs 'lse' as float32 with unit stride "
+                                        "along Q_LEN", backend);
+  p->out = rt_data_of(a->out), p->so = rt_strides4(a->out);
+  p->lse = (float *)rt_data_of(a->lse);
+  if (a->lse) p->lse_b = rt_stride_of(a->lse, 0), p->lse_h = rt_stride_of(a->lse, 1);
+  p->q = rt_data_of(a->q), p->k = rt_data_of(a->k), p->v = rt_data_of(a->v);
+  p->sq = rt_strides4(a->q), p->sk = rt_strides4(a->k), p->sv = rt_strides4(a->v);
+  for (int i = 0; i < m->nparams; i++) {
+    if (m->params[i].type == IT_F32) p->pf[i] = (float)c->params[i].f;
+    else p->pi[i] = c->params[i].i;
+  }
+  for (int i = 0; i < m->nsizes; i++) p->sizes[i] = c->sizes[i];
+  for (int i = 0; i < m->nbuffers; i++) {
+    const DLTensor *t = c->buf_tensors[i];
+    if (!t) continue;
+    if (!rt_contiguous(t))
+      return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend needs buffer '%s' contiguous "
+                                          "(row-major, no gaps)", backend, m->buffers[i].id);
+    p->buf[i] = rt_data_of(t);
+  }
+  p->B = c->B, p->H = c->H, p->HKV = c->HKV, p->G = c->G;
+  p->q_len = c->QL, p->kv_len = c->KL, p->E = c->E, p->EV = c->EV;
+  p->scale = (float)c->scale;
+  p->vec16 = use_vec16(c);
+  p->q_list.q_side = p->full_q_list.q_side = 1; /* see kernels/walk.cuh */
+  if (c->backward) {
+    p->dq = rt_data_of(a->dq), p->dk = rt_data_of(a->dk), p->dv = rt_data_of(a->dv);
+    p->sdq = rt_strides4(a->dq), p->sdk = rt_strides4(a->dk), p->sdv = rt_strides4(a->dv);
+    p->dout = rt_data_of(a->dout), p->sdo = rt_strides4(a->dout);
+    p->dlse = (const float *)rt_data_of(a->dlse);
+  }
+  return FLEX_OK;
+}
+
+/* ---- the mask plan ---------------------------------------------------------- */
+
+/* The caller's BlockMask, validated and normalised; its blocks must split
+ * into the kernels' tiles. */
+static flex_status user_plan(const RtCall *c, const CgOptions *o, RtMaskPlan *plan) {
+  const flex_block_mask *u = c->args->block_mask;
+  RtMaskShape shape = {c->B, c->H, c->QL, c->KL, u->block_q, u->block_kv};
+  char err[512];
+  flex_status st = rt_block_mask_from_user(&plan->bm, u, &shape, err, sizeof err);
+  if (st) return rt_err(st, "%s", err);
+  plan->user = true;
+  if (!cg_mask_blocks_ok(o, plan->bm.block_q, plan->bm.block_kv))
+    return rt_err(FLEX_ERR_UNSUPPORTED,
+                  "block_mask blocks of %dx%d do not split into this kernel's tiles (forward "
+                  "%dx%d, backward %dx%d): use multiples of those", plan->bm.block_q,
+                  plan->bm.block_kv, o->fwd.block_m, o->fwd.block_n, o->bwd.block_m,
+                  o->bwd.block_n);
+  return FLEX_OK;
+}
+
+flex_status rt_launch_mask_plan(const RtCall *c, CgOptions *o, bool host_mask, RtMaskPlan *plan) {
+  memset(plan, 0, sizeof *plan);
+  o->mask_builder = false;
+  if (c->args->block_mask) {
+    plan->mode = o->mask_mode = CG_MASK_LISTS;
+    return host_mask ? user_plan(c, o, plan) : FLEX_OK;
+  }
+  if (!o->has_mask) {
+    plan->mode = o->mask_mode = CG_MASK_NONE;
+  } else if (ir_interval_decidable(c->mod)) {
+    plan->mode = o->mask_mode = CG_MASK_IMPLICIT;
+  } else {
+    plan->mode = o->mask_mode = CG_MASK_LISTS;
+    plan->build = o->mask_builder = true;
+    cg_mask_blocks(o, &plan->block_q, &plan->block_kv);
+    plan->Bm = ir_interval_uses_arg(c->mod, ARG_B) ? c->B : 1;
+    plan->Hm = ir_interval_uses_arg(c->mod, ARG_H) ? c->H : 1;
+    plan->nq = (c->QL + plan->block_q - 1) / plan->block_q;
+    plan->nkv = (c->KL + plan->block_kv - 1) / plan->block_kv;
+  }
+  return FLEX_OK;
+}
+
+void rt_launch_mask_free(RtMaskPlan *plan) {
+  if (plan->user) rt_block_mask_free(&plan->bm);
+  plan->user = false;
+}
+
+void rt_launch_mask_bytes(const RtMaskPlan *plan, size_t bytes[9]) {
+  size_t bh = (size_t)plan->Bm * (size_t)plan->Hm, nq = (size_t)plan->nq, nkv = (size_t)plan->nkv;
+  size_t sz[9] = {bh * nq, bh * nq * nkv, bh * nq, bh * nq * nkv,
+                  bh * nkv, bh * nkv * nq, bh * nkv, bh * nkv * nq, bh * nq * nkv};
+  for (int i = 0; i < 9; i++) bytes[i] = sz[i] * (i < 8 ? 4 : 1);
+}
+
+/* One side: num [B', H', rows], idx [B', H', rows, cols]; broadcast dims stride 0. */
+static FlexBlockList side(const int32_t *num, const int32_t *idx, int Bm, int Hm, int rows,
+                          int cols) {
+  FlexBlockList l;
+  memset(&l, 0, sizeof l);
+  if (!num || !idx) return l;
+  l.num = num, l.idx = idx;
+  l.num_r = 1, l.num_h = Hm == 1 ? 0 : rows, l.num_b = Bm == 1 ? 0 : (int64_t)Hm * rows;
+  l.idx_r = cols, l.idx_h = Hm == 1 ? 0 : (int64_t)rows * cols;
+  l.idx_b = Bm == 1 ? 0 : (int64_t)Hm * rows * cols;
+  return l;
+}
+
+void rt_launch_set_lists(FlexParams *p, int32_t *const arr[8], int Bm, int Hm, int nq, int nkv,
+                         int block_q, int block_kv) {
+  p->kv_list = side(arr[0], arr[1], Bm, Hm, nq, nkv);
+  p->full_kv_list = side(arr[2], arr[3], Bm, Hm, nq, nkv);
+  p->q_list = side(arr[4], arr[5], Bm, Hm, nkv, nq);
+  p->full_q_list = side(arr[6], arr[7], Bm, Hm, nkv, nq);
+  p->q_list.q_side = p->full_q_list.q_side = 1;
+  p->block_q = block_q;
+  p->block_kv = block_kv;
+}
+
+void rt_launch_builder(FlexParams *p, const RtMaskPlan *plan, unsigned char *cls,
+                       int32_t *const arr[8]) {
+  p->mask_cls = cls;
+  memcpy(p->mask_out, arr, sizeof p->mask_out);
+  p->mask_B = plan->Bm, p->mask_H = plan->Hm;
+  p->mask_nq = plan->nq, p->mask_nkv = plan->nkv;
+  rt_launch_set_lists(p, arr, plan->Bm, plan->Hm, plan->nq, plan->nkv, plan->block_q,
+                      plan->block_kv);
+}
+
+void rt_launch_user_lists(FlexParams *p, const RtMaskPlan *plan) {
+  const RtBlockMask *b = &plan->bm;
+  int32_t *const arr[8] = {b->kv_num_blocks, b->kv_indices, b->full_kv_num_blocks,
+                           b->full_kv_indices, b->q_num_blocks, b->q_indices,
+                           b->full_q_num_blocks, b->full_q_indices};
+  rt_launch_set_lists(p, arr, b->B, b->H, b->nq, b->nkv, b->block_q, b->block_kv);
+}
+
+/* One side of a caller's mask (NULL tensors give an empty list). */
+static FlexBlockList tensor_side(const DLTensor *num, const DLTensor *idx) {
+  FlexBlockList l;
+  memset(&l, 0, sizeof l);
+  if (!num || !idx) return l;
+  l.num = (const int32_t *)rt_data_of(num);
+  l.idx = (const int32_t *)rt_data_of(idx);
+  l.num_b = num->shape[0] == 1 ? 0 : rt_stride_of(num, 0);
+  l.num_h = num->shape[1] == 1 ? 0 : rt_stride_of(num, 1);
+  l.num_r = rt_stride_of(num, 2);
+  l.idx_b = idx->shape[0] == 1 ? 0 : rt_stride_of(idx, 0);
+  l.idx_h = idx->shape[1] == 1 ? 0 : rt_stride_of(idx, 1);
+  l.idx_r = rt_stride_of(idx, 2);
+  return l;
+}
+
+void rt_launch_tensor_lists(FlexParams *p, const flex_block_mask *u) {
+  p->block_q = u->block_q ? u->block_q : 128;
+  p->block_kv = u->block_kv ? u->block_kv : 128;
+  p->kv_list = tensor_side(u->kv_num_blocks, u->kv_indices);
+  p->full_kv_list = tensor_side(u->full_kv_num_blocks, u->full_kv_indices);
+  p->q_list = tensor_side(u->q_num_blocks, u->q_indices);
+  p->full_q_list = tensor_side(u->full_q_num_blocks, u->full_q_indices);
+  p->q_list.q_side = p->full_q_list.q_side = 1;
+}

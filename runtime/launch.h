@@ -1,0 +1,90 @@
+/* launch.h: what the emulator and the CUDA backend both do before a launch,
+ * written once: FlexParams from a validated call, the 16-byte load
+ * decision, and the mask plan (no mask, implicit classification, a
+ * caller's BlockMask, or a BlockMask built by the builder kernels).
+ *
+ *   rt_launch_fill         FlexParams from the call (tensors used in place)
+ *   rt_launch_mask_plan    pick the mask mode; validate a caller's BlockMask
+ *   rt_launch_set_lists    point the four walk lists at contiguous arrays
+ *   rt_launch_builder      the builder's fields of FlexParams
+ */
+#ifndef FLEXC_LAUNCH_H
+#define FLEXC_LAUNCH_H
+
+#include <stdint.h>
+
+#include "codegen/codegen.h"
+#include "kernels/params.cuh"
+#include "runtime/blockmask.h"
+#include "runtime/rt.h"
+
+/* Element stride of dimension d (compact when strides is NULL). */
+int64_t rt_stride_of(const DLTensor *t, int d);
+/* First element's address (NULL for a NULL tensor). */
+char *rt_data_of(const DLTensor *t);
+/* [B, heads, rows, cols] strides (zeros for a NULL tensor). */
+FlexStrides rt_strides4(const DLTensor *t);
+/* Elements of a tensor. */
+int64_t rt_numel(const DLTensor *t);
+/* Row-major with no gaps (extent-1 dims ignored). */
+bool rt_contiguous(const DLTensor *t);
+
+/* FlexParams from the call: every tensor in place (out/dq/dk/dv too: a
+ * backend that stages them overwrites those fields), params, sizes,
+ * buffers, and vec16 when its conditions hold (docs/kernels.md). The block
+ * lists are left empty (see the mask plan). */
+flex_status rt_launch_fill(const RtCall *c, FlexParams *p, const char *backend);
+
+/* How one call handles its mask. */
+typedef struct RtMaskPlan {
+  CgMaskMode mode;      /* what the kernels are generated with */
+  bool build;           /* run flex_mask_build + flex_mask_lists first */
+  bool user;            /* a caller's BlockMask, normalised into `bm` */
+  RtBlockMask bm;       /* the caller's mask in normal form (host memory) */
+  int Bm, Hm;           /* the built mask's stored extents (1: broadcast) */
+  int block_q, block_kv; /* the built mask's block sizes */
+  int nq, nkv;          /* its block counts */
+} RtMaskPlan;
+
+/* Pick the mask mode for call c and set o->mask_mode / o->mask_builder:
+ * a caller's BlockMask (validated and normalised with
+ * rt_block_mask_from_user when `host_mask`; its blocks must be multiples
+ * of the kernels' tiles) -> LISTS; no mask -> NONE; a mask the analysis
+ * decides -> IMPLICIT; otherwise LISTS from the builder. Free with
+ * rt_launch_mask_free. */
+flex_status rt_launch_mask_plan(const RtCall *c, CgOptions *o, bool host_mask, RtMaskPlan *plan);
+void rt_launch_mask_free(RtMaskPlan *plan);
+
+/* Bytes of the builder's arrays: [0..7] as FlexParams.mask_out, [8] the class bytes. */
+void rt_launch_mask_bytes(const RtMaskPlan *plan, size_t bytes[9]);
+
+/* Point p's walk lists at eight contiguous int32 arrays laid out as
+ * RtBlockMask's ([B', H', rows], [B', H', rows, cols]; B', H' = Bm, Hm,
+ * broadcast when 1); full arrays may be NULL. Sets block_q / block_kv. */
+void rt_launch_set_lists(FlexParams *p, int32_t *const arr[8], int Bm, int Hm, int nq, int nkv,
+                         int block_q, int block_kv);
+
+/* The builder's fields: class bytes and the eight output arrays (each
+ * sized by rt_launch_mask_bytes), which also become the walk lists. */
+void rt_launch_builder(FlexParams *p, const RtMaskPlan *plan, unsigned char *cls,
+                       int32_t *const arr[8]);
+
+/* A caller's BlockMask used in place (device tensors the runtime cannot
+ * read): each side from its DLTensors, broadcast dims stride 0. */
+void rt_launch_tensor_lists(FlexParams *p, const flex_block_mask *u);
+
+/* The mask's lists of a plan with a caller's BlockMask. */
+void rt_launch_user_lists(FlexParams *p, const RtMaskPlan *plan);
+
+/* What the last emulator call on this thread did (tests). */
+typedef struct RtEmuStats {
+  uint64_t fwd_tiles;     /* tiles flex_fwd visited (all CTAs) */
+  uint64_t bwd_tiles;     /* tiles flex_bwd visited (all CTAs, every head of a group) */
+  bool built;             /* the BlockMask came from the builder kernels */
+  CgMaskMode mode;        /* the mask mode the kernels ran with */
+  int64_t blocks[3];      /* built masks: empty, full, partial blocks */
+  bool vec16;             /* the 16-byte cp.async path was on */
+} RtEmuStats;
+RtEmuStats rt_emu_last_stats(void);
+
+#endif
