@@ -2,14 +2,18 @@
  *
  * flex_bwd_pre: one thread per query row: D = rowsum(dO * O) - dLSE, and
  *   zeroes the row of the fp32 dQ accumulator.
- * flex_bwd_main: one CTA per (key tile of BN keys, kv head, batch). It walks
- *   every query head of its group (so grouped-query heads accumulate dK and
- *   dV in registers, no atomics) and, per head, the query tiles that see its
- *   keys; recomputes P from LSE; dV += P^T dO; dP = dO V^T; dt = P (dP - D);
- *   ds = joint(s, ..., dt) only where P != 0 (ds = dt when d score/d s == 1);
- *   dK += scale ds^T Q; dQ += scale ds K with fp32 atomics.
- *   All arithmetic is fp32 FMA on tiles staged (converted to fp32) in
- *   shared memory; 128 threads, TPR = 128 / BN threads per key row.
+ * flex_bwd_tc (fp16/bf16) and flex_bwd_main (fp32): one CTA per (key tile
+ *   of BN keys, kv head, batch). It walks every query head of its group (so
+ *   grouped-query heads accumulate dK and dV in registers, no atomics) and,
+ *   per head, the query tiles that see its keys; recomputes P from LSE;
+ *   dV += P^T dO; dP = dO V^T; dt = P (dP - D); ds = joint(s, ..., dt) only
+ *   where P != 0 (ds = dt when d score/d s == 1); dK += scale ds^T Q;
+ *   dQ += scale ds K with fp32 atomics.
+ *   flex_bwd_tc runs the five products on mma.sync m16n8k16 (fp32
+ *   accumulators, operands from padded shared memory via ldmatrix, P and dS
+ *   rounded to the input dtype as FlashAttention-2 does); flex_bwd_main is
+ *   fp32 FMA on tiles in shared memory, 128 threads, TPR = 128 / BN threads
+ *   per key row.
  * flex_bwd_dq: one thread per query row: dQ accumulator -> dq (its dtype).
  */
 #ifndef FLEX_BWD_CUH
@@ -17,6 +21,7 @@
 
 #include "common.cuh"
 #include "walk.cuh"
+#include "tile.cuh"
 
 /* El: element type; EV: padded value head dim (a loop bound). */
 template <class El, int EV>
@@ -65,6 +70,8 @@ __device__ __forceinline__ void flex_bwd_elem(const FlexParams &p, float qk, flo
   *P = pr;
   *dS = JOINT ? flex_joint(p, s, b, h, qi, kj, dt) : dt;
 }
+
+/* ---- fp32 SIMT ---------------------------------------------------------- */
 
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
 __device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
@@ -156,6 +163,224 @@ __device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
 #pragma unroll
   for (int j = 0; j < EVP / TPR; j++)
     if (tr + TPR * j < p.EV) El::store(dvp + tr + TPR * j, dv[j]);
+}
+
+/* ---- tensor cores (fp16, bf16) ----------------------------------------- */
+
+/* Shapes of the tensor-core backward. 4 warps. Warp w works on key group
+ * kg = w % WK (16 keys) and split sp = w / WK: in the score phase the split
+ * picks BMW of the BM query rows, in the accumulate phase it picks every
+ * NS-th 16-column group of dK and dV (so each thread holds
+ * (EP + EVP) * BN / 128 accumulators). For dQ, warp w owns query rows
+ * 16w .. 16w + 15 of the tile. */
+template <int EP, int EVP, int BM, int BN>
+struct FlexBwdShape {
+  static constexpr int WK = BN / 16, NS = 4 / WK, BMW = BM / NS;
+  static constexpr int KS = EP + 8, VS = EVP + 8, PS = BM + 8; /* smem row pitches, elements */
+  static constexpr int NGK = (EP / 16 + NS - 1) / NS, NGV = (EVP / 16 + NS - 1) / NS;
+  static_assert(BM == 64 && (BN == 16 || BN == 32 || BN == 64), "4 warps: dQ takes 16 rows each");
+  static_assert(BMW % 16 == 0, "a warp's query rows are whole ldmatrix.x4 B tiles");
+};
+
+/* S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x BMW queries, then
+ * P^T and dS^T (both 0 where masked) rounded into sP and sdS [key][query]. */
+template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
+__device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, const typename El::T *sK,
+                                                   const typename El::T *sV,
+                                                   const typename El::T *sQ,
+                                                   const typename El::T *sO, typename El::T *sP,
+                                                   typename El::T *sS, const float *sL,
+                                                   const float *sD, int b, int h, int m0, int n0,
+                                                   bool full) {
+  typedef FlexBwdShape<EP, EVP, BM, BN> S;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int kr = warp % S::WK * 16, qc = warp / S::WK * S::BMW; /* first key, first query */
+  float st[S::BMW / 8][4], dpt[S::BMW / 8][4];
+#pragma unroll
+  for (int j = 0; j < S::BMW / 8; j++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) st[j][c] = dpt[j][c] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < EP / 16; kk++) {
+    uint32_t a[4];
+    flex_ldmatrix_x4(a, sK + (kr + (lane & 15)) * S::KS + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+    for (int nt = 0; nt < S::BMW / 16; nt++) {
+      uint32_t bq[4];
+      flex_ldmatrix_x4(bq, sQ + (qc + nt * 16 + (lane & 7) + (lane >> 4) * 8) * S::KS + kk * 16 +
+                               ((lane >> 3) & 1) * 8);
+      El::mma(st[2 * nt], a, bq);
+      El::mma(st[2 * nt + 1], a, bq + 2);
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < EVP / 16; kk++) {
+    uint32_t a[4];
+    flex_ldmatrix_x4(a, sV + (kr + (lane & 15)) * S::VS + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+    for (int nt = 0; nt < S::BMW / 16; nt++) {
+      uint32_t bo[4];
+      flex_ldmatrix_x4(bo, sO + (qc + nt * 16 + (lane & 7) + (lane >> 4) * 8) * S::VS + kk * 16 +
+                               ((lane >> 3) & 1) * 8);
+      El::mma(dpt[2 * nt], a, bo);
+      El::mma(dpt[2 * nt + 1], a, bo + 2);
+    }
+  }
+  /* Accumulator element c of tile j: key kr + g + 8 (c / 2), query qc + 8 j + 2 t4 + c % 2. */
+#pragma unroll
+  for (int j = 0; j < S::BMW / 8; j++)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const int key = kr + g + 8 * r, qm = qc + 8 * j + 2 * t4;
+      float pr[2], ds[2];
+#pragma unroll
+      for (int c = 0; c < 2; c++)
+        flex_bwd_elem<MASK_MODE, SCORE_ID, JOINT>(p, st[j][2 * r + c], dpt[j][2 * r + c],
+                                                  sL[qm + c], sD[qm + c], b, h, m0 + qm + c,
+                                                  n0 + key, full, &pr[c], &ds[c]);
+      *(uint32_t *)(sP + key * S::PS + qm) = El::pack(pr[0], pr[1]);
+      *(uint32_t *)(sS + key * S::PS + qm) = El::pack(ds[0], ds[1]);
+    }
+}
+
+/* acc[i] += A (this warp's 16 keys x BM queries, sA [key][query]) times
+ * B (BM queries x the 16 columns of group sp + NS i, sB [query][col]). */
+template <class El, int NG, int NGRP, int BM, int PS, int BS>
+__device__ __forceinline__ void flex_bwd_tc_accum(float acc[NG][2][4], const typename El::T *sA,
+                                                  const typename El::T *sB, int kr, int sp,
+                                                  int NS) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int ks = 0; ks < BM / 16; ks++) {
+    uint32_t a[4];
+    flex_ldmatrix_x4(a, sA + (kr + (lane & 15)) * PS + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+    for (int i = 0; i < NG; i++) {
+      const int grp = sp + NS * i;
+      if (grp >= NGRP) break; /* warp-uniform */
+      uint32_t bb[4];
+      flex_ldmatrix_x4_trans(bb, sB + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * BS +
+                                     grp * 16 + (lane >> 4) * 8);
+      El::mma(acc[i][0], a, bb);
+      El::mma(acc[i][1], a, bb + 2);
+    }
+  }
+}
+
+/* dQ[rows 16 w ..] += scale dS K, added into the fp32 accumulator per element. */
+template <class El, int EP, int EVP, int BM, int BN>
+__device__ __forceinline__ void flex_bwd_tc_dq(const FlexParams &p, const typename El::T *sK,
+                                               const typename El::T *sS, float *dq, int m0) {
+  typedef FlexBwdShape<EP, EVP, BM, BN> S;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int qr = warp * 16;
+  if (m0 + qr >= p.q_len) return; /* warp-uniform: these rows do not exist */
+  uint32_t a[BN / 16][4]; /* dS rows qr.. as A fragments, read transposed from sS [key][query] */
+#pragma unroll
+  for (int ks = 0; ks < BN / 16; ks++)
+    flex_ldmatrix_x4_trans(a[ks], sS + (ks * 16 + (lane & 7) + (lane >> 4) * 8) * S::PS + qr +
+                                      ((lane >> 3) & 1) * 8);
+  for (int grp = 0; grp * 16 < p.E; grp++) {
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ks++) {
+      uint32_t bk[4];
+      flex_ldmatrix_x4_trans(bk, sK + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * S::KS +
+                                     grp * 16 + (lane >> 4) * 8);
+      El::mma(acc[0], a[ks], bk);
+      El::mma(acc[1], a[ks], bk + 2);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int row = qr + g + 8 * (c >> 1), col = grp * 16 + nt * 8 + 2 * t4 + (c & 1);
+        if (m0 + row < p.q_len && col < p.E && acc[nt][c] != 0.0f)
+          flex_atomic_add(dq + row * p.E + col, acc[nt][c] * p.scale);
+      }
+  }
+}
+
+/* Write this warp's accumulators (16 keys x its column groups) as dK or dV. */
+template <class El, int NG, int NGRP>
+__device__ __forceinline__ void flex_bwd_tc_store(typename El::T *dst, int64_t row_stride,
+                                                  const float acc[NG][2][4], float mul, int key0,
+                                                  int nkeys, int ncols, int sp, int NS) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+#pragma unroll
+  for (int i = 0; i < NG; i++)
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int key = key0 + g + 8 * (c >> 1), col = (sp + NS * i) * 16 + nt * 8 + 2 * t4 + (c & 1);
+        if (sp + NS * i < NGRP && key < nkeys && col < ncols)
+          El::store(dst + key * row_stride + col, acc[i][nt][c] * mul);
+      }
+}
+
+template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
+__device__ __forceinline__ void flex_bwd_tc(const FlexParams &p) {
+  typedef typename El::T T;
+  typedef FlexBwdShape<EP, EVP, BM, BN> S;
+  constexpr int NT = 128;
+  T *sK = (T *)flex_smem, *sV = sK + BN * S::KS, *sQ = sV + BN * S::VS, *sO = sQ + BM * S::KS;
+  T *sP = sO + BM * S::VS, *sS = sP + BN * S::PS;
+  float *sL = (float *)(sS + BN * S::PS), *sD = sL + BM;
+  const int warp = threadIdx.x / 32, kr = warp % S::WK * 16, sp = warp / S::WK;
+  const int n0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
+  const T *k = (const T *)p.k + b * p.sk.b + hk * p.sk.h;
+  const T *v = (const T *)p.v + b * p.sv.b + hk * p.sv.h;
+  flex_tile_load<T, BN, EP, NT>(sK, S::KS, k, p.sk.row, n0, p.kv_len, p.E, p.vec16);
+  flex_tile_load<T, BN, EVP, NT>(sV, S::VS, v, p.sv.row, n0, p.kv_len, p.EV, p.vec16);
+  flex_cp_async_commit();
+
+  float dk[S::NGK][2][4], dv[S::NGV][2][4];
+#pragma unroll
+  for (int i = 0; i < S::NGK; i++)
+#pragma unroll
+    for (int c = 0; c < 8; c++) dk[i][c / 4][c % 4] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < S::NGV; i++)
+#pragma unroll
+    for (int c = 0; c < 8; c++) dv[i][c / 4][c % 4] = 0.0f;
+
+  for (int h = hk * p.G; h < (hk + 1) * p.G; h++) {
+    const T *q = (const T *)p.q + b * p.sq.b + h * p.sq.h;
+    const T *dout = (const T *)p.dout + b * p.sdo.b + h * p.sdo.h;
+    const int64_t rows = (int64_t)(b * p.H + h) * p.q_len;
+    FlexWalk walk;
+    walk.init(p.full_q_list, p.q_list, MASK_MODE == FLEX_MASK_LISTS, b, h, n0, p.block_kv,
+              p.block_q, BM, p.q_len);
+    int m0;
+    bool full;
+    while (walk.next(m0, full)) {
+      __syncthreads(); /* the previous tile's readers are done */
+      flex_tile_load<T, BM, EP, NT>(sQ, S::KS, q, p.sq.row, m0, p.q_len, p.E, p.vec16);
+      flex_tile_load<T, BM, EVP, NT>(sO, S::VS, dout, p.sdo.row, m0, p.q_len, p.EV, p.vec16);
+      flex_cp_async_commit();
+      for (int i = threadIdx.x; i < BM; i += NT) {
+        const bool ok = m0 + i < p.q_len;
+        sL[i] = ok ? flex_gload(p.lse + b * p.lse_b + h * p.lse_h + m0 + i) : -INFINITY;
+        sD[i] = ok ? flex_gload(p.delta + rows + m0 + i) : 0.0f;
+      }
+      flex_cp_async_wait<0>();
+      __syncthreads();
+      flex_bwd_tc_scores<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(
+          p, sK, sV, sQ, sO, sP, sS, sL, sD, b, h, m0, n0, full);
+      __syncthreads();
+      flex_bwd_tc_accum<El, S::NGV, EVP / 16, BM, S::PS, S::VS>(dv, sP, sO, kr, sp, S::NS);
+      flex_bwd_tc_accum<El, S::NGK, EP / 16, BM, S::PS, S::KS>(dk, sS, sQ, kr, sp, S::NS);
+      flex_bwd_tc_dq<El, EP, EVP, BM, BN>(p, sK, sS, p.dq_acc + (rows + m0) * p.E, m0);
+    }
+  }
+  flex_cp_async_wait<0>(); /* K and V when no query tile was visited */
+  T *dkp = (T *)p.dk + b * p.sdk.b + hk * p.sdk.h + n0 * p.sdk.row;
+  T *dvp = (T *)p.dv + b * p.sdv.b + hk * p.sdv.h + n0 * p.sdv.row;
+  flex_bwd_tc_store<El, S::NGK, EP / 16>(dkp, p.sdk.row, dk, p.scale, kr, p.kv_len - n0, p.E, sp,
+                                         S::NS);
+  flex_bwd_tc_store<El, S::NGV, EVP / 16>(dvp, p.sdv.row, dv, 1.0f, kr, p.kv_len - n0, p.EV, sp,
+                                          S::NS);
 }
 
 /* dQ accumulator (fp32, contiguous) -> dq in its dtype and strides. */
