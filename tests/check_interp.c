@@ -128,7 +128,9 @@ START_TEST(conversions) {
   t.env.args[ARG_S] = ir_vf(x);
   int s = arg(&t, ARG_S, IT_F32);
   int r = ir_op2(&t.a, t.f, IR_MUL_F, ir_op1(&t.a, t.f, IR_TANH, s), ir_op1(&t.a, t.f, IR_SIGMOID, s));
-  double want = tanh(x) / (1 + exp(-x));
+  /* Bit-exact: the same binary64 operations as ops.def's EVAL column
+   * (sigmoid is 1 / (1 + exp(-x)), then a multiply). */
+  double want = tanh(x) * (1.0 / (1.0 + exp(-x)));
   ck_assert_double_eq(run(&t, r).f, want);
   arena_free(&t.a);
 }
