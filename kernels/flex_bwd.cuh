@@ -99,8 +99,7 @@ __device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
     const T *dout = (const T *)p.dout + b * p.sdo.b + h * p.sdo.h;
     const int64_t rows = (int64_t)(b * p.H + h) * p.q_len;
     FlexWalk walk;
-    walk.init(p.full_q_list, p.q_list, MASK_MODE == FLEX_MASK_LISTS, b, h, n0, p.block_kv,
-              p.block_q, BM, p.q_len);
+    walk.init(p, true, MASK_MODE == FLEX_MASK_LISTS, b, h, n0, BM);
     int m0;
     bool full;
     while (walk.next(m0, full)) {
@@ -350,8 +349,7 @@ __device__ __forceinline__ void flex_bwd_tc(const FlexParams &p) {
     const T *dout = (const T *)p.dout + b * p.sdo.b + h * p.sdo.h;
     const int64_t rows = (int64_t)(b * p.H + h) * p.q_len;
     FlexWalk walk;
-    walk.init(p.full_q_list, p.q_list, MASK_MODE == FLEX_MASK_LISTS, b, h, n0, p.block_kv,
-              p.block_q, BM, p.q_len);
+    walk.init(p, true, MASK_MODE == FLEX_MASK_LISTS, b, h, n0, BM);
     int m0;
     bool full;
     while (walk.next(m0, full)) {

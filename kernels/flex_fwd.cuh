@@ -74,8 +74,7 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
   flex_cp_async_commit();
 
   FlexWalk walk;
-  walk.init(p.full_kv_list, p.kv_list, MASK_MODE == FLEX_MASK_LISTS, b, h, m0, p.block_q,
-            p.block_kv, BN, p.kv_len);
+  walk.init(p, false, MASK_MODE == FLEX_MASK_LISTS, b, h, m0, BN);
   int n0 = 0, n1 = 0;
   bool full = false, full1 = false;
   bool have = walk.next(n0, full);
@@ -220,8 +219,7 @@ __device__ __forceinline__ void flex_fwd_simt(const FlexParams &p) {
 
   flex_tile_load_f32<BM, EP, NT>(sQ, QS, q, p.sq.row, m0, p.q_len, p.E);
   FlexWalk walk;
-  walk.init(p.full_kv_list, p.kv_list, MASK_MODE == FLEX_MASK_LISTS, b, h, m0, p.block_q,
-            p.block_kv, BN, p.kv_len);
+  walk.init(p, false, MASK_MODE == FLEX_MASK_LISTS, b, h, m0, BN);
   float o[EVP / TPR];
 #pragma unroll
   for (int j = 0; j < EVP / TPR; j++) o[j] = 0.0f;

@@ -28,7 +28,6 @@ typedef struct FlexBlockList {
   const int32_t *idx;         /* the listed block indices */
   int64_t num_b, num_h, num_r; /* element strides of num */
   int64_t idx_b, idx_h, idx_r; /* element strides of idx (last dim unit) */
-  int32_t q_side;              /* 1 in q_list / full_q_list: tells an implicit walk it runs the backward */
 } FlexBlockList;
 
 /* Everything one launch of flex_fwd, flex_bwd_pre, flex_bwd or flex_bwd_dq

@@ -33,21 +33,25 @@ struct FlexWalk {
   int tile, block, total; /* tile and block widths, columns in all */
   bool lists;            /* false: visit every tile */
 #ifdef FLEX_WALK_IMPLICIT
-  const FlexParams *prm; /* the launch's params (NULL: classify nothing) */
+  const FlexParams *prm; /* the launch's params */
   bool bwd;              /* rows are keys and columns queries (backward) */
   int b, h, r0, r1;      /* the row tile: batch, head, first and last row */
   int span_end;          /* end of the current coarse span (columns) */
   bool span_full;        /* the current span is full: no per-tile test */
 #endif
 
-  /* row: the row tile's first row; block_rows: the mask's block height. */
-  __device__ __forceinline__ void init(const FlexBlockList &full, const FlexBlockList &part,
-                                       bool use_lists, int b, int h, int row, int block_rows,
-                                       int block_cols, int tile_cols, int ncols) {
+  /* p: the launch's params; bwd: the backward's walk (rows are keys, columns
+   * queries: the q-side lists), else the forward's (rows are queries); row:
+   * the row tile's first row; tile_cols: the column tile width. */
+  __device__ __forceinline__ void init(const FlexParams &p, bool bwd_side, bool use_lists, int b_,
+                                       int h_, int row, int tile_cols) {
+    const FlexBlockList &full = bwd_side ? p.full_q_list : p.full_kv_list;
+    const FlexBlockList &part = bwd_side ? p.q_list : p.kv_list;
+    const int block_rows = bwd_side ? p.block_kv : p.block_q;
     lists = use_lists;
     tile = tile_cols;
-    block = block_cols;
-    total = ncols;
+    block = bwd_side ? p.block_q : p.block_kv;
+    total = bwd_side ? p.q_len : p.kv_len;
     list = 0;
     i = 0;
     c = 0;
@@ -55,8 +59,7 @@ struct FlexWalk {
     n[0] = n[1] = 0;
     idx[0] = idx[1] = 0;
 #ifdef FLEX_WALK_IMPLICIT
-    prm = 0;
-    if (!lists) implicit_init(full, part, b, h, row);
+    if (!lists) implicit_init(p, bwd_side, b_, h_, row);
 #endif
     if (!lists) return;
     const int r = row / block_rows;
@@ -64,8 +67,8 @@ struct FlexWalk {
     for (int k = 0; k < 2; k++) {
       const FlexBlockList &l = *l2[k];
       if (!l.num) continue;
-      n[k] = flex_gload(l.num + b * l.num_b + h * l.num_h + r * l.num_r);
-      idx[k] = l.idx + b * l.idx_b + h * l.idx_h + r * l.idx_r;
+      n[k] = flex_gload(l.num + b_ * l.num_b + h_ * l.num_h + r * l.num_r);
+      idx[k] = l.idx + b_ * l.idx_b + h_ * l.idx_h + r * l.idx_r;
     }
   }
 
@@ -80,7 +83,7 @@ struct FlexWalk {
 
   __device__ __forceinline__ bool next_tile(int &col, bool &full) {
 #ifdef FLEX_WALK_IMPLICIT
-    if (!lists && prm) return implicit_next(col, full);
+    if (!lists) return implicit_next(col, full);
 #endif
     if (!lists) {
       if (c >= total) return false;
@@ -122,23 +125,11 @@ struct FlexWalk {
     return classify(t0 * tile, min(t1 * tile, total) - 1);
   }
 
-  /* The params struct whose lists the caller passed: the forward passes
-   * (p.full_kv_list, p.kv_list), the backward (p.full_q_list, p.q_list);
-   * the runtime marks the q side (q_side) since both pairs have the same
-   * layout. Anything else classifies nothing (every tile, per-element mask). */
-  __device__ __forceinline__ void implicit_init(const FlexBlockList &full, const FlexBlockList &part,
-                                                int b_, int h_, int row) {
-    /* Member offsets by address arithmetic on a nominal object (no load;
-     * NVRTC has no offsetof). */
-    const FlexParams *x = (const FlexParams *)&full;
-    const char *at = (const char *)&full;
-    bwd = full.q_side != 0;
-    const FlexParams *f =
-        (const FlexParams *)(at - ((bwd ? (const char *)&x->full_q_list
-                                        : (const char *)&x->full_kv_list) - at));
-    prm = (bwd ? &f->q_list : &f->kv_list) == &part && part.q_side == full.q_side ? f : 0;
-    if (prm && total != (bwd ? prm->q_len : prm->kv_len)) prm = 0; /* not the pair we know */
-    if (!prm) return;
+  /* Set up the classifier for the row tile and trim the column range. */
+  __device__ __forceinline__ void implicit_init(const FlexParams &p, bool bwd_side, int b_, int h_,
+                                                int row) {
+    prm = &p;
+    bwd = bwd_side;
     b = b_, h = h_;
     r0 = row;
     /* The row tile's height comes from the generated source (the

@@ -91,7 +91,6 @@ flex_status rt_launch_fill(const RtCall *c, FlexParams *p, const char *backend) 
   p->q_len = c->QL, p->kv_len = c->KL, p->E = c->E, p->EV = c->EV;
   p->scale = (float)c->scale;
   p->vec16 = use_vec16(c);
-  p->q_list.q_side = p->full_q_list.q_side = 1; /* see kernels/walk.cuh */
   if (c->backward) {
     p->dq = rt_data_of(a->dq), p->dk = rt_data_of(a->dk), p->dv = rt_data_of(a->dv);
     p->sdq = rt_strides4(a->dq), p->sdk = rt_strides4(a->dk), p->sdv = rt_strides4(a->dv);
@@ -175,7 +174,6 @@ void rt_launch_set_lists(FlexParams *p, int32_t *const arr[8], int Bm, int Hm, i
   p->full_kv_list = side(arr[2], arr[3], Bm, Hm, nq, nkv);
   p->q_list = side(arr[4], arr[5], Bm, Hm, nkv, nq);
   p->full_q_list = side(arr[6], arr[7], Bm, Hm, nkv, nq);
-  p->q_list.q_side = p->full_q_list.q_side = 1;
   p->block_q = block_q;
   p->block_kv = block_kv;
 }
@@ -221,5 +219,4 @@ void rt_launch_tensor_lists(FlexParams *p, const flex_block_mask *u) {
   p->full_kv_list = tensor_side(u->full_kv_num_blocks, u->full_kv_indices);
   p->q_list = tensor_side(u->q_num_blocks, u->q_indices);
   p->full_q_list = tensor_side(u->full_q_num_blocks, u->full_q_indices);
-  p->q_list.q_side = p->full_q_list.q_side = 1;
 }
