@@ -80,15 +80,7 @@ static flex_status fill_params(const RtCall *c, FlexParams *p) {
       return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend writes '%s' in the dtype of q "
                     "(%d-bit code %d), got %d-bit code %d", onames[i], c->dtype.bits,
                     c->dtype.code, outs[i]->dtype.bits, outs[i]->dtype.code);
-  flex_status st = rt_launch_fill(c, p, "cuda");
-  if (st) return st;
-  if (a->block_mask) {
-    rt_launch_tensor_lists(p, a->block_mask);
-    if (c->backward && !a->block_mask->q_num_blocks)
-      return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend's backward needs the block mask's "
-                                          "q_num_blocks/q_indices side");
-  }
-  return FLEX_OK;
+  return rt_launch_fill(c, p, "cuda");
 }
 
 /* ---- arch --------------------------------------------------------------------- */
@@ -141,10 +133,63 @@ static Launch launch_of(const char *entry, CgLaunch g) {
   return l;
 }
 
+/* A caller's BlockMask on the device, copied to the host (it is small:
+ * B*H*blocks int32) so that it is validated and normalised exactly as on
+ * the other backends, its q side derived when absent. */
+typedef struct HostMask {
+  flex_block_mask m; /* the caller's mask with host tensors */
+  DLTensor t[8];     /* host copies of its eight tensors */
+  void *data[8];     /* their memory */
+} HostMask;
+
+static void host_mask_free(HostMask *h) {
+  for (int i = 0; i < 8; i++) base_free(h->data[i]);
+}
+
+static flex_status host_mask_copy(const flex_block_mask *u, HostMask *h) {
+  memset(h, 0, sizeof *h);
+  h->m = *u;
+  const DLTensor **side[8] = {&h->m.kv_num_blocks, &h->m.kv_indices, &h->m.full_kv_num_blocks,
+                              &h->m.full_kv_indices, &h->m.q_num_blocks, &h->m.q_indices,
+                              &h->m.full_q_num_blocks, &h->m.full_q_indices};
+  for (int i = 0; i < 8; i++) {
+    const DLTensor *t = *side[i];
+    if (!t) continue;
+    /* Copied as it is; rt_block_mask_from_user then checks dtype and shape. */
+    size_t esz = (t->dtype.bits + 7u) / 8u;
+    if (!esz || t->ndim < 0 || t->ndim > 8 || (t->ndim && !t->shape))
+      return rt_err(FLEX_ERR_INVALID, "block_mask: a tensor has no element size or shape");
+    int64_t span = 1; /* elements from the first to the last, strides included */
+    for (int d = 0; d < t->ndim; d++) {
+      int64_t st = rt_stride_of(t, d);
+      if (t->shape[d] < 0 || st < 0)
+        return rt_err(FLEX_ERR_INVALID, "block_mask: negative extents or strides are not supported");
+      if (t->shape[d] == 0) span = 0;
+      if (span) span += (t->shape[d] - 1) * st;
+    }
+    if (span > ((int64_t)1 << 31))
+      return rt_err(FLEX_ERR_INVALID, "block_mask: a tensor spans %lld elements, more than any "
+                                      "block mask has", (long long)span);
+    h->data[i] = base_alloc((size_t)span * esz + esz);
+    flex_status st = span ? rt_drv_memcpy_dtoh(h->data[i], (RtCuDevicePtr)(uintptr_t)rt_data_of(t),
+                                               (size_t)span * esz, NULL)
+                          : FLEX_OK;
+    if (st) return st;
+    h->t[i] = *t;
+    h->t[i].data = h->data[i];
+    h->t[i].byte_offset = 0;
+    h->t[i].device.device_type = kDLCPU;
+    h->t[i].device.device_id = 0;
+    *side[i] = &h->t[i];
+  }
+  return rt_drv_sync(NULL);
+}
+
 /* The generated source for the call and each entry's geometry; the mask
  * mode comes from the shared plan (runtime/launch.c): implicit
- * classification, a caller's BlockMask, or one built on the device.
- * mb[0..1]: the builder's two entries (plan->build). */
+ * classification, a caller's BlockMask (copied to the host and validated),
+ * or one built on the device. mb[0..1]: the builder's two entries
+ * (plan->build). */
 static flex_status generate(const RtCall *c, const char *arch, Buf *src, Launch *fwd,
                             Launch bwd[3], RtMaskPlan *plan, Launch mb[2]) {
   CgArch ca;
@@ -154,7 +199,19 @@ static flex_status generate(const RtCall *c, const char *arch, Buf *src, Launch 
   if (!cg_options_init(&o, c->mod, cg_dtype_of(c->dtype), c->E, c->EV, ca, c->backward, err,
                        sizeof err))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the cuda backend cannot run this call: %s", err);
-  flex_status st = rt_launch_mask_plan(c, &o, false, plan);
+  flex_status st;
+  if (c->args->block_mask) { /* plan with the host copy of the caller's mask */
+    HostMask hm;
+    flex_args ha = *c->args;
+    RtCall hc = *c;
+    st = host_mask_copy(c->args->block_mask, &hm);
+    ha.block_mask = &hm.m;
+    hc.args = &ha;
+    if (!st) st = rt_launch_mask_plan(&hc, &o, plan);
+    host_mask_free(&hm);
+  } else {
+    st = rt_launch_mask_plan(c, &o, plan);
+  }
   if (st) return st;
   o.source = c->kernel->src.path;
   cg_emit_cuda(src, c->mod, &o);
@@ -188,6 +245,28 @@ static flex_status build_mask(const RtMaskPlan *plan, FlexParams *p, RtCuModule 
   st = launch(mod, &mb[0], p, strm);
   if (!st) st = launch(mod, &mb[1], p, strm);
   return st;
+}
+
+/* Upload a caller's BlockMask in normal form and point the walk lists at it. */
+static flex_status upload_mask(const RtMaskPlan *plan, FlexParams *p, BuiltMask *bm) {
+  const RtBlockMask *b = &plan->bm;
+  int32_t *const host[8] = {b->kv_num_blocks, b->kv_indices, b->full_kv_num_blocks,
+                            b->full_kv_indices, b->q_num_blocks, b->q_indices,
+                            b->full_q_num_blocks, b->full_q_indices};
+  size_t bh = (size_t)b->B * (size_t)b->H, nq = (size_t)b->nq, nkv = (size_t)b->nkv;
+  const size_t n[8] = {bh * nq, bh * nq * nkv, bh * nq, bh * nq * nkv,
+                       bh * nkv, bh * nkv * nq, bh * nkv, bh * nkv * nq};
+  int32_t *dev[8] = {0};
+  flex_status st = FLEX_OK;
+  for (int i = 0; i < 8 && !st; i++) {
+    if (!host[i]) continue; /* no full_* side */
+    st = rt_drv_alloc(&bm->mem[i], n[i] * 4 + 4);
+    if (!st && n[i]) st = rt_drv_memcpy_htod(bm->mem[i], host[i], n[i] * 4, NULL);
+    dev[i] = (int32_t *)(uintptr_t)bm->mem[i];
+  }
+  if (st) return st;
+  rt_launch_set_lists(p, dev, b->B, b->H, b->nq, b->nkv, b->block_q, b->block_kv);
+  return FLEX_OK;
 }
 
 /* Scratch device memory of one backward call. */
@@ -287,11 +366,12 @@ static flex_status rt_cuda_run(const RtCall *c, FlexParams *p, int device, const
   BuiltMask bm;
   memset(&bm, 0, sizeof bm);
   if (plan.build) st = build_mask(&plan, p, mod, mb, &bm, strm);
+  else if (plan.user) st = upload_mask(&plan, p, &bm);
   if (!st && !c->backward)
     st = launch(mod, &fwd, p, strm); /* asynchronous, like any launch on the caller's stream */
   else if (!st)
     st = run_backward(c, p, mod, bwd, strm);
-  if (plan.build) { /* the launches read the built mask: wait before freeing it */
+  if (plan.build || plan.user) { /* the launches read the mask: wait before freeing it */
     flex_status st2 = rt_drv_sync(strm);
     for (int i = 0; i < 9; i++) rt_drv_free(bm.mem[i]);
     if (!st) st = st2;

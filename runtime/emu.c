@@ -154,7 +154,7 @@ static flex_status module_for(const RtCall *c, CgOptions *o, RtMaskPlan *plan, E
   CgDtype dt = c->dtype.code == kDLBfloat ? CG_BF16 : c->dtype.bits == 16 ? CG_FP16 : CG_FP32;
   if (!cg_options_init(o, c->mod, dt, c->E, c->EV, CG_SM80, c->backward, err, sizeof err))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the emu backend cannot run this call: %s", err);
-  flex_status st = rt_launch_mask_plan(c, o, true, plan);
+  flex_status st = rt_launch_mask_plan(c, o, plan);
   if (st) return st;
   o->source = c->kernel->src.path;
   Buf src = {0}, log = {0};

@@ -120,12 +120,12 @@ static flex_status user_plan(const RtCall *c, const CgOptions *o, RtMaskPlan *pl
   return FLEX_OK;
 }
 
-flex_status rt_launch_mask_plan(const RtCall *c, CgOptions *o, bool host_mask, RtMaskPlan *plan) {
+flex_status rt_launch_mask_plan(const RtCall *c, CgOptions *o, RtMaskPlan *plan) {
   memset(plan, 0, sizeof *plan);
   o->mask_builder = false;
   if (c->args->block_mask) {
     plan->mode = o->mask_mode = CG_MASK_LISTS;
-    return host_mask ? user_plan(c, o, plan) : FLEX_OK;
+    return user_plan(c, o, plan);
   }
   if (!o->has_mask) {
     plan->mode = o->mask_mode = CG_MASK_NONE;
@@ -196,27 +196,3 @@ void rt_launch_user_lists(FlexParams *p, const RtMaskPlan *plan) {
   rt_launch_set_lists(p, arr, b->B, b->H, b->nq, b->nkv, b->block_q, b->block_kv);
 }
 
-/* One side of a caller's mask (NULL tensors give an empty list). */
-static FlexBlockList tensor_side(const DLTensor *num, const DLTensor *idx) {
-  FlexBlockList l;
-  memset(&l, 0, sizeof l);
-  if (!num || !idx) return l;
-  l.num = (const int32_t *)rt_data_of(num);
-  l.idx = (const int32_t *)rt_data_of(idx);
-  l.num_b = num->shape[0] == 1 ? 0 : rt_stride_of(num, 0);
-  l.num_h = num->shape[1] == 1 ? 0 : rt_stride_of(num, 1);
-  l.num_r = rt_stride_of(num, 2);
-  l.idx_b = idx->shape[0] == 1 ? 0 : rt_stride_of(idx, 0);
-  l.idx_h = idx->shape[1] == 1 ? 0 : rt_stride_of(idx, 1);
-  l.idx_r = rt_stride_of(idx, 2);
-  return l;
-}
-
-void rt_launch_tensor_lists(FlexParams *p, const flex_block_mask *u) {
-  p->block_q = u->block_q ? u->block_q : 128;
-  p->block_kv = u->block_kv ? u->block_kv : 128;
-  p->kv_list = tensor_side(u->kv_num_blocks, u->kv_indices);
-  p->full_kv_list = tensor_side(u->full_kv_num_blocks, u->full_kv_indices);
-  p->q_list = tensor_side(u->q_num_blocks, u->q_indices);
-  p->full_q_list = tensor_side(u->full_q_num_blocks, u->full_q_indices);
-}

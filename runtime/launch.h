@@ -48,11 +48,11 @@ typedef struct RtMaskPlan {
 
 /* Pick the mask mode for call c and set o->mask_mode / o->mask_builder:
  * a caller's BlockMask (validated and normalised with
- * rt_block_mask_from_user when `host_mask`; its blocks must be multiples
+ * rt_block_mask_from_user from host copies; its blocks must be multiples
  * of the kernels' tiles) -> LISTS; no mask -> NONE; a mask the analysis
  * decides -> IMPLICIT; otherwise LISTS from the builder. Free with
  * rt_launch_mask_free. */
-flex_status rt_launch_mask_plan(const RtCall *c, CgOptions *o, bool host_mask, RtMaskPlan *plan);
+flex_status rt_launch_mask_plan(const RtCall *c, CgOptions *o, RtMaskPlan *plan);
 void rt_launch_mask_free(RtMaskPlan *plan);
 
 /* Bytes of the builder's arrays: [0..7] as FlexParams.mask_out, [8] the class bytes. */
@@ -68,10 +68,6 @@ void rt_launch_set_lists(FlexParams *p, int32_t *const arr[8], int Bm, int Hm, i
  * sized by rt_launch_mask_bytes), which also become the walk lists. */
 void rt_launch_builder(FlexParams *p, const RtMaskPlan *plan, unsigned char *cls,
                        int32_t *const arr[8]);
-
-/* A caller's BlockMask used in place (device tensors the runtime cannot
- * read): each side from its DLTensors, broadcast dims stride 0. */
-void rt_launch_tensor_lists(FlexParams *p, const flex_block_mask *u);
 
 /* The mask's lists of a plan with a caller's BlockMask. */
 void rt_launch_user_lists(FlexParams *p, const RtMaskPlan *plan);
