@@ -181,6 +181,30 @@ struct FlexBwdShape {
   static_assert(BMW % 16 == 0, "a warp's query rows are whole ldmatrix.x4 B tiles");
 };
 
+
+/* acc[j] += A B^T for one warp: A is 16 rows of sA from row `ar` (keys),
+ * B is BMW rows of sB from row `bc` (queries), both KT*16 wide, row stride
+ * STRIDE elements; acc[j] holds columns 8j..8j+7 in the mma accumulator
+ * layout. */
+template <class El, int BMW, int KT, int STRIDE>
+__device__ __forceinline__ void flex_bwd_mma_rows(float acc[][4], const typename El::T *sA,
+                                                  const typename El::T *sB, int ar, int bc,
+                                                  int lane) {
+#pragma unroll
+  for (int kk = 0; kk < KT; kk++) {
+    uint32_t a[4];
+    flex_ldmatrix_x4(a, sA + (ar + (lane & 15)) * STRIDE + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+    for (int nt = 0; nt < BMW / 16; nt++) {
+      uint32_t b[4];
+      flex_ldmatrix_x4(b, sB + (bc + nt * 16 + (lane & 7) + (lane >> 4) * 8) * STRIDE + kk * 16 +
+                              ((lane >> 3) & 1) * 8);
+      El::mma(acc[2 * nt], a, b);
+      El::mma(acc[2 * nt + 1], a, b + 2);
+    }
+  }
+}
+
 /* S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x BMW queries, then
  * P^T and dS^T (both 0 where masked) rounded into sP and sdS [key][query]. */
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
@@ -199,32 +223,8 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, const ty
   for (int j = 0; j < S::BMW / 8; j++)
 #pragma unroll
     for (int c = 0; c < 4; c++) st[j][c] = dpt[j][c] = 0.0f;
-#pragma unroll
-  for (int kk = 0; kk < EP / 16; kk++) {
-    uint32_t a[4];
-    flex_ldmatrix_x4(a, sK + (kr + (lane & 15)) * S::KS + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-    for (int nt = 0; nt < S::BMW / 16; nt++) {
-      uint32_t bq[4];
-      flex_ldmatrix_x4(bq, sQ + (qc + nt * 16 + (lane & 7) + (lane >> 4) * 8) * S::KS + kk * 16 +
-                               ((lane >> 3) & 1) * 8);
-      El::mma(st[2 * nt], a, bq);
-      El::mma(st[2 * nt + 1], a, bq + 2);
-    }
-  }
-#pragma unroll
-  for (int kk = 0; kk < EVP / 16; kk++) {
-    uint32_t a[4];
-    flex_ldmatrix_x4(a, sV + (kr + (lane & 15)) * S::VS + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-    for (int nt = 0; nt < S::BMW / 16; nt++) {
-      uint32_t bo[4];
-      flex_ldmatrix_x4(bo, sO + (qc + nt * 16 + (lane & 7) + (lane >> 4) * 8) * S::VS + kk * 16 +
-                               ((lane >> 3) & 1) * 8);
-      El::mma(dpt[2 * nt], a, bo);
-      El::mma(dpt[2 * nt + 1], a, bo + 2);
-    }
-  }
+  flex_bwd_mma_rows<El, S::BMW, EP / 16, S::KS>(st, sK, sQ, kr, qc, lane);   /* S^T = K Q^T */
+  flex_bwd_mma_rows<El, S::BMW, EVP / 16, S::VS>(dpt, sV, sO, kr, qc, lane); /* dP^T = V dO^T */
   /* Accumulator element c of tile j: key kr + g + 8 (c / 2), query qc + 8 j + 2 t4 + c % 2. */
 #pragma unroll
   for (int j = 0; j < S::BMW / 8; j++)

@@ -392,7 +392,8 @@ static flex_status prepare(const RtCall *c, FlexParams *p, int *device, char *ar
   return st;
 }
 
-flex_status rt_cuda_forward(const RtCall *c) {
+/* One call, forward or backward (c->backward). */
+static flex_status cuda_call(const RtCall *c) {
   FlexParams p;
   int device;
   char arch[32];
@@ -401,11 +402,5 @@ flex_status rt_cuda_forward(const RtCall *c) {
   return rt_cuda_run(c, &p, device, arch);
 }
 
-flex_status rt_cuda_backward(const RtCall *c) {
-  FlexParams p;
-  int device;
-  char arch[32];
-  flex_status st = prepare(c, &p, &device, arch, sizeof arch);
-  if (st) return st;
-  return rt_cuda_run(c, &p, device, arch);
-}
+flex_status rt_cuda_forward(const RtCall *c) { return cuda_call(c); }
+flex_status rt_cuda_backward(const RtCall *c) { return cuda_call(c); }
