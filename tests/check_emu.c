@@ -343,34 +343,6 @@ static const char *const sources[] = {
     "mask causal(b, h, q, kv) { return q + 3 >= kv; }\n",
 };
 
-/* A host tensor in dtype dt and its float64 twin holding the same values. */
-typedef struct Pair {
-  RtArray x, ref;
-  DLTensor tx, tref;
-} Pair;
-
-static void pair_init(Pair *p, DLDataType dt, int nd, const int64_t *shape, bool fill) {
-  rt_array_init(&p->x, dt, nd, shape);
-  rt_array_init(&p->ref, rt_dtype(kDLFloat, 64), nd, shape);
-  for (int64_t i = 0; fill && i < rt_array_count(&p->x); i++) {
-    rt_array_set(&p->x, i, tl_normal(&rng));
-    rt_array_set(&p->ref, i, rt_array_get(&p->x, i));
-  }
-  for (int64_t i = 0; !fill && i < rt_array_count(&p->x); i++) rt_array_set(&p->x, i, NAN);
-  p->tx = rt_array_tensor(&p->x), p->tref = rt_array_tensor(&p->ref);
-}
-
-static double pair_err(const Pair *p) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < rt_array_count(&p->x); i++) {
-    double a = rt_array_get(&p->x, i), b = rt_array_get(&p->ref, i);
-    if (isnan(a)) return INFINITY;
-    if (isinf(b) && a == b) continue; /* fully masked rows: lse = -inf */
-    num += (a - b) * (a - b), den += b * b;
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 static void e2e(int si, uint8_t code, uint8_t bits, double tol, double gtol) {
   flex_kernel *k = NULL;
   ck_assert_msg(flex_kernel_from_source(&k, "e2e.score", sources[si], strlen(sources[si]), NULL) ==
@@ -378,11 +350,12 @@ static void e2e(int si, uint8_t code, uint8_t bits, double tol, double gtol) {
   int B = 1, H = 2, HKV = 1, QL = 19, KL = 23, E = 16;
   int64_t qs[4] = {B, H, QL, E}, ks[4] = {B, HKV, KL, E}, ls[3] = {B, H, QL};
   DLDataType dt = rt_dtype(code, bits), f32 = rt_dtype(kDLFloat, 32);
-  Pair q, kk, v, dout, out, lse, dq, dk, dv;
-  pair_init(&q, dt, 4, qs, true), pair_init(&kk, dt, 4, ks, true), pair_init(&v, dt, 4, ks, true);
-  pair_init(&dout, dt, 4, qs, true), pair_init(&out, f32, 4, qs, false);
-  pair_init(&lse, f32, 3, ls, false), pair_init(&dq, f32, 4, qs, false);
-  pair_init(&dk, f32, 4, ks, false), pair_init(&dv, f32, 4, ks, false);
+  TlPair q, kk, v, dout, out, lse, dq, dk, dv;
+  tl_pair_init(&q, dt, 4, qs, true, &rng), tl_pair_init(&kk, dt, 4, ks, true, &rng);
+  tl_pair_init(&v, dt, 4, ks, true, &rng), tl_pair_init(&dout, dt, 4, qs, true, &rng);
+  tl_pair_init(&out, f32, 4, qs, false, &rng), tl_pair_init(&lse, f32, 3, ls, false, &rng);
+  tl_pair_init(&dq, f32, 4, qs, false, &rng), tl_pair_init(&dk, f32, 4, ks, false, &rng);
+  tl_pair_init(&dv, f32, 4, ks, false, &rng);
   flex_args a, r;
   memset(&a, 0, sizeof a);
   a.backend = FLEX_BACKEND_EMU;
@@ -396,14 +369,14 @@ static void e2e(int si, uint8_t code, uint8_t bits, double tol, double gtol) {
   ck_assert_msg(flex_backward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
   ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "emu forward: %s", flex_last_error());
   ck_assert_msg(flex_backward(k, &a) == FLEX_OK, "emu backward: %s", flex_last_error());
-  double eo = pair_err(&out), el = pair_err(&lse);
-  double eq = pair_err(&dq), ek = pair_err(&dk), ev = pair_err(&dv);
+  double eo = tl_pair_err(&out), el = tl_pair_err(&lse);
+  double eq = tl_pair_err(&dq), ek = tl_pair_err(&dk), ev = tl_pair_err(&dv);
   fprintf(stderr, "  source %d dtype %d/%d: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g\n", si, code,
           bits, eo, el, eq, ek, ev);
   ck_assert_msg(eo < tol && el < tol, "forward error out %g lse %g", eo, el);
   ck_assert_msg(eq < gtol && ek < gtol && ev < gtol, "gradient error dq %g dk %g dv %g", eq, ek, ev);
-  Pair *all[] = {&q, &kk, &v, &dout, &out, &lse, &dq, &dk, &dv};
-  for (int i = 0; i < 9; i++) rt_array_free(&all[i]->x), rt_array_free(&all[i]->ref);
+  TlPair *all[] = {&q, &kk, &v, &dout, &out, &lse, &dq, &dk, &dv};
+  for (int i = 0; i < 9; i++) tl_pair_free(all[i]);
   flex_kernel_free(k);
 }
 

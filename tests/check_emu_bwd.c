@@ -67,43 +67,8 @@ static const struct {
   const char *name;
 } dtypes[] = {{kDLFloat, 16, 2e-2, "fp16"}, {kDLBfloat, 16, 6e-2, "bf16"}, {kDLFloat, 32, 1e-3, "fp32"}};
 
-/* A tensor for the emulator (`x`, in the tested dtype) and its float64
- * twin for the reference (`ref`). */
-typedef struct Pair {
-  RtArray x, ref;
-  DLTensor tx, tref;
-} Pair;
-
-/* fill: random normal values (rounded to x's dtype, copied to ref);
- * otherwise x is poisoned with NaN. */
-static void pair_init(Pair *p, DLDataType dt, int nd, const int64_t *shape, bool fill) {
-  rt_array_init(&p->x, dt, nd, shape);
-  rt_array_init(&p->ref, rt_dtype(kDLFloat, 64), nd, shape);
-  for (int64_t i = 0; i < rt_array_count(&p->x); i++) {
-    rt_array_set(&p->x, i, fill ? tl_normal(&rng) : NAN);
-    if (fill) rt_array_set(&p->ref, i, rt_array_get(&p->x, i));
-  }
-  p->tx = rt_array_tensor(&p->x), p->tref = rt_array_tensor(&p->ref);
-}
-
-static void pair_free(Pair *p) {
-  rt_array_free(&p->x);
-  rt_array_free(&p->ref);
-}
-
-/* Relative norm error of x against ref over every element; NaN fails. */
-static double pair_err(const Pair *p) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < rt_array_count(&p->x); i++) {
-    double a = rt_array_get(&p->x, i), b = rt_array_get(&p->ref, i);
-    if (isnan(a) || isnan(b)) return INFINITY;
-    num += (a - b) * (a - b), den += b * b;
-  }
-  return den > 0 ? sqrt(num / den) : INFINITY; /* an all-zero reference tests nothing */
-}
-
 /* The rows of dq for query i < n of every (batch, head) are exactly zero. */
-static bool rows_zero(const Pair *dq, const Shape *s, int n) {
+static bool rows_zero(const TlPair *dq, const Shape *s, int n) {
   for (int bh = 0; bh < s->B * s->H; bh++)
     for (int i = 0; i < n; i++)
       for (int e = 0; e < s->E; e++)
@@ -121,7 +86,7 @@ static flex_kernel *load(const Sample *sm) {
 
 /* Every tensor of one call. */
 typedef struct Tensors {
-  Pair q, k, v, dout, out, lse, dlse, dq, dk, dv, grad;
+  TlPair q, k, v, dout, out, lse, dlse, dq, dk, dv, grad;
   RtArray buf;        /* the sample's buffer (fp32), shared by both backends */
   DLTensor tbuf;
   flex_param prm;
@@ -133,27 +98,27 @@ static void tensors_init(Tensors *t, const Sample *sm, const Shape *s, DLDataTyp
   int64_t ls[3] = {s->B, s->H, s->QL}, bs[2] = {s->H, sm->nb};
   DLDataType f32 = rt_dtype(kDLFloat, 32);
   memset(t, 0, sizeof *t);
-  pair_init(&t->q, dt, 4, qs, true), pair_init(&t->k, dt, 4, ks, true);
-  pair_init(&t->v, dt, 4, ks, true), pair_init(&t->dout, dt, 4, qs, true);
-  pair_init(&t->out, dt, 4, qs, false), pair_init(&t->lse, f32, 3, ls, false);
-  pair_init(&t->dlse, f32, 3, ls, true);
-  pair_init(&t->dq, dt, 4, qs, false), pair_init(&t->dk, dt, 4, ks, false);
-  pair_init(&t->dv, dt, 4, ks, false);
+  tl_pair_init(&t->q, dt, 4, qs, true, &rng), tl_pair_init(&t->k, dt, 4, ks, true, &rng);
+  tl_pair_init(&t->v, dt, 4, ks, true, &rng), tl_pair_init(&t->dout, dt, 4, qs, true, &rng);
+  tl_pair_init(&t->out, dt, 4, qs, false, &rng), tl_pair_init(&t->lse, f32, 3, ls, false, &rng);
+  tl_pair_init(&t->dlse, f32, 3, ls, true, &rng), tl_pair_init(&t->dq, dt, 4, qs, false, &rng);
+  tl_pair_init(&t->dk, dt, 4, ks, false, &rng), tl_pair_init(&t->dv, dt, 4, ks, false, &rng);
   t->prm = (flex_param){sm->param, sm->param_value};
   if (!sm->buffer) return;
   rt_array_init(&t->buf, f32, sm->nb ? 2 : 1, bs);
   for (int64_t i = 0; i < rt_array_count(&t->buf); i++)
     rt_array_set(&t->buf, i, sm->nb ? 0.5 * tl_normal(&rng) : 0.05 + 0.5 * tl_uniform(&rng));
   t->tbuf = rt_array_tensor(&t->buf);
-  pair_init(&t->grad, f32, sm->nb ? 2 : 1, bs, false);
+  tl_pair_init(&t->grad, f32, sm->nb ? 2 : 1, bs, false, &rng);
   t->fb[0] = (flex_buffer){sm->buffer, &t->tbuf, sm->grad ? &t->grad.tx : NULL};
   t->fb[1] = (flex_buffer){sm->buffer, &t->tbuf, sm->grad ? &t->grad.tref : NULL};
 }
 
 static void tensors_free(Tensors *t, const Sample *sm) {
-  Pair *all[] = {&t->q, &t->k, &t->v, &t->dout, &t->out, &t->lse, &t->dlse, &t->dq, &t->dk, &t->dv};
-  for (size_t i = 0; i < sizeof all / sizeof *all; i++) pair_free(all[i]);
-  if (sm->buffer) rt_array_free(&t->buf), pair_free(&t->grad);
+  TlPair *all[] = {&t->q, &t->k, &t->v, &t->dout, &t->out,
+                   &t->lse, &t->dlse, &t->dq, &t->dk, &t->dv};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) tl_pair_free(all[i]);
+  if (sm->buffer) rt_array_free(&t->buf), tl_pair_free(&t->grad);
 }
 
 /* Arguments for the emulator (ref == false) or the reference. */
@@ -175,7 +140,7 @@ static flex_args args_for(Tensors *t, const Sample *sm, const Shape *s, bool ref
 static void forward(flex_kernel *k, Tensors *t, const Sample *sm, const Shape *s) {
   flex_args r = args_for(t, sm, s, true);
   ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference forward: %s", flex_last_error());
-  Pair *ol[] = {&t->out, &t->lse};
+  TlPair *ol[] = {&t->out, &t->lse};
   for (int j = 0; j < 2; j++)
     for (int64_t i = 0; i < rt_array_count(&ol[j]->x); i++) {
       rt_array_set(&ol[j]->x, i, rt_array_get(&ol[j]->ref, i));
@@ -194,8 +159,8 @@ static void run_case(int si, int di, const Shape *s) {
   flex_args r = args_for(&t, sm, s, true), a = args_for(&t, sm, s, false);
   ck_assert_msg(flex_backward(k, &r) == FLEX_OK, "reference backward: %s", flex_last_error());
   ck_assert_msg(flex_backward(k, &a) == FLEX_OK, "emu backward: %s", flex_last_error());
-  double eq = pair_err(&t.dq), ek = pair_err(&t.dk), ev = pair_err(&t.dv);
-  double eg = sm->grad ? pair_err(&t.grad) : 0.0, tol = dtypes[di].tol;
+  double eq = tl_pair_err(&t.dq), ek = tl_pair_err(&t.dk), ev = tl_pair_err(&t.dv);
+  double eg = sm->grad ? tl_pair_err(&t.grad) : 0.0, tol = dtypes[di].tol;
   fprintf(stderr, "  %s %s B%d H%d HKV%d E%d%s: dq %.2g dk %.2g dv %.2g%s", sm->name,
           dtypes[di].name, s->B, s->H, s->HKV, s->E, s->dlse ? " dlse" : "", eq, ek, ev,
           sm->grad ? "" : "\n");

@@ -49,56 +49,11 @@ static const char *const samples[] = {"alibi", "causal", "causal_lower_right", "
                                       "prefix_lm", "relpos_bias", "sliding_window", "softcap"};
 #define NSAMPLES ((int)(sizeof samples / sizeof *samples))
 
-/* fp32, fp16, bf16 with their forward and gradient tolerances. */
-typedef struct Dt {
-  const char *name;
-  uint8_t code, bits;
-  double tol, gtol;
-} Dt;
-static const Dt dtypes[] = {{"fp32", kDLFloat, 32, 1e-4, 1e-3},
-                            {"fp16", kDLFloat, 16, 5e-3, 2e-2},
-                            {"bf16", kDLBfloat, 16, 3e-2, 6e-2}};
-
-/* An array and its DLTensor view. */
-typedef struct Arr {
-  RtArray a;
-  DLTensor t;
-} Arr;
-
-static void arr_init(Arr *x, DLDataType dt, int nd, int64_t d0, int64_t d1, int64_t d2,
-                     int64_t d3) {
-  int64_t s[4] = {d0, d1, d2, d3};
-  rt_array_init(&x->a, dt, nd, s);
-  x->t = rt_array_tensor(&x->a);
-}
-
-static void arr_fill(Arr *x, double lo, double hi, bool normal) {
-  for (int64_t i = 0; i < rt_array_count(&x->a); i++)
-    rt_array_set(&x->a, i, normal ? tl_normal(&rng) : lo + (hi - lo) * tl_uniform(&rng));
-}
-
-static void arr_poison(Arr *x) {
-  for (int64_t i = 0; i < rt_array_count(&x->a); i++) rt_array_set(&x->a, i, NAN);
-}
-
-/* Relative norm error of x against ref; NaN anywhere gives infinity.
- * Equal infinities (LSE of fully masked rows) count as exact. */
-static double rel_err(const Arr *x, const Arr *ref) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < rt_array_count(&x->a); i++) {
-    double a = rt_array_get(&x->a, i), b = rt_array_get(&ref->a, i);
-    if (isnan(a) || isnan(b)) return INFINITY;
-    if (isinf(b) && a == b) continue;
-    num += (a - b) * (a - b), den += b * b;
-  }
-  return den > 0 ? sqrt(num / den) : INFINITY; /* an all-zero reference proves nothing */
-}
-
 /* Params and buffers of one sample, valid for the shape. */
 typedef struct Extras {
   flex_param params[4];
   int np;
-  Arr buf[3], gemu[3], gref[3]; /* buffer data; gradients (emu float32, reference float64) */
+  TlArr buf[3], gemu[3], gref[3]; /* buffer data; gradients (emu float32, reference float64) */
   bool grad[3];                 /* buffer i is `grad` */
   flex_buffer fe[3], fr[3];     /* as given to the emu and the reference */
   int nb;
@@ -108,23 +63,24 @@ static void add_param(Extras *x, const char *name, double v) {
   x->params[x->np++] = (flex_param){name, v};
 }
 
-static Arr *add_buf(Extras *x, const char *name, DLDataType dt, int nd, int64_t d0, int64_t d1,
+static TlArr *add_buf(Extras *x, const char *name, DLDataType dt, int nd, int64_t d0, int64_t d1,
                     bool grad) {
   int i = x->nb++;
-  arr_init(&x->buf[i], dt, nd, d0, d1, 0, 0);
+  int64_t shape[2] = {d0, d1};
+  tl_arr_init(&x->buf[i], dt, nd, shape);
   x->grad[i] = grad;
   x->fe[i] = x->fr[i] = (flex_buffer){name, &x->buf[i].t, NULL};
   if (grad) {
-    arr_init(&x->gemu[i], rt_dtype(kDLFloat, 32), nd, d0, d1, 0, 0);
-    arr_init(&x->gref[i], rt_dtype(kDLFloat, 64), nd, d0, d1, 0, 0);
-    arr_poison(&x->gemu[i]), arr_poison(&x->gref[i]);
+    tl_arr_init(&x->gemu[i], rt_dtype(kDLFloat, 32), nd, shape);
+    tl_arr_init(&x->gref[i], rt_dtype(kDLFloat, 64), nd, shape);
+    tl_arr_poison(&x->gemu[i]), tl_arr_poison(&x->gref[i]);
     x->fe[i].grad = &x->gemu[i].t, x->fr[i].grad = &x->gref[i].t;
   }
   return &x->buf[i];
 }
 
 /* Sorted document ids for `n` tokens: runs of random length. */
-static void fill_docs(Arr *d, int n) {
+static void fill_docs(TlArr *d, int n) {
   int32_t id = 0;
   for (int i = 0; i < n; i++) {
     if (i && tl_uniform(&rng) < 0.12) id++;
@@ -136,7 +92,7 @@ static void sample_extras(Extras *x, const char *name, const Shape *s) {
   DLDataType f32 = rt_dtype(kDLFloat, 32), i32 = rt_dtype(kDLInt, 32);
   memset(x, 0, sizeof *x);
   if (!strcmp(name, "alibi") || !strcmp(name, "gemma2"))
-    arr_fill(add_buf(x, "slopes", f32, 1, s->H, 0, false), 0.05, 0.5, false);
+    tl_arr_uniform(add_buf(x, "slopes", f32, 1, s->H, 0, false), 0.05, 0.5, &rng);
   if (!strcmp(name, "gemma2")) add_param(x, "softcap", 4.0), add_param(x, "window", 13);
   if (!strcmp(name, "dilated")) add_param(x, "dilation", 3); /* rows q < h % 3 see nothing */
   if (!strcmp(name, "document")) {
@@ -144,8 +100,8 @@ static void sample_extras(Extras *x, const char *name, const Shape *s) {
     fill_docs(add_buf(x, "doc", i32, 1, T, 0, false), T);
   }
   if (!strcmp(name, "head_temperature")) {
-    arr_fill(add_buf(x, "temp", f32, 1, s->H, 0, true), 0, 0, true);
-    Arr *len = add_buf(x, "lengths", i32, 1, s->B, 0, false);
+    tl_arr_normal(add_buf(x, "temp", f32, 1, s->H, 0, true), &rng);
+    TlArr *len = add_buf(x, "lengths", i32, 1, s->B, 0, false);
     /* Batch 0 is all padding when there are two (empty rows); other lengths
      * are at least 2: with one key every row's softmax is constant and the
      * true dq, dk and d_temp are exactly zero, which a relative error cannot
@@ -155,22 +111,23 @@ static void sample_extras(Extras *x, const char *name, const Shape *s) {
   }
   if (!strcmp(name, "natten")) add_param(x, "width", 8), add_param(x, "radius", 1);
   if (!strcmp(name, "prefix_lm")) add_param(x, "prefix", 9);
-  if (!strcmp(name, "relpos_bias")) arr_fill(add_buf(x, "rel_bias", f32, 2, s->H, 9, true), 0, 0, true);
+  if (!strcmp(name, "relpos_bias"))
+    tl_arr_normal(add_buf(x, "rel_bias", f32, 2, s->H, 9, true), &rng);
   if (!strcmp(name, "sliding_window")) add_param(x, "window", 10);
   if (!strcmp(name, "softcap")) add_param(x, "softcap", 2.5);
 }
 
 static void extras_free(Extras *x) {
   for (int i = 0; i < x->nb; i++) {
-    rt_array_free(&x->buf[i].a);
-    if (x->grad[i]) rt_array_free(&x->gemu[i].a), rt_array_free(&x->gref[i].a);
+    tl_arr_free(&x->buf[i]);
+    if (x->grad[i]) tl_arr_free(&x->gemu[i]), tl_arr_free(&x->gref[i]);
   }
 }
 
 /* Everything one case reads and writes; [0] is the emulator's, [1] the reference's. */
 typedef struct Run {
-  Arr q, k, v, dout, dlse;
-  Arr out[2], lse[2], dq[2], dk[2], dv[2];
+  TlArr q, k, v, dout, dlse;
+  TlArr out[2], lse[2], dq[2], dk[2], dv[2];
   flex_args a[2];
   Extras x;
 } Run;
@@ -178,21 +135,23 @@ typedef struct Run {
 static void run_init(Run *r, const Shape *s, DLDataType dt, const char *sample) {
   DLDataType f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
   DLDataType od = s->native_out ? dt : f32;
+  int64_t qs[4] = {s->B, s->H, s->QL, s->E}, ks[4] = {s->B, s->HKV, s->KL, s->E};
+  int64_t vs[4] = {s->B, s->HKV, s->KL, s->EV}, os[4] = {s->B, s->H, s->QL, s->EV};
   memset(r, 0, sizeof *r);
-  arr_init(&r->q, dt, 4, s->B, s->H, s->QL, s->E), arr_fill(&r->q, 0, 0, true);
-  arr_init(&r->k, dt, 4, s->B, s->HKV, s->KL, s->E), arr_fill(&r->k, 0, 0, true);
-  arr_init(&r->v, dt, 4, s->B, s->HKV, s->KL, s->EV), arr_fill(&r->v, 0, 0, true);
-  arr_init(&r->dout, dt, 4, s->B, s->H, s->QL, s->EV), arr_fill(&r->dout, 0, 0, true);
-  arr_init(&r->dlse, f32, 3, s->B, s->H, s->QL, 0), arr_fill(&r->dlse, 0, 0, true);
+  tl_arr_init(&r->q, dt, 4, qs), tl_arr_normal(&r->q, &rng);
+  tl_arr_init(&r->k, dt, 4, ks), tl_arr_normal(&r->k, &rng);
+  tl_arr_init(&r->v, dt, 4, vs), tl_arr_normal(&r->v, &rng);
+  tl_arr_init(&r->dout, dt, 4, os), tl_arr_normal(&r->dout, &rng);
+  tl_arr_init(&r->dlse, f32, 3, qs), tl_arr_normal(&r->dlse, &rng); /* [B, H, QL] */
   for (int i = 0; i < 2; i++) {
     DLDataType o = i ? f64 : od;
-    arr_init(&r->out[i], o, 4, s->B, s->H, s->QL, s->EV);
-    arr_init(&r->lse[i], i ? f64 : f32, 3, s->B, s->H, s->QL, 0);
-    arr_init(&r->dq[i], o, 4, s->B, s->H, s->QL, s->E);
-    arr_init(&r->dk[i], o, 4, s->B, s->HKV, s->KL, s->E);
-    arr_init(&r->dv[i], o, 4, s->B, s->HKV, s->KL, s->EV);
-    Arr *outs[] = {&r->out[i], &r->lse[i], &r->dq[i], &r->dk[i], &r->dv[i]};
-    for (int j = 0; j < 5; j++) arr_poison(outs[j]);
+    tl_arr_init(&r->out[i], o, 4, os);
+    tl_arr_init(&r->lse[i], i ? f64 : f32, 3, qs);
+    tl_arr_init(&r->dq[i], o, 4, qs);
+    tl_arr_init(&r->dk[i], o, 4, ks);
+    tl_arr_init(&r->dv[i], o, 4, vs);
+    TlArr *outs[] = {&r->out[i], &r->lse[i], &r->dq[i], &r->dk[i], &r->dv[i]};
+    for (int j = 0; j < 5; j++) tl_arr_poison(outs[j]);
   }
   sample_extras(&r->x, sample, s);
   for (int i = 0; i < 2; i++) {
@@ -208,11 +167,11 @@ static void run_init(Run *r, const Shape *s, DLDataType dt, const char *sample) 
 }
 
 static void run_free(Run *r) {
-  Arr *all[] = {&r->q, &r->k, &r->v, &r->dout, &r->dlse};
-  for (int j = 0; j < 5; j++) rt_array_free(&all[j]->a);
+  TlArr *all[] = {&r->q, &r->k, &r->v, &r->dout, &r->dlse};
+  for (int j = 0; j < 5; j++) tl_arr_free(all[j]);
   for (int i = 0; i < 2; i++) {
-    Arr *outs[] = {&r->out[i], &r->lse[i], &r->dq[i], &r->dk[i], &r->dv[i]};
-    for (int j = 0; j < 5; j++) rt_array_free(&outs[j]->a);
+    TlArr *outs[] = {&r->out[i], &r->lse[i], &r->dq[i], &r->dk[i], &r->dv[i]};
+    for (int j = 0; j < 5; j++) tl_arr_free(outs[j]);
   }
   extras_free(&r->x);
 }
@@ -241,7 +200,7 @@ static int check_masked_rows(const Run *r, const Shape *s, bool backward) {
 /* One (sample, dtype, shape) case: forward and backward on both backends. */
 static void run_case(int si, int di, int shi) {
   const Shape *s = &shapes[shi];
-  const Dt *d = &dtypes[di];
+  const TlDtype *d = &tl_dtypes[di];
   char path[256];
   snprintf(path, sizeof path, "samples/%s.score", samples[si]);
   flex_kernel *k = NULL;
@@ -253,11 +212,11 @@ static void run_case(int si, int di, int shi) {
     ck_assert_msg(flex_forward(k, &r.a[i]) == FLEX_OK, "%s forward: %s", who, flex_last_error());
     ck_assert_msg(flex_backward(k, &r.a[i]) == FLEX_OK, "%s backward: %s", who, flex_last_error());
   }
-  double eo = rel_err(&r.out[0], &r.out[1]), el = rel_err(&r.lse[0], &r.lse[1]);
-  double eq = rel_err(&r.dq[0], &r.dq[1]), ek = rel_err(&r.dk[0], &r.dk[1]);
-  double ev = rel_err(&r.dv[0], &r.dv[1]), eb = 0;
+  double eo = tl_rel_err(&r.out[0].a, &r.out[1].a), el = tl_rel_err(&r.lse[0].a, &r.lse[1].a);
+  double eq = tl_rel_err(&r.dq[0].a, &r.dq[1].a), ek = tl_rel_err(&r.dk[0].a, &r.dk[1].a);
+  double ev = tl_rel_err(&r.dv[0].a, &r.dv[1].a), eb = 0;
   for (int i = 0; i < r.x.nb; i++)
-    if (r.x.grad[i]) eb = fmax(eb, rel_err(&r.x.gemu[i], &r.x.gref[i]));
+    if (r.x.grad[i]) eb = fmax(eb, tl_rel_err(&r.x.gemu[i].a, &r.x.gref[i].a));
   int masked = check_masked_rows(&r, s, true);
   fprintf(stderr,
           "  %-18s %s B%d H%d/%d L%d/%d E%d/%d%s%s: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g"

@@ -61,52 +61,13 @@ static const Case cases[] = {
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
-/* fp32, fp16, bf16 with their forward and gradient tolerances. */
-typedef struct Dt {
-  const char *name;
-  uint8_t code, bits;
-  double tol, gtol;
-} Dt;
-static const Dt dtypes[] = {{"fp32", kDLFloat, 32, 1e-4, 1e-3},
-                            {"fp16", kDLFloat, 16, 5e-3, 2e-2},
-                            {"bf16", kDLBfloat, 16, 3e-2, 6e-2}};
-
 enum { B = 1, H = 2, HKV = 1, QL = 150, KL = 150, E = 16 };
-
-/* An array and its DLTensor view. */
-typedef struct Arr {
-  RtArray a;
-  DLTensor t;
-} Arr;
-
-static void arr_init(Arr *x, DLDataType dt, int nd, const int64_t *shape) {
-  rt_array_init(&x->a, dt, nd, shape);
-  x->t = rt_array_tensor(&x->a);
-}
-static void arr_normal(Arr *x) {
-  for (int64_t i = 0; i < rt_array_count(&x->a); i++) rt_array_set(&x->a, i, tl_normal(&rng));
-}
-static void arr_poison(Arr *x) {
-  for (int64_t i = 0; i < rt_array_count(&x->a); i++) rt_array_set(&x->a, i, NAN);
-}
-
-/* Relative norm error; NaN gives infinity; equal infinities are exact. */
-static double rel_err(const Arr *x, const Arr *ref) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < rt_array_count(&x->a); i++) {
-    double a = rt_array_get(&x->a, i), b = rt_array_get(&ref->a, i);
-    if (isnan(a) || isnan(b)) return INFINITY;
-    if (isinf(b) && a == b) continue;
-    num += (a - b) * (a - b), den += b * b;
-  }
-  return den > 0 ? sqrt(num / den) : INFINITY;
-}
 
 /* Everything one case reads and writes; [0] the emulator's, [1] the reference's. */
 typedef struct Run {
   flex_kernel *k;
-  Arr q, k_, v, dout, doc;
-  Arr out[2], lse[2], dq[2], dk[2], dv[2];
+  TlArr q, k_, v, dout, doc;
+  TlArr out[2], lse[2], dq[2], dk[2], dv[2];
   flex_param params[2];
   flex_buffer buf;
   flex_args a[2];
@@ -117,28 +78,29 @@ typedef struct Run {
   bool have_bm;
 } Run;
 
-static void run_init(Run *r, const Case *c, const Dt *d) {
+static void run_init(Run *r, const Case *c, const TlDtype *d) {
   memset(r, 0, sizeof *r);
   ck_assert_msg(flex_kernel_from_source(&r->k, c->name, c->src, strlen(c->src), NULL) == FLEX_OK,
                 "%s: %s", c->name, flex_last_error());
   DLDataType dt = rt_dtype(d->code, d->bits), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
   int64_t sq[4] = {B, H, QL, E}, sk[4] = {B, HKV, KL, E}, sl[3] = {B, H, QL};
-  arr_init(&r->q, dt, 4, sq), arr_normal(&r->q);
-  arr_init(&r->k_, dt, 4, sk), arr_normal(&r->k_);
-  arr_init(&r->v, dt, 4, sk), arr_normal(&r->v);
-  arr_init(&r->dout, dt, 4, sq), arr_normal(&r->dout);
+  tl_arr_init(&r->q, dt, 4, sq), tl_arr_normal(&r->q, &rng);
+  tl_arr_init(&r->k_, dt, 4, sk), tl_arr_normal(&r->k_, &rng);
+  tl_arr_init(&r->v, dt, 4, sk), tl_arr_normal(&r->v, &rng);
+  tl_arr_init(&r->dout, dt, 4, sq), tl_arr_normal(&r->dout, &rng);
   for (int i = 0; i < 2; i++) {
     DLDataType o = i ? f64 : f32;
-    arr_init(&r->out[i], o, 4, sq), arr_init(&r->lse[i], o, 3, sl);
-    arr_init(&r->dq[i], o, 4, sq), arr_init(&r->dk[i], o, 4, sk), arr_init(&r->dv[i], o, 4, sk);
-    Arr *outs[] = {&r->out[i], &r->lse[i], &r->dq[i], &r->dk[i], &r->dv[i]};
-    for (int j = 0; j < 5; j++) arr_poison(outs[j]);
+    tl_arr_init(&r->out[i], o, 4, sq), tl_arr_init(&r->lse[i], o, 3, sl);
+    tl_arr_init(&r->dq[i], o, 4, sq), tl_arr_init(&r->dk[i], o, 4, sk);
+    tl_arr_init(&r->dv[i], o, 4, sk);
+    TlArr *outs[] = {&r->out[i], &r->lse[i], &r->dq[i], &r->dk[i], &r->dv[i]};
+    for (int j = 0; j < 5; j++) tl_arr_poison(outs[j]);
   }
   int np = 0;
   for (int i = 0; i < 2 && c->pname[i]; i++) r->params[np++] = (flex_param){c->pname[i], c->pval[i]};
   if (c->doc) { /* runs of random length; shuffled ids break the sorted promise on purpose */
     int64_t n = QL;
-    arr_init(&r->doc, rt_dtype(kDLInt, 32), 1, &n);
+    tl_arr_init(&r->doc, rt_dtype(kDLInt, 32), 1, &n);
     int id = 0;
     for (int i = 0; i < QL; i++) {
       if (i && tl_uniform(&rng) < 0.08) id++;
@@ -158,19 +120,19 @@ static void run_init(Run *r, const Case *c, const Dt *d) {
 }
 
 static void run_free(Run *r) {
-  Arr *all[] = {&r->q, &r->k_, &r->v, &r->dout, &r->doc};
+  TlArr *all[] = {&r->q, &r->k_, &r->v, &r->dout, &r->doc};
   for (int i = 0; i < 5; i++)
-    if (all[i]->a.data) rt_array_free(&all[i]->a);
+    if (all[i]->a.data) tl_arr_free(all[i]);
   for (int i = 0; i < 2; i++) {
-    Arr *outs[] = {&r->out[i], &r->lse[i], &r->dq[i], &r->dk[i], &r->dv[i]};
-    for (int j = 0; j < 5; j++) rt_array_free(&outs[j]->a);
+    TlArr *outs[] = {&r->out[i], &r->lse[i], &r->dq[i], &r->dk[i], &r->dv[i]};
+    for (int j = 0; j < 5; j++) tl_arr_free(outs[j]);
   }
   if (r->have_bm) rt_block_mask_free(&r->bm);
   flex_kernel_free(r->k);
 }
 
 /* The kernels' tile options for this dtype (what the emulator generates). */
-static CgOptions options(const Run *r, const Dt *d) {
+static CgOptions options(const Run *r, const TlDtype *d) {
   CgOptions o;
   char err[256];
   CgDtype cd = d->code == kDLBfloat ? CG_BF16 : d->bits == 16 ? CG_FP16 : CG_FP32;
@@ -197,7 +159,7 @@ static RtMaskStats cpu_mask(Run *r, int bq, int bk, RtBlockMask *out) {
 }
 
 /* Hand the emulator the CPU-built mask as DLTensors (q side only when with_q). */
-static void give_user_mask(Run *r, const Dt *d, bool with_q) {
+static void give_user_mask(Run *r, const TlDtype *d, bool with_q) {
   CgOptions o = options(r, d);
   int bq, bk;
   cg_mask_blocks(&o, &bq, &bk);
@@ -221,7 +183,7 @@ static void give_user_mask(Run *r, const Dt *d, bool with_q) {
 }
 
 /* Forward and backward on both backends; every output within tolerance. */
-static void compare(Run *r, const Case *c, const Dt *d, const char *how, RtEmuStats *fs,
+static void compare(Run *r, const Case *c, const TlDtype *d, const char *how, RtEmuStats *fs,
                     RtEmuStats *bs) {
   for (int i = 0; i < 2; i++)
     ck_assert_msg(flex_forward(r->k, &r->a[i]) == FLEX_OK, "%s %s forward (%s): %s", c->name,
@@ -231,9 +193,9 @@ static void compare(Run *r, const Case *c, const Dt *d, const char *how, RtEmuSt
     ck_assert_msg(flex_backward(r->k, &r->a[i]) == FLEX_OK, "%s %s backward (%s): %s", c->name,
                   d->name, i ? "reference" : "emu", flex_last_error());
   if (bs) *bs = rt_emu_last_stats();
-  double e[5] = {rel_err(&r->out[0], &r->out[1]), rel_err(&r->lse[0], &r->lse[1]),
-                 rel_err(&r->dq[0], &r->dq[1]), rel_err(&r->dk[0], &r->dk[1]),
-                 rel_err(&r->dv[0], &r->dv[1])};
+  double e[5] = {tl_rel_err(&r->out[0].a, &r->out[1].a), tl_rel_err(&r->lse[0].a, &r->lse[1].a),
+                 tl_rel_err(&r->dq[0].a, &r->dq[1].a), tl_rel_err(&r->dk[0].a, &r->dk[1].a),
+                 tl_rel_err(&r->dv[0].a, &r->dv[1].a)};
   fprintf(stderr, "  %-15s %s %-9s out %.2g lse %.2g dq %.2g dk %.2g dv %.2g\n", c->name, d->name,
           how, e[0], e[1], e[2], e[3], e[4]);
   ck_assert_msg(e[0] <= d->tol && e[1] <= d->tol, "%s %s %s: forward error out %g lse %g", c->name,
@@ -246,7 +208,7 @@ static void compare(Run *r, const Case *c, const Dt *d, const char *how, RtEmuSt
 
 START_TEST(implicit_mask) {
   const Case *c = &cases[_i];
-  const Dt *d = &dtypes[_i % 3];
+  const TlDtype *d = &tl_dtypes[_i % 3];
   Run r;
   run_init(&r, c, d);
   RtEmuStats fs, bs;
@@ -265,7 +227,7 @@ END_TEST
 
 START_TEST(user_mask) {
   const Case *c = &cases[_i];
-  const Dt *d = &dtypes[(_i + 1) % 3];
+  const TlDtype *d = &tl_dtypes[(_i + 1) % 3];
   Run r;
   run_init(&r, c, d);
   give_user_mask(&r, d, _i % 2 == 0);
@@ -281,7 +243,7 @@ END_TEST
 
 START_TEST(builder) {
   const Case *c = &cases[NCASES - 1];
-  const Dt *d = &dtypes[_i];
+  const TlDtype *d = &tl_dtypes[_i];
   Run r;
   run_init(&r, c, d);
   RtEmuStats fs, bs;
@@ -304,7 +266,7 @@ END_TEST
 
 START_TEST(visited_tiles) {
   const Case *c = &cases[_i == 0 ? 0 : 2]; /* causal, sliding window */
-  const Dt *d = &dtypes[1];
+  const TlDtype *d = &tl_dtypes[1];
   Run r;
   run_init(&r, c, d);
   RtEmuStats fs, bs;
@@ -332,8 +294,8 @@ END_TEST
 START_TEST(builder_source) {
   const Case *c = &cases[NCASES - 1];
   Run r;
-  run_init(&r, c, &dtypes[1]);
-  CgOptions o = options(&r, &dtypes[1]);
+  run_init(&r, c, &tl_dtypes[1]);
+  CgOptions o = options(&r, &tl_dtypes[1]);
   o.mask_mode = CG_MASK_LISTS;
   o.mask_builder = true;
   Buf src = {0};

@@ -15,18 +15,8 @@
 
 #define MAXB 8
 
-/* A host array with its DLTensor view. */
-typedef struct Arr {
-  RtArray a;
-  DLTensor t;
-} Arr;
-
-static void arr_init(Arr *x, DLDataType dt, int nd, const int64_t *shape) {
-  rt_array_init(&x->a, dt, nd, shape);
-  x->t = rt_array_tensor(&x->a);
-}
-static double *D(Arr *x) { return x->a.data; }
-static int64_t N(const Arr *x) { return rt_array_count(&x->a); }
+static double *D(TlArr *x) { return x->a.data; }
+static int64_t N(const TlArr *x) { return rt_array_count(&x->a); }
 
 /* Shapes of one case. */
 typedef struct Dims {
@@ -37,8 +27,8 @@ typedef struct Dims {
 typedef struct Case {
   flex_kernel *k;
   Dims d;
-  Arr q, k_, v, out, lse, dout, dlse, dq, dk, dv;
-  Arr bufs[MAXB], grads[MAXB];
+  TlArr q, k_, v, out, lse, dout, dlse, dq, dk, dv;
+  TlArr bufs[MAXB], grads[MAXB];
   flex_buffer fb[MAXB];
   flex_param params[MAXB];
   flex_args args;
@@ -46,10 +36,6 @@ typedef struct Case {
 } Case;
 
 static const DLDataType F64 = {kDLFloat, 64, 1};
-
-static void fill_normal(Arr *x, uint64_t *seed) {
-  for (int64_t i = 0; i < N(x); i++) D(x)[i] = tl_normal(seed);
-}
 
 /* Random but valid buffers: float values on a 2^-10 grid (so binary32
  * perturbations are exact), sorted ids, int values in [0, KV_LEN]. */
@@ -63,7 +49,7 @@ static void make_buffer(Case *c, int j) {
              : ib->dims[d].size < SZ_COUNT ? pre[ib->dims[d].size] : free_size;
   static const uint8_t codes[] = {kDLFloat, kDLFloat, kDLBfloat, kDLInt, kDLInt, kDLUInt, kDLBool};
   static const uint8_t bits[] = {32, 16, 16, 32, 64, 8, 8};
-  arr_init(&c->bufs[j], rt_dtype(codes[ib->dtype], bits[ib->dtype]), ib->ndims, shape);
+  tl_arr_init(&c->bufs[j], rt_dtype(codes[ib->dtype], bits[ib->dtype]), ib->ndims, shape);
   int64_t n = N(&c->bufs[j]), id = 0;
   for (int64_t i = 0; i < n; i++) {
     double x;
@@ -77,7 +63,7 @@ static void make_buffer(Case *c, int j) {
   c->fb[j].name = ib->id;
   c->fb[j].tensor = &c->bufs[j].t;
   if (ib->grad) {
-    arr_init(&c->grads[j], F64, ib->ndims, shape);
+    tl_arr_init(&c->grads[j], F64, ib->ndims, shape);
     c->fb[j].grad = &c->grads[j].t;
   }
 }
@@ -89,13 +75,14 @@ static void case_init(Case *c, flex_kernel *k, Dims d, uint64_t seed) {
   c->seed = seed;
   int64_t q[4] = {d.B, d.H, d.QL, d.E}, kk[4] = {d.B, d.HKV, d.KL, d.E};
   int64_t v[4] = {d.B, d.HKV, d.KL, d.EV}, o[4] = {d.B, d.H, d.QL, d.EV};
-  arr_init(&c->q, F64, 4, q), arr_init(&c->dq, F64, 4, q);
-  arr_init(&c->k_, F64, 4, kk), arr_init(&c->dk, F64, 4, kk);
-  arr_init(&c->v, F64, 4, v), arr_init(&c->dv, F64, 4, v);
-  arr_init(&c->out, F64, 4, o), arr_init(&c->dout, F64, 4, o);
-  arr_init(&c->lse, F64, 3, o), arr_init(&c->dlse, F64, 3, o);
-  fill_normal(&c->q, &c->seed), fill_normal(&c->k_, &c->seed), fill_normal(&c->v, &c->seed);
-  fill_normal(&c->dout, &c->seed), fill_normal(&c->dlse, &c->seed);
+  tl_arr_init(&c->q, F64, 4, q), tl_arr_init(&c->dq, F64, 4, q);
+  tl_arr_init(&c->k_, F64, 4, kk), tl_arr_init(&c->dk, F64, 4, kk);
+  tl_arr_init(&c->v, F64, 4, v), tl_arr_init(&c->dv, F64, 4, v);
+  tl_arr_init(&c->out, F64, 4, o), tl_arr_init(&c->dout, F64, 4, o);
+  tl_arr_init(&c->lse, F64, 3, o), tl_arr_init(&c->dlse, F64, 3, o);
+  tl_arr_normal(&c->q, &c->seed), tl_arr_normal(&c->k_, &c->seed);
+  tl_arr_normal(&c->v, &c->seed), tl_arr_normal(&c->dout, &c->seed);
+  tl_arr_normal(&c->dlse, &c->seed);
   const IrModule *m = k->mod;
   CHECK(m->nbuffers <= MAXB && m->nparams <= MAXB);
   for (int j = 0; j < m->nbuffers; j++) make_buffer(c, j);
@@ -115,28 +102,24 @@ static void case_init(Case *c, flex_kernel *k, Dims d, uint64_t seed) {
 }
 
 static void case_free(Case *c) {
-  Arr *all[] = {&c->q, &c->k_, &c->v, &c->out, &c->lse, &c->dout, &c->dlse, &c->dq, &c->dk, &c->dv};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) rt_array_free(&all[i]->a);
+  TlArr *all[] = {&c->q, &c->k_, &c->v, &c->out, &c->lse, &c->dout, &c->dlse, &c->dq, &c->dk, &c->dv};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tl_arr_free(all[i]);
   for (int j = 0; j < MAXB; j++) {
-    rt_array_free(&c->bufs[j].a);
-    rt_array_free(&c->grads[j].a);
+    tl_arr_free(&c->bufs[j]);
+    tl_arr_free(&c->grads[j]);
   }
 }
 
-static void poison(Arr *x) {
-  for (int64_t i = 0; i < N(x); i++) D(x)[i] = NAN;
-}
-
 static void forward(Case *c) {
-  poison(&c->out), poison(&c->lse);
+  tl_arr_poison(&c->out), tl_arr_poison(&c->lse);
   ck_assert_msg(flex_forward(c->k, &c->args) == FLEX_OK, "forward: %s", flex_last_error());
 }
 
 static void backward(Case *c) {
   forward(c);
-  poison(&c->dq), poison(&c->dk), poison(&c->dv);
+  tl_arr_poison(&c->dq), tl_arr_poison(&c->dk), tl_arr_poison(&c->dv);
   for (int j = 0; j < MAXB; j++)
-    if (c->grads[j].a.data) poison(&c->grads[j]);
+    if (c->grads[j].a.data) tl_arr_poison(&c->grads[j]);
   ck_assert_msg(flex_backward(c->k, &c->args) == FLEX_OK, "backward: %s", flex_last_error());
 }
 
@@ -153,7 +136,7 @@ static double loss(Case *c) {
 
 /* Directional derivative of L along u (x is perturbed in place, float64 or
  * float32 storage), Richardson-extrapolated central differences. */
-static double fd_along(Case *c, Arr *x, const double *u, double h) {
+static double fd_along(Case *c, TlArr *x, const double *u, double h) {
   int64_t n = N(x);
   double *x0 = base_alloc(sizeof(double) * (size_t)(n ? n : 1)), d[2];
   for (int64_t i = 0; i < n; i++) x0[i] = rt_array_get(&x->a, i);
@@ -173,7 +156,7 @@ static double fd_along(Case *c, Arr *x, const double *u, double h) {
 /* Check gradient g of L w.r.t. x: along a direction leaning on g (so the
  * projection is far from zero) and at the element of largest |g|. Float32
  * inputs use signs and power-of-two steps, exact on their 2^-8 grid. */
-static void check_grad(Case *c, const char *name, Arr *x, Arr *g, bool f32) {
+static void check_grad(Case *c, const char *name, TlArr *x, TlArr *g, bool f32) {
   int64_t n = N(x);
   if (!n) return;
   double *u = base_alloc(sizeof(double) * (size_t)n), gg = 0, dot = 0, gmax = 0;
@@ -212,10 +195,10 @@ static void check_all_grads(Case *c, const char *what) {
   char name[256];
   /* backward() poisoned the outputs before; copy the gradients out of the
    * way, since every finite difference reruns the forward. */
-  Arr gq, gk, gv, gb[MAXB];
+  TlArr gq, gk, gv, gb[MAXB];
   int64_t q[4], k[4], v[4];
   memcpy(q, c->dq.a.shape, sizeof q), memcpy(k, c->dk.a.shape, sizeof k), memcpy(v, c->dv.a.shape, sizeof v);
-  arr_init(&gq, F64, 4, q), arr_init(&gk, F64, 4, k), arr_init(&gv, F64, 4, v);
+  tl_arr_init(&gq, F64, 4, q), tl_arr_init(&gk, F64, 4, k), tl_arr_init(&gv, F64, 4, v);
   memcpy(D(&gq), D(&c->dq), sizeof(double) * (size_t)N(&gq));
   memcpy(D(&gk), D(&c->dk), sizeof(double) * (size_t)N(&gk));
   memcpy(D(&gv), D(&c->dv), sizeof(double) * (size_t)N(&gv));
@@ -225,13 +208,13 @@ static void check_all_grads(Case *c, const char *what) {
   const IrModule *m = c->k->mod;
   for (int j = 0; j < m->nbuffers; j++) {
     if (!m->buffers[j].grad) continue;
-    arr_init(&gb[j], F64, c->grads[j].a.ndim, c->grads[j].a.shape);
+    tl_arr_init(&gb[j], F64, c->grads[j].a.ndim, c->grads[j].a.shape);
     memcpy(D(&gb[j]), D(&c->grads[j]), sizeof(double) * (size_t)N(&gb[j]));
     snprintf(name, sizeof name, "%s: d_%s", what, m->buffers[j].id);
     check_grad(c, name, &c->bufs[j], &gb[j], true);
-    rt_array_free(&gb[j].a);
+    tl_arr_free(&gb[j]);
   }
-  rt_array_free(&gq.a), rt_array_free(&gk.a), rt_array_free(&gv.a);
+  tl_arr_free(&gq), tl_arr_free(&gk), tl_arr_free(&gv);
 }
 
 /* Odd shapes: head dim 15, Q_LEN 23 vs KV_LEN 56, EV != E, GQA; MQA with a
@@ -274,13 +257,13 @@ END_TEST
 
 /* Every element of g against its own central difference (relative norm
  * error over the tensor). Float32 buffers step by 2^-7, exact on their grid. */
-static double check_grad_elements(Case *c, const char *name, Arr *x, const Arr *g, bool f32) {
+static double check_grad_elements(Case *c, const char *name, TlArr *x, const TlArr *g, bool f32) {
   int64_t n = N(x);
   double *u = base_alloc(sizeof(double) * (size_t)(n ? n : 1)), num = 0, den = 0;
   double h = f32 ? ldexp(1, -7) : 1e-3;
   for (int64_t i = 0; i < n; i++) {
     u[i] = 1;
-    double fd = fd_along(c, x, u, h), gi = D((Arr *)g)[i];
+    double fd = fd_along(c, x, u, h), gi = D((TlArr *)g)[i];
     u[i] = 0;
     ck_assert_msg(!isnan(gi) && !isnan(fd), "%s[%lld]: %g, finite differences %g", name,
                   (long long)i, gi, fd);
@@ -298,15 +281,15 @@ static double check_grad_elements(Case *c, const char *name, Arr *x, const Arr *
 }
 
 /* A copy of gradient `g` that survives the forwards the differences rerun. */
-static void keep(Arr *dst, Arr *g) {
-  arr_init(dst, F64, g->a.ndim, g->a.shape);
+static void keep(TlArr *dst, TlArr *g) {
+  tl_arr_init(dst, F64, g->a.ndim, g->a.shape);
   memcpy(D(dst), D(g), sizeof(double) * (size_t)N(dst));
 }
 
 /* Every element of dq, dk, dv and each buffer gradient, at one tiny shape. */
 static void check_every_element(Case *c, const char *what) {
   backward(c);
-  Arr gq, gk, gv, gb;
+  TlArr gq, gk, gv, gb;
   keep(&gq, &c->dq), keep(&gk, &c->dk), keep(&gv, &c->dv);
   char name[700];
   double e[3 + MAXB] = {0};
@@ -320,12 +303,12 @@ static void check_every_element(Case *c, const char *what) {
     keep(&gb, &c->grads[j]);
     snprintf(name, sizeof name, "%s: d_%s", what, m->buffers[j].id);
     e[ne++] = check_grad_elements(c, name, &c->bufs[j], &gb, true);
-    rt_array_free(&gb.a);
+    tl_arr_free(&gb);
   }
   fprintf(stderr, "  %s: every element: dq %.1e dk %.1e dv %.1e", what, e[0], e[1], e[2]);
   for (int i = 3; i < ne; i++) fprintf(stderr, " buffer %.1e", e[i]);
   fputc('\n', stderr);
-  rt_array_free(&gq.a), rt_array_free(&gk.a), rt_array_free(&gv.a);
+  tl_arr_free(&gq), tl_arr_free(&gk), tl_arr_free(&gv);
 }
 
 START_TEST(samples_every_element) {
@@ -395,21 +378,34 @@ static double rel_norm(const double *x, const double *ref, int64_t n) {
   return sqrt(num / den);
 }
 
+/* Compile an inline kernel; a failure shows the front end's message. */
+static flex_kernel *from_source(const char *name, const char *src) {
+  flex_kernel *k = NULL;
+  ck_assert_msg(flex_kernel_from_source(&k, name, src, strlen(src), NULL) == FLEX_OK, "%s: %s", name,
+                flex_last_error());
+  return k;
+}
+
+/* The forward c just ran (O, LSE) equals the naive attention on c's
+ * inputs and scale to 1e-12. */
+static void expect_naive(Case *c) {
+  double *O = base_alloc(sizeof(double) * (size_t)N(&c->out));
+  double *L = base_alloc(sizeof(double) * (size_t)N(&c->lse));
+  naive(c, c->args.scale ? c->args.scale : 1 / sqrt((double)c->d.E), O, L);
+  ck_assert_double_lt(rel_norm(D(&c->out), O, N(&c->out)), 1e-12);
+  ck_assert_double_lt(rel_norm(D(&c->lse), L, N(&c->lse)), 1e-12);
+  base_free(O), base_free(L);
+}
+
 START_TEST(forward_matches_naive) {
   uint64_t seed = tl_seed() + 100;
   const char *src = "score id(s, b, h, q, kv) { return s; }\n";
-  flex_kernel *k;
-  ck_assert(flex_kernel_from_source(&k, "plain.score", src, strlen(src), NULL) == FLEX_OK);
+  flex_kernel *k = from_source("plain.score", src);
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     Case c;
     case_init(&c, k, shapes[s], seed++);
     forward(&c);
-    double *O = base_alloc(sizeof(double) * (size_t)N(&c.out)), *L = base_alloc(sizeof(double) * (size_t)N(&c.lse));
-    double scale = c.args.scale ? c.args.scale : 1 / sqrt((double)c.d.E);
-    naive(&c, scale, O, L);
-    ck_assert_double_lt(rel_norm(D(&c.out), O, N(&c.out)), 1e-12);
-    ck_assert_double_lt(rel_norm(D(&c.lse), L, N(&c.lse)), 1e-12);
-    base_free(O), base_free(L);
+    expect_naive(&c);
     case_free(&c);
   }
   flex_kernel_free(k);
@@ -421,14 +417,13 @@ START_TEST(half_inputs_decode_exactly) {
    * the decoded values. */
   uint64_t seed = tl_seed() + 200;
   const char *src = "score id(s, b, h, q, kv) { return s; }\n";
-  flex_kernel *k;
-  ck_assert(flex_kernel_from_source(&k, "plain.score", src, strlen(src), NULL) == FLEX_OK);
+  flex_kernel *k = from_source("plain.score", src);
   Case c;
   case_init(&c, k, shapes[0], seed);
-  Arr h[3];
-  Arr *src3[3] = {&c.q, &c.k_, &c.v};
+  TlArr h[3];
+  TlArr *src3[3] = {&c.q, &c.k_, &c.v};
   for (int i = 0; i < 3; i++) {
-    arr_init(&h[i], rt_dtype(kDLFloat, 16), 4, src3[i]->a.shape);
+    tl_arr_init(&h[i], rt_dtype(kDLFloat, 16), 4, src3[i]->a.shape);
     for (int64_t j = 0; j < N(src3[i]); j++) {
       rt_array_set(&h[i].a, j, D(src3[i])[j]);
       D(src3[i])[j] = rt_array_get(&h[i].a, j); /* the naive side sees the decoded value */
@@ -436,12 +431,8 @@ START_TEST(half_inputs_decode_exactly) {
   }
   c.args.q = &h[0].t, c.args.k = &h[1].t, c.args.v = &h[2].t;
   forward(&c);
-  double *O = base_alloc(sizeof(double) * (size_t)N(&c.out)), *L = base_alloc(sizeof(double) * (size_t)N(&c.lse));
-  naive(&c, c.args.scale ? c.args.scale : 1 / sqrt((double)c.d.E), O, L);
-  ck_assert_double_lt(rel_norm(D(&c.out), O, N(&c.out)), 1e-12);
-  ck_assert_double_lt(rel_norm(D(&c.lse), L, N(&c.lse)), 1e-12);
-  base_free(O), base_free(L);
-  for (int i = 0; i < 3; i++) rt_array_free(&h[i].a);
+  expect_naive(&c);
+  for (int i = 0; i < 3; i++) tl_arr_free(&h[i]);
   case_free(&c);
   flex_kernel_free(k);
 }
@@ -454,9 +445,7 @@ START_TEST(fully_masked_rows) {
   const char *src = "buffer w: f32[H] grad;\n"
                     "score f(s, b, h, q, kv) { return where(kv > q + 10, -inf, s * w[h]); }\n"
                     "mask m(b, h, q, kv) { return kv < q - 3; }\n";
-  flex_kernel *k;
-  ck_assert_msg(flex_kernel_from_source(&k, "masked.score", src, strlen(src), NULL) == FLEX_OK, "%s",
-                flex_last_error());
+  flex_kernel *k = from_source("masked.score", src);
   Case c;
   case_init(&c, k, shapes[0], seed);
   backward(&c);
@@ -470,7 +459,7 @@ START_TEST(fully_masked_rows) {
         for (int e = 0; e < d.EV && i < 4; e++) ck_assert(D(&c.out)[row * d.EV + e] == 0);
         for (int e = 0; e < d.E && i < 4; e++) ck_assert(D(&c.dq)[row * d.E + e] == 0);
       }
-  Arr *all[] = {&c.out, &c.dq, &c.dk, &c.dv, &c.grads[0]};
+  TlArr *all[] = {&c.out, &c.dq, &c.dk, &c.dv, &c.grads[0]};
   for (size_t t = 0; t < 5; t++)
     for (int64_t i = 0; i < N(all[t]); i++) ck_assert(!isnan(D(all[t])[i]));
   check_all_grads(&c, "masked.score");
@@ -483,13 +472,12 @@ START_TEST(checked_runs) {
   uint64_t seed = tl_seed() + 400;
   /* An out-of-range read fails a checked run with the interpreter's message. */
   const char *src = "buffer t: f32[N];\nscore f(s, b, h, q, kv) {\n  return s + t[kv];\n}\n";
-  flex_kernel *k;
-  ck_assert(flex_kernel_from_source(&k, "oob.score", src, strlen(src), NULL) == FLEX_OK);
+  flex_kernel *k = from_source("oob.score", src);
   Case c;
   case_init(&c, k, shapes[0], seed);
   int64_t small[1] = {5};
-  rt_array_free(&c.bufs[0].a);
-  arr_init(&c.bufs[0], rt_dtype(kDLFloat, 32), 1, small);
+  tl_arr_free(&c.bufs[0]);
+  tl_arr_init(&c.bufs[0], rt_dtype(kDLFloat, 32), 1, small);
   for (int i = 0; i < 5; i++) rt_array_set(&c.bufs[0].a, i, 0.5 + i);
   ck_assert_int_eq(flex_forward(k, &c.args), FLEX_ERR_RUNTIME);
   ck_assert_msg(strstr(flex_last_error(), "'t'") && strstr(flex_last_error(), "[5]") &&
@@ -521,7 +509,7 @@ START_TEST(validation_messages) {
   Case c;
   case_init(&c, k, shapes[0], seed);
   int64_t bad_shape[4] = {2, 3, 23, 15}, rank3[3] = {2, 4, 23};
-  Arr x;
+  TlArr x;
   /* Each broken call, and a piece of its message. */
   struct { int what; const char *want; } cases[] = {
       {0, "not a multiple"}, {1, "rank-4"}, {2, "share a dtype"}, {3, "declared f32"},
@@ -535,10 +523,10 @@ START_TEST(validation_messages) {
     int64_t strides[4] = {2 * 56 * 15, 56 * 15, 15, 2};
     memset(&x, 0, sizeof x);
     switch (cases[i].what) {
-    case 0: arr_init(&x, F64, 4, bad_shape); b.args.k = &x.t; b.args.v = &x.t; break;
-    case 1: arr_init(&x, F64, 3, rank3); b.args.q = &x.t; break;
-    case 2: arr_init(&x, rt_dtype(kDLFloat, 32), 4, c.k_.a.shape); b.args.k = &x.t; break;
-    case 3: arr_init(&x, F64, 1, c.bufs[0].a.shape); b.fb[0].tensor = &x.t; b.args.buffers = b.fb; break;
+    case 0: tl_arr_init(&x, F64, 4, bad_shape); b.args.k = &x.t; b.args.v = &x.t; break;
+    case 1: tl_arr_init(&x, F64, 3, rank3); b.args.q = &x.t; break;
+    case 2: tl_arr_init(&x, rt_dtype(kDLFloat, 32), 4, c.k_.a.shape); b.args.k = &x.t; break;
+    case 3: tl_arr_init(&x, F64, 1, c.bufs[0].a.shape); b.fb[0].tensor = &x.t; b.args.buffers = b.fb; break;
     case 4: b.args.scale = INFINITY; break;
     case 5: p[0].value = 2.5; b.args.params = p; b.args.nparams = 2; break;
     case 6: p[0].name = "nope"; b.args.params = p; b.args.nparams = 1; break;
@@ -548,7 +536,7 @@ START_TEST(validation_messages) {
     }
     ck_assert_int_eq(flex_forward(k, &b.args), FLEX_ERR_INVALID);
     ck_assert_msg(strstr(flex_last_error(), cases[i].want), "case %zu: %s", i, flex_last_error());
-    rt_array_free(&x.a);
+    tl_arr_free(&x);
   }
   /* Zero lengths where the math is well defined: KV_LEN 0 gives fully
    * masked rows, Q_LEN 0 and B 0 do nothing. */
