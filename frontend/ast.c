@@ -218,6 +218,12 @@ Body *fe_body_return(Parser *ps, Body *b, Expr *e, Loc kwloc) {
   return b;
 }
 
+Body *fe_body_assign(Parser *ps, Body *b, const char *id, Loc idloc) {
+  diag_error(ps->d, idloc, "'%s' cannot be assigned: names are immutable (use 'let' with a new name)",
+             id);
+  return b;
+}
+
 KItems *fe_kitem_score(Parser *ps, KItems *k, const char *id, Loc loc, Loc whole) {
   if (!k) k = arena_alloc(ps->a, sizeof *k);
   if (k->has_score) {

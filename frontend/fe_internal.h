@@ -103,6 +103,8 @@ DimList *fe_dim_lit(Parser *ps, DimList *l, int64_t v, Loc loc);
 DimList *fe_dim_name(Parser *ps, DimList *l, const char *id, Loc loc);
 BufFlags fe_flag(Parser *ps, BufFlags f, bool sorted, Loc loc);
 Body *fe_body_let(Parser *ps, Body *b, const char *id, Loc idloc, Expr *e);
+/* `x = e;`: reported (names are immutable); the body is unchanged. */
+Body *fe_body_assign(Parser *ps, Body *b, const char *id, Loc idloc);
 Body *fe_body_return(Parser *ps, Body *b, Expr *e, Loc kwloc);
 KItems *fe_kitem_score(Parser *ps, KItems *k, const char *id, Loc loc, Loc whole);
 KItems *fe_kitem_mask(Parser *ps, KItems *k, Expr *e, Loc whole);

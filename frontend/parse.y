@@ -156,11 +156,13 @@ params
   ;
 
 /* body := stmt*    stmt := 'let' identifier '=' expr ';' | 'return' expr ';'
- * (the builder insists on lets first and exactly one return) */
+ * (the builder insists on lets first and exactly one return; an assignment
+ * `identifier '=' expr ';'` is parsed only to say that names are immutable) */
 body
   : %empty                          { $$ = NULL; }
   | body LET IDENT '=' expr ';'     { $$ = fe_body_let(ps, $1, $3, @3, $5); }
   | body RETURN expr ';'            { $$ = fe_body_return(ps, $1, $3, @2); }
+  | body IDENT '=' expr ';'         { $$ = fe_body_assign(ps, $1, $2, @2); }
   | body error ';'                  { $$ = $1; }
   ;
 
