@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { C_EMPTY = 0, C_FULL = 1, C_PARTIAL = 2 }; /* a block's class */
 
@@ -22,6 +23,22 @@ static flex_status fail(char *err, size_t errlen, const char *fmt, ...) {
 }
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+/* A shape is the user's to choose, so a mask too large for this machine is
+ * an error with the figures, not an allocation failure: the builder needs
+ * one class byte and four int32 index entries per block, plus the counts. */
+static flex_status check_fits(int B, int H, const RtMaskShape *s, char *err, size_t errlen) {
+  int bq = s->block_q > 0 ? s->block_q : 128, bkv = s->block_kv > 0 ? s->block_kv : 128;
+  double nq = ceil_div(s->q_len, bq), nkv = ceil_div(s->kv_len, bkv);
+  double need = (double)B * H * (nq * nkv * 17.0 + (nq + nkv) * 16.0);
+  double have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  if (have > 0 && need > have / 2)
+    return fail(err, errlen,
+                "block mask: %d x %d (batch x head) masks of %.0f x %.0f blocks of %dx%d need "
+                "%.1f GB, more than half of this machine's %.1f GB; use larger blocks or a "
+                "smaller shape", B, H, nq, nkv, bq, bkv, need / 1e9, have / 1e9);
+  return FLEX_OK;
+}
 
 /* Extents and zeroed arrays for a mask of the given geometry. */
 static void alloc_mask(RtBlockMask *bm, int B, int H, const RtMaskShape *s, bool full) {
@@ -211,6 +228,8 @@ flex_status rt_block_mask_build(RtBlockMask *out, const IrModule *m, const IrInt
   if (!env) env = &none;
   int B = m->mask && ir_interval_uses_arg(m, ARG_B) ? shape->B : 1;
   int H = m->mask && ir_interval_uses_arg(m, ARG_H) ? shape->H : 1;
+  flex_status fit = check_fits(B, H, shape, err, errlen);
+  if (fit) return fit;
   alloc_mask(out, B, H, shape, true);
   size_t nblocks = (size_t)B * H * out->nq * out->nkv;
   uint8_t *cls = base_alloc(nblocks);
