@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void *default_alloc(void *ud, void *ptr, size_t size) {
   (void)ud;
@@ -147,6 +148,11 @@ void buf_free(Buf *b) {
   base_free(b->data);
   b->data = NULL;
   b->len = b->cap = 0;
+}
+
+double base_physical_memory(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  return pages > 0 && size > 0 ? (double)pages * (double)size : 0.0;
 }
 
 int base_read_file(const char *path, char **out, size_t *len) {

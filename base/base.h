@@ -70,6 +70,11 @@ void buf_printf(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3
 void buf_vprintf(Buf *b, const char *fmt, va_list ap);
 void buf_free(Buf *b);
 
+/* Bytes of physical memory on this machine (0 if unknown): the bound for
+ * allocations whose size a user picks (shapes), so they fail with a
+ * message instead of exhausting memory. */
+double base_physical_memory(void);
+
 /* Read a whole file into *out (NUL-terminated; *len excludes the NUL).
  * Returns 0, or an errno value. */
 int base_read_file(const char *path, char **out, size_t *len);

@@ -8,7 +8,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 enum { C_EMPTY = 0, C_FULL = 1, C_PARTIAL = 2 }; /* a block's class */
 
@@ -31,7 +30,7 @@ static flex_status check_fits(int B, int H, const RtMaskShape *s, char *err, siz
   int bq = s->block_q > 0 ? s->block_q : 128, bkv = s->block_kv > 0 ? s->block_kv : 128;
   double nq = ceil_div(s->q_len, bq), nkv = ceil_div(s->kv_len, bkv);
   double need = (double)B * H * (nq * nkv * 17.0 + (nq + nkv) * 16.0);
-  double have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  double have = base_physical_memory();
   if (have > 0 && need > have / 2)
     return fail(err, errlen,
                 "block mask: %d x %d (batch x head) masks of %.0f x %.0f blocks of %dx%d need "

@@ -183,6 +183,16 @@ static flex_status check_sorted(const RtCall *c) {
 }
 
 static flex_status start(Ref *r, Arena *a, const RtCall *c) {
+  /* Materialising S and P for one (batch, head) is the reference's point;
+   * a length that cannot fit is refused with the figures. */
+  double need = 8.0 * ((double)c->QL * c->KL * 2 + (double)c->QL * (c->E + 2.0 * c->EV + 1) +
+                       (double)c->KL * (2.0 * c->E + 2.0 * c->EV));
+  double have = base_physical_memory();
+  if (have > 0 && need > have / 2)
+    return rt_err(FLEX_ERR_UNSUPPORTED,
+                  "the reference backend materialises Q_LEN x KV_LEN = %d x %d scores per (batch, "
+                  "head): %.1f GB, more than half of this machine's %.1f GB; use the emu or cuda "
+                  "backend for sequences this long", c->QL, c->KL, need / 1e9, have / 1e9);
   init(r, a, c);
   if (c->args->check_bounds) return check_sorted(c);
   return FLEX_OK;
