@@ -55,6 +55,7 @@ typedef struct CgOptions {
   bool grad_buffers;   /* some buffer is `grad`: the joint has ACCUMs */
   bool score_identity; /* the score returns s unchanged: skip the call */
   bool ds_is_dt;       /* d score/d s == 1 and no ACCUMs: skip the joint call */
+  bool check_bounds;   /* checked run: buffer accesses tested, first failure recorded in p.bounds */
   CgTiles fwd;         /* forward tiles */
   CgTiles bwd;         /* backward main tiles (block_m == block_n) */
   const char *source;  /* the .score file's name, for the header comment */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "codegen/codegen.h"
+#include "kernels/params.cuh"
 
 /* Names generated code uses itself; a user name equal to one gets a `_`. */
 static const char *const reserved[] = {
@@ -100,6 +101,12 @@ static const char *wrapping_spelling(IrOp op) {
   }
 }
 
+/* The extent of dimension d of a buffer: a literal or a size name. */
+static void put_extent(Buf *out, const IrModule *m, const IrBuffer *bf, int d) {
+  if (bf->dims[d].fixed >= 0) buf_printf(out, "%d", bf->dims[d].fixed);
+  else put_name(out, m->sizes[bf->dims[d].size].id);
+}
+
 /* Row-major element offset of a buffer access (indices are args[first..]). */
 static void put_offset(Buf *out, const IrModule *m, const IrFunc *f, const IrInst *in, int first) {
   const IrBuffer *bf = &m->buffers[in->aux];
@@ -112,8 +119,7 @@ static void put_offset(Buf *out, const IrModule *m, const IrFunc *f, const IrIns
   put_operand(out, m, f, in->args[first]);
   for (int d = 1; d < bf->ndims; d++) {
     buf_puts(out, " * ");
-    if (bf->dims[d].fixed >= 0) buf_printf(out, "%d", bf->dims[d].fixed);
-    else put_name(out, m->sizes[bf->dims[d].size].id);
+    put_extent(out, m, bf, d);
     buf_puts(out, " + ");
     put_operand(out, m, f, in->args[first + d]);
     buf_puts(out, ")");
@@ -136,12 +142,75 @@ static void put_load(Buf *out, const IrModule *m, const IrFunc *f, const IrInst 
   buf_puts(out, post[bf->dtype]);
 }
 
+/* A checked run (p.bounds set) tests the indices of buffer access i
+ * (operands first.. of a LOAD or an ACCUM) against the extents; a failure is
+ * recorded with its site ((kind << 16) | i, plus `flag`) and the access is
+ * skipped. Emits `ok<i>`. */
+static void put_index_check(Buf *out, const IrModule *m, const IrFunc *f, int i, int first) {
+  const IrInst *in = &f->inst[i];
+  const IrBuffer *bf = &m->buffers[in->aux];
+  buf_printf(out, "  const bool ok%d = ", i);
+  for (int d = 0; d < bf->ndims; d++) {
+    buf_puts(out, d ? " && (unsigned)" : "(unsigned)");
+    put_operand(out, m, f, in->args[first + d]);
+    buf_puts(out, " < (unsigned)");
+    put_extent(out, m, bf, d);
+  }
+  buf_puts(out, ";\n");
+}
+
+/* The failure record call for access i when `cond` (a C expression) holds. */
+static void put_bounds_fail(Buf *out, const IrModule *m, const IrFunc *f, int i, int first,
+                            const char *cond, int flag) {
+  const IrInst *in = &f->inst[i];
+  int n = m->buffers[in->aux].ndims;
+  buf_printf(out, "  if (%s) flex_bounds_fail(p, %d, %d", cond, (((int)f->kind << 16) | i) | flag, n);
+  for (int d = 0; d < 8; d++) {
+    buf_puts(out, ", ");
+    if (d < n) put_operand(out, m, f, in->args[first + d]);
+    else buf_puts(out, "0");
+  }
+  buf_puts(out, ");\n");
+}
+
+/* A checked load: 0 instead of a read outside the buffer; an i64 value is
+ * also tested against the int range. */
+static void put_checked_load(Buf *out, const IrModule *m, const IrFunc *f, int i) {
+  const IrInst *in = &f->inst[i];
+  const IrBuffer *bf = &m->buffers[in->aux];
+  char cond[64];
+  put_index_check(out, m, f, i, 0);
+  snprintf(cond, sizeof cond, "!ok%d", i);
+  put_bounds_fail(out, m, f, i, 0, cond, 0);
+  if (bf->dtype == DT_I64) {
+    buf_printf(out, "  const int64_t w%d = ok%d ? flex_gload(", i, i);
+    put_name(out, bf->id);
+    buf_puts(out, " + ");
+    put_offset(out, m, f, in, 0);
+    buf_puts(out, ") : 0;\n");
+    snprintf(cond, sizeof cond, "w%d != (int64_t)(int)w%d", i, i);
+    put_bounds_fail(out, m, f, i, 0, cond, FLEX_BOUNDS_I64);
+    buf_printf(out, "  const int t%d = (int)w%d;\n", i, i);
+    return;
+  }
+  buf_printf(out, "  const %s t%d = ok%d ? ", ctype((IrType)in->type), i, i);
+  put_load(out, m, f, in);
+  buf_printf(out, " : %s;\n", in->type == IT_F32 ? "0.0f" : in->type == IT_BOOL ? "false" : "0");
+}
+
 /* One instruction as a statement (nothing for leaves). */
-static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i) {
+static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool checked) {
   const IrInst *in = &f->inst[i];
   switch (in->op) {
   case IR_CONST: case IR_ARG: case IR_PARAM: case IR_SIZE: return;
   case IR_ACCUM:
+    if (checked) {
+      char cond[32];
+      put_index_check(out, m, f, i, 1);
+      snprintf(cond, sizeof cond, "!ok%d", i);
+      put_bounds_fail(out, m, f, i, 1, cond, 0);
+      buf_printf(out, "  if (ok%d)", i);
+    }
     buf_puts(out, "  flex_atomic_add(grad_");
     buf_puts(out, m->buffers[in->aux].id);
     buf_puts(out, " + ");
@@ -150,6 +219,12 @@ static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i) {
     put_operand(out, m, f, in->args[0]);
     buf_puts(out, ");\n");
     return;
+  case IR_LOAD:
+    if (checked) {
+      put_checked_load(out, m, f, i);
+      return;
+    }
+    break;
   default: break;
   }
   buf_printf(out, "  const %s t%d = ", ctype((IrType)in->type), i);
@@ -169,7 +244,7 @@ static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i) {
 }
 
 /* Declarations of the params, sizes and buffers a function reads. */
-static void put_preamble(Buf *out, const IrModule *m, const IrFunc *f) {
+static void put_preamble(Buf *out, const IrModule *m, const IrFunc *f, bool checked) {
   bool param[FLEX_CG_MAXSLOTS] = {0}, size[FLEX_CG_MAXSLOTS] = {0};
   bool load[FLEX_CG_MAXSLOTS] = {0}, accum[FLEX_CG_MAXSLOTS] = {0};
   for (int i = 0; i < f->n; i++) {
@@ -180,7 +255,7 @@ static void put_preamble(Buf *out, const IrModule *m, const IrFunc *f) {
     if (in->op != IR_LOAD && in->op != IR_ACCUM) continue;
     (in->op == IR_LOAD ? load : accum)[in->aux] = true;
     const IrBuffer *bf = &m->buffers[in->aux];
-    for (int d = 1; d < bf->ndims; d++)
+    for (int d = checked ? 0 : 1; d < bf->ndims; d++) /* offsets use dims 1..; checks all */
       if (bf->dims[d].fixed < 0) size[bf->dims[d].size] = true;
   }
   for (int i = 0; i < m->nparams; i++) {
@@ -212,7 +287,7 @@ static void put_preamble(Buf *out, const IrModule *m, const IrFunc *f) {
 }
 
 /* One function. `f` may be NULL: then the trivial body (true / s / dt). */
-static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind kind) {
+static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind kind, bool checked) {
   static const char *const what[] = {[IRF_SCORE] = "score", [IRF_MASK] = "mask",
                                      [IRF_JOINT] = "joint (ds from dt)"};
   if (f) buf_printf(out, "/* %s %s of kernel %s */\n", what[kind], f->name ? f->name : "", m->kernel);
@@ -236,8 +311,8 @@ static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind ki
                kind == IRF_MASK ? "true" : kind == IRF_SCORE ? "s" : "dt");
     return;
   }
-  put_preamble(out, m, f);
-  for (int i = 0; i < f->n; i++) put_inst(out, m, f, i);
+  put_preamble(out, m, f, checked);
+  for (int i = 0; i < f->n; i++) put_inst(out, m, f, i, checked);
   buf_puts(out, "  return ");
   put_operand(out, m, f, f->ret);
   buf_puts(out, ";\n}\n\n");
@@ -410,7 +485,7 @@ static void put_classifier(Buf *out, const IrModule *m) {
   live[f->ret] = true;
   for (int i = f->ret; i >= 0; i--)
     for (int k = 0; live[i] && k < f->inst[i].nargs; k++) live[f->inst[i].args[k]] = true;
-  put_preamble(out, m, f);
+  put_preamble(out, m, f, false);
   for (int i = 0; i <= f->ret; i++)
     if (live[i]) put_iv_inst(out, m, f, i);
   if (iv_kind(&f->inst[f->ret]) == 'B') buf_printf(out, "  return flex_iv_class(t%d);\n}\n\n", f->ret);
@@ -419,8 +494,8 @@ static void put_classifier(Buf *out, const IrModule *m) {
 }
 
 void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o) {
-  put_func(out, m, o->score_identity ? NULL : m->score, IRF_SCORE);
-  put_func(out, m, m->mask, IRF_MASK);
-  put_func(out, m, o->backward && !o->ds_is_dt ? m->joint : NULL, IRF_JOINT);
+  put_func(out, m, o->score_identity ? NULL : m->score, IRF_SCORE, o->check_bounds);
+  put_func(out, m, m->mask, IRF_MASK, o->check_bounds);
+  put_func(out, m, o->backward && !o->ds_is_dt ? m->joint : NULL, IRF_JOINT, o->check_bounds);
   if (o->has_mask) put_classifier(out, m);
 }

@@ -29,38 +29,38 @@ double ir_bf16_to_double(uint16_t h) {
   return (double)f;
 }
 
-/* Append " at FILE:LINE:COL" for the instruction's source location. */
-static void where(char *dst, size_t cap, const IrEnv *env, Loc loc) {
-  if (!env->src) return;
-  int line, col;
-  src_linecol(env->src, loc.start, &line, &col);
-  size_t n = strlen(dst);
-  if (n < cap) snprintf(dst + n, cap - n, " at %s:%d:%d", env->src->path, line, col);
+void ir_access_error(char *p, size_t cap, const char *what, const IrModule *m, const Source *src,
+                     const IrInst *in, const int64_t *idx, int n, const int64_t *shape, int ndims) {
+  const char *name = m ? m->buffers[in->aux].id : "?";
+  int w = snprintf(p, cap, "%s buffer '%s' [", what, name);
+  for (int d = 0; d < n && w > 0 && (size_t)w < cap; d++)
+    w += snprintf(p + w, cap - (size_t)w, "%s%lld", d ? ", " : "", (long long)idx[d]);
+  if (w > 0 && (size_t)w < cap) snprintf(p + w, cap - (size_t)w, "]");
+  if (n > 0 && shape) {
+    size_t k = strlen(p);
+    snprintf(p + k, cap - k, " (shape [");
+    for (int d = 0; d < ndims; d++) {
+      k = strlen(p);
+      snprintf(p + k, cap - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    }
+    k = strlen(p);
+    snprintf(p + k, cap - k, "])");
+  }
+  if (src) {
+    int line, col;
+    src_linecol(src, in->loc.start, &line, &col);
+    size_t k = strlen(p);
+    if (k < cap) snprintf(p + k, cap - k, " at %s:%d:%d", src->path, line, col);
+  }
 }
 
 /* Record the first failure: `what` about buffer slot `buf` at indices `idx`. */
 static void fail(IrEnv *env, const IrInst *in, const char *what, const int64_t *idx, int n) {
   if (env->failed) return;
   env->failed = true;
-  const char *name = env->mod ? env->mod->buffers[in->aux].id : "?";
-  char *p = env->error;
-  size_t cap = sizeof env->error;
-  int w = snprintf(p, cap, "%s buffer '%s' [", what, name);
-  for (int d = 0; d < n && w > 0 && (size_t)w < cap; d++)
-    w += snprintf(p + w, cap - (size_t)w, "%s%lld", d ? ", " : "", (long long)idx[d]);
-  if (w > 0 && (size_t)w < cap) snprintf(p + w, cap - (size_t)w, "]");
-  if (n > 0 && w > 0 && (size_t)w < cap) {
-    const IrBufView *bv = &env->bufs[in->aux];
-    size_t m = strlen(p);
-    snprintf(p + m, cap - m, " (shape [");
-    for (int d = 0; d < bv->ndims; d++) {
-      m = strlen(p);
-      snprintf(p + m, cap - m, "%s%lld", d ? ", " : "", (long long)bv->shape[d]);
-    }
-    m = strlen(p);
-    snprintf(p + m, cap - m, "])");
-  }
-  where(p, cap, env, in->loc);
+  const IrBufView *bv = &env->bufs[in->aux];
+  ir_access_error(env->error, sizeof env->error, what, env->mod, env->src, in, idx, n, bv->shape,
+                  bv->ndims);
 }
 
 /* Element offset of the indices given by operands first..first+n-1, or -1

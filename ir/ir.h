@@ -236,6 +236,11 @@ typedef struct IrEnv {
 /* Evaluate f in binary64 / wrapping i32; returns the value of f->ret. `vals`
  * is scratch space of at least f->n values. */
 IrVal ir_eval(const IrFunc *f, IrEnv *env, IrVal *vals);
+/* The message of a failed buffer access, as every checked run words it:
+ * "WHAT buffer 'NAME' [i, j] (shape [n, m]) at FILE:LINE:COL" (shape when
+ * given, location when src is not NULL). */
+void ir_access_error(char *dst, size_t cap, const char *what, const IrModule *m, const Source *src,
+                     const IrInst *in, const int64_t *idx, int n, const int64_t *shape, int ndims);
 /* Helpers the EVAL column uses. */
 IrVal ir_load(IrEnv *env, const IrInst *in, const IrVal *vals);
 IrVal ir_accum(IrEnv *env, const IrInst *in, const IrVal *vals);

@@ -10,6 +10,7 @@
  *   flex_cp_async_16 / commit / wait   16-byte cp.async with zero fill
  *   flex_f2h flex_h2f flex_f2bf flex_bf2f flex_pack_h2 flex_pack_bf2
  *   flex_gload flex_gstore flex_atomic_add   every global-memory access
+ *   flex_atomic_cas                          32-bit compare-and-swap (checked runs)
  */
 #ifndef FLEX_ARCH_CUH
 #define FLEX_ARCH_CUH
@@ -138,6 +139,9 @@ __device__ __forceinline__ uint32_t flex_pack_bf2(float lo, float hi) {
 template <class T> __device__ __forceinline__ T flex_gload(const T *p) { return *p; }
 template <class T> __device__ __forceinline__ void flex_gstore(T *p, T v) { *p = v; }
 __device__ __forceinline__ void flex_atomic_add(float *p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ int32_t flex_atomic_cas(int32_t *p, int32_t cmp, int32_t v) {
+  return atomicCAS((int *)p, cmp, v);
+}
 
 #endif /* FLEXC_EMU */
 #endif /* FLEX_ARCH_CUH */

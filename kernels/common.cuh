@@ -23,6 +23,18 @@ __device__ __forceinline__ int flex_f2i(float x) {
 }
 __device__ __forceinline__ float flex_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+/* Checked runs: record the first failed buffer access (see FLEX_BOUNDS_WORDS);
+ * the runtime turns it into "buffer 'NAME' [i, j] (shape [..]) at FILE:L:C". */
+__device__ __forceinline__ void flex_bounds_fail(const FlexParams &p, int site, int n, int i0,
+                                                 int i1, int i2, int i3, int i4, int i5, int i6,
+                                                 int i7) {
+  if (!p.bounds || flex_atomic_cas(p.bounds, 0, 1) != 0) return;
+  const int v[8] = {i0, i1, i2, i3, i4, i5, i6, i7};
+  flex_gstore(p.bounds + 1, (int32_t)site);
+  flex_gstore(p.bounds + 2, (int32_t)n);
+  for (int d = 0; d < 8; d++) flex_gstore(p.bounds + 3 + d, (int32_t)v[d]);
+}
+
 /* ---- element types: storage <-> fp32 ------------------------------------ */
 
 /* fp32 storage. */

@@ -63,6 +63,14 @@ typedef struct FlexParams {
   int32_t *mask_out[8];            /* kv_num, kv_idx, full_kv_num, full_kv_idx, q_num, q_idx, full_q_num, full_q_idx */
   int32_t mask_B, mask_H;          /* the mask's stored batch and head extents (1: broadcast) */
   int32_t mask_nq, mask_nkv;       /* query and key blocks of block_q x block_kv */
+  /* ---- checked runs ---- */
+  int32_t *bounds;                 /* FLEX_BOUNDS_WORDS: the first failed buffer access; NULL: unchecked */
 } FlexParams;
+
+/* The checked-run record: [0] nonzero once a load failed, [1] its site
+ * ((function kind << 16) | instruction index, bit 30 set for an i64 value
+ * that does not fit in 32 bits), [2] the index count, [3..10] the indices. */
+#define FLEX_BOUNDS_WORDS 11
+#define FLEX_BOUNDS_I64 (1 << 30)
 
 #endif /* FLEX_PARAMS_CUH */

@@ -214,6 +214,7 @@ static flex_status generate(const RtCall *c, const char *arch, Buf *src, Launch 
   }
   if (st) return st;
   o.source = c->kernel->src.path;
+  o.check_bounds = c->args->check_bounds;
   cg_emit_cuda(src, c->mod, &o);
   *fwd = launch_of("flex_fwd", cg_launch_fwd(&o, c->B, c->H, c->QL));
   bwd[0] = launch_of("flex_bwd_pre", cg_launch_bwd_pre(&o, c->B, c->H, c->QL));
@@ -352,6 +353,28 @@ static flex_status run_backward(const RtCall *c, FlexParams *p, RtCuModule mod,
   return st ? st : st2;
 }
 
+/* A checked run's `sorted` promises: the buffers live on the device, so the
+ * sorted ones (1-D, small) are read back first. */
+static flex_status check_sorted_on_device(const RtCall *c) {
+  IrBufView views[FLEX_MAX_BUFFERS];
+  void *host[FLEX_MAX_BUFFERS] = {0};
+  flex_status st = FLEX_OK;
+  for (int j = 0; j < c->mod->nbuffers && j < FLEX_MAX_BUFFERS; j++) {
+    views[j] = c->bufs[j];
+    views[j].data = NULL;
+    const DLTensor *t = c->buf_tensors[j];
+    if (st || !c->mod->buffers[j].sorted || !t || t->ndim != 1 || t->shape[0] <= 0) continue;
+    size_t es = (t->dtype.bits + 7u) / 8u, span = (size_t)((t->shape[0] - 1) * rt_stride_of(t, 0) + 1);
+    host[j] = base_alloc(span * es + es);
+    st = rt_drv_memcpy_dtoh(host[j], (RtCuDevicePtr)(uintptr_t)rt_data_of(t), span * es, NULL);
+    views[j].data = host[j];
+  }
+  if (!st) st = rt_drv_sync(NULL);
+  if (!st) st = rt_check_sorted(c, views);
+  for (int j = 0; j < FLEX_MAX_BUFFERS; j++) base_free(host[j]);
+  return st;
+}
+
 /* Generate, compile (through the cache), load and launch. */
 static flex_status rt_cuda_run(const RtCall *c, FlexParams *p, int device, const char *arch) {
   Buf src = {0};
@@ -363,6 +386,18 @@ static flex_status rt_cuda_run(const RtCall *c, FlexParams *p, int device, const
   buf_free(&src);
   if (st) return st;
   RtCuStream strm = (RtCuStream)c->args->stream;
+  RtCuDevicePtr bounds = 0; /* checked runs: the failure record */
+  if (c->args->check_bounds) {
+    st = check_sorted_on_device(c);
+    if (!st) st = rt_drv_alloc(&bounds, FLEX_BOUNDS_WORDS * 4);
+    if (!st) st = rt_drv_memset32(bounds, 0, FLEX_BOUNDS_WORDS, strm);
+    p->bounds = (int32_t *)(uintptr_t)bounds;
+    if (st) {
+      rt_drv_free(bounds);
+      rt_launch_mask_free(&plan);
+      return st;
+    }
+  }
   BuiltMask bm;
   memset(&bm, 0, sizeof bm);
   if (plan.build) st = build_mask(&plan, p, mod, mb, &bm, strm);
@@ -375,6 +410,13 @@ static flex_status rt_cuda_run(const RtCall *c, FlexParams *p, int device, const
     flex_status st2 = rt_drv_sync(strm);
     for (int i = 0; i < 9; i++) rt_drv_free(bm.mem[i]);
     if (!st) st = st2;
+  }
+  if (bounds) { /* the verdict of a checked run */
+    int32_t rec[FLEX_BOUNDS_WORDS];
+    flex_status st2 = rt_drv_memcpy_dtoh(rec, bounds, sizeof rec, strm);
+    if (!st2) st2 = rt_drv_sync(strm);
+    if (!st) st = st2 ? st2 : rt_launch_bounds_report(c, rec);
+    rt_drv_free(bounds);
   }
   rt_launch_mask_free(&plan);
   return st;

@@ -157,6 +157,7 @@ static flex_status module_for(const RtCall *c, CgOptions *o, RtMaskPlan *plan, E
   flex_status st = rt_launch_mask_plan(c, o, plan);
   if (st) return st;
   o->source = c->kernel->src.path;
+  o->check_bounds = c->args->check_bounds;
   Buf src = {0}, log = {0};
   cg_emit_cuda(&src, c->mod, o);
   const char *rc = getenv("FLEXC_EMU_RACECHECK");
@@ -225,12 +226,18 @@ typedef struct Setup {
   EmuModule *mod;     /* the compiled module */
   Stage sg;           /* staged outputs */
   Built bl;           /* a built BlockMask */
+  int32_t *bounds;    /* checked runs: the failure record (FLEX_BOUNDS_WORDS) */
 } Setup;
 
 static flex_status setup(const RtCall *c, Setup *s) {
   memset(s, 0, sizeof *s);
   memset(&last_stats, 0, sizeof last_stats);
-  flex_status st = fill(c, &s->p, &s->rs, &s->sg);
+  flex_status st = c->args->check_bounds ? rt_check_sorted(c, c->bufs) : FLEX_OK;
+  if (!st) st = fill(c, &s->p, &s->rs, &s->sg);
+  if (!st && c->args->check_bounds) {
+    s->p.bounds = s->bounds = base_alloc(FLEX_BOUNDS_WORDS * sizeof(int32_t));
+    add_raw(&s->rs, "checked-run record", s->bounds, FLEX_BOUNDS_WORDS * sizeof(int32_t));
+  }
   if (!st) st = module_for(c, &s->o, &s->plan, &s->mod);
   if (!st) st = mask_lists(s->mod, &s->o, &s->plan, &s->p, &s->rs, &s->bl);
   last_stats.mode = s->o.mask_mode;
@@ -238,7 +245,13 @@ static flex_status setup(const RtCall *c, Setup *s) {
   return st;
 }
 
+/* A checked run's verdict once the launches are done (st: theirs). */
+static flex_status bounds_verdict(const RtCall *c, const Setup *s, flex_status st) {
+  return !st && s->bounds ? rt_launch_bounds_report(c, s->bounds) : st;
+}
+
 static void teardown(Setup *s, bool ok) {
+  base_free(s->bounds);
   stage_finish(&s->sg, ok);
   built_free(&s->bl);
   rt_launch_mask_free(&s->plan);
@@ -250,6 +263,7 @@ flex_status rt_emu_forward(const RtCall *c) {
   if (!st)
     st = launch(s.mod, "flex_fwd", cg_launch_fwd(&s.o, c->B, c->H, c->QL), &s.p, &s.rs,
                 &last_stats.fwd_tiles);
+  st = bounds_verdict(c, &s, st);
   teardown(&s, st == FLEX_OK);
   return st;
 }
@@ -299,6 +313,7 @@ flex_status rt_emu_backward(const RtCall *c) {
                 &last_stats.bwd_tiles);
   if (!st)
     st = launch(s.mod, "flex_bwd_dq", cg_launch_bwd_dq(&s.o, c->B, c->H, c->QL), p, &s.rs, NULL);
+  st = bounds_verdict(c, &s, st);
   if (!st) grads_finish(c, grads);
   teardown(&s, st == FLEX_OK);
   for (int i = 0; i < FLEX_MAX_BUFFERS; i++) base_free(grads[i]);

@@ -196,3 +196,22 @@ void rt_launch_user_lists(FlexParams *p, const RtMaskPlan *plan) {
   rt_launch_set_lists(p, arr, b->B, b->H, b->nq, b->nkv, b->block_q, b->block_kv);
 }
 
+
+flex_status rt_launch_bounds_report(const RtCall *c, const int32_t *rec) {
+  if (!rec[0]) return FLEX_OK;
+  const int site = rec[1], kind = (site >> 16) & 0x3fff, i = site & 0xffff;
+  const IrModule *m = c->mod;
+  const IrFunc *f = kind == IRF_SCORE ? m->score : kind == IRF_MASK ? m->mask : m->joint;
+  CHECK(f && i < f->n && (f->inst[i].op == IR_LOAD || f->inst[i].op == IR_ACCUM));
+  const IrInst *in = &f->inst[i];
+  int64_t idx[IR_MAXDIMS];
+  int n = rec[2] < IR_MAXDIMS ? rec[2] : IR_MAXDIMS;
+  for (int d = 0; d < n; d++) idx[d] = rec[3 + d];
+  const char *what = site & FLEX_BOUNDS_I64 ? "i64 value that does not fit in 32 bits read from"
+                     : in->op == IR_ACCUM  ? "out-of-range gradient of"
+                                           : "out-of-range read of";
+  const IrBufView *bv = &c->bufs[in->aux];
+  char msg[512];
+  ir_access_error(msg, sizeof msg, what, m, &c->kernel->src, in, idx, n, bv->shape, bv->ndims);
+  return rt_err(FLEX_ERR_RUNTIME, "checked run: %s", msg);
+}

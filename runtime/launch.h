@@ -83,4 +83,9 @@ typedef struct RtEmuStats {
 } RtEmuStats;
 RtEmuStats rt_emu_last_stats(void);
 
+/* A checked run's record (FLEX_BOUNDS_WORDS, read back after the
+ * launches): FLEX_OK, or FLEX_ERR_RUNTIME with the failed access in the
+ * interpreter's words (buffer, index values, shape, FILE:LINE:COL). */
+flex_status rt_launch_bounds_report(const RtCall *c, const int32_t *rec);
+
 #endif

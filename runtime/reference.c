@@ -159,29 +159,6 @@ static bool block(Ref *r, int b, int h) {
   return true;
 }
 
-/* A checked run verifies `sorted` promises before anything runs. */
-static flex_status check_sorted(const RtCall *c) {
-  const IrModule *m = c->mod;
-  for (int j = 0; j < m->nbuffers; j++) {
-    const IrBufView *bv = &c->bufs[j];
-    if (!m->buffers[j].sorted || !bv->data || bv->ndims != 1) continue;
-    int64_t prev = INT64_MIN;
-    for (int64_t i = 0; i < bv->shape[0]; i++) {
-      const char *p = (const char *)bv->data;
-      int64_t o = i * bv->strides[0], x;
-      if (bv->dtype == DT_I64) memcpy(&x, p + o * 8, 8);
-      else if (bv->dtype == DT_I32) { int32_t y; memcpy(&y, p + o * 4, 4); x = y; }
-      else x = (uint8_t)p[o];
-      if (x < prev)
-        return rt_err(FLEX_ERR_RUNTIME,
-                      "buffer '%s' is declared sorted but decreases at index %lld (%lld after %lld)",
-                      m->buffers[j].id, (long long)i, (long long)x, (long long)prev);
-      prev = x;
-    }
-  }
-  return FLEX_OK;
-}
-
 static flex_status start(Ref *r, Arena *a, const RtCall *c) {
   /* Materialising S and P for one (batch, head) is the reference's point;
    * a length that cannot fit is refused with the figures. */
@@ -194,7 +171,7 @@ static flex_status start(Ref *r, Arena *a, const RtCall *c) {
                   "head): %.1f GB, more than half of this machine's %.1f GB; use the emu or cuda "
                   "backend for sequences this long", c->QL, c->KL, need / 1e9, have / 1e9);
   init(r, a, c);
-  if (c->args->check_bounds) return check_sorted(c);
+  if (c->args->check_bounds) return rt_check_sorted(c, c->bufs);
   return FLEX_OK;
 }
 

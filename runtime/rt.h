@@ -45,6 +45,11 @@ typedef struct RtCall {
 flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const flex_args *a,
                         bool backward);
 
+/* A checked run's `sorted` promises, over host views of the buffers (by
+ * slot; views with no data are skipped): FLEX_ERR_RUNTIME at the first
+ * decrease. */
+flex_status rt_check_sorted(const RtCall *c, const IrBufView *views);
+
 /* Backends: each runs one validated call. */
 flex_status rt_reference_forward(const RtCall *c);
 flex_status rt_reference_backward(const RtCall *c);

@@ -382,3 +382,27 @@ flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const fle
   if ((st = check_params(&v)) || (st = check_buffers(&v, backward))) return st;
   return FLEX_OK;
 }
+
+/* A checked run verifies `sorted` promises before anything runs. `views`
+ * are host views of the buffers (by slot; data NULL: skipped). */
+flex_status rt_check_sorted(const RtCall *c, const IrBufView *views) {
+  const IrModule *m = c->mod;
+  for (int j = 0; j < m->nbuffers; j++) {
+    const IrBufView *bv = &views[j];
+    if (!m->buffers[j].sorted || !bv->data || bv->ndims != 1) continue;
+    int64_t prev = INT64_MIN;
+    for (int64_t i = 0; i < bv->shape[0]; i++) {
+      const char *p = (const char *)bv->data;
+      int64_t o = i * bv->strides[0], x;
+      if (bv->dtype == DT_I64) memcpy(&x, p + o * 8, 8);
+      else if (bv->dtype == DT_I32) { int32_t y; memcpy(&y, p + o * 4, 4); x = y; }
+      else x = (uint8_t)p[o];
+      if (x < prev)
+        return rt_err(FLEX_ERR_RUNTIME,
+                      "buffer '%s' is declared sorted but decreases at index %lld (%lld after %lld)",
+                      m->buffers[j].id, (long long)i, (long long)x, (long long)prev);
+      prev = x;
+    }
+  }
+  return FLEX_OK;
+}

@@ -51,6 +51,8 @@ static void check_one(const char *path, CgDtype dt, int E, CgArch arch) {
   /* Masked kernels also carry the BlockMask builder entries (the runtime
    * emits them for masks the analysis cannot decide): compile them too. */
   o.mask_builder = k->mod->mask != NULL;
+  bool has_buffers = false;
+  for (int i = 0; i < k->mod->nbuffers; i++) has_buffers |= k->mod->buffers[i].used;
   Buf src = {0};
   cg_emit_cuda(&src, k->mod, &o);
   flex_kernel_free(k);
@@ -76,6 +78,21 @@ static void check_one(const char *path, CgDtype dt, int E, CgArch arch) {
     rt_nvrtc_free(&r);
   }
   buf_free(&src);
+  /* Checked runs (--check-bounds) use a variant with tested buffer accesses. */
+  if (o.grad_buffers || has_buffers) {
+    o.check_bounds = true;
+    o.source = path; /* the first kernel (whose name o held) is freed */
+    Buf chk = {0};
+    flex_kernel *k2;
+    ck_assert_msg(flex_kernel_load(&k2, path, NULL) == FLEX_OK, "%s", flex_last_error());
+    cg_emit_cuda(&chk, k2->mod, &o);
+    flex_kernel_free(k2);
+    ck_assert_msg(strstr(chk.data, "flex_bounds_fail") != NULL, "no checked loads emitted");
+    st = rt_nvrtc_compile(&r, chk.data, cg_arch_name(arch), RT_NVRTC_CUBIN, true);
+    ck_assert_msg(st == FLEX_OK, "checked variant: %s", flex_last_error());
+    rt_nvrtc_free(&r);
+    buf_free(&chk);
+  }
 }
 
 START_TEST(sampled_matrix) {

@@ -89,6 +89,11 @@ template <class T> EMU_NOSAN static inline void flex_gstore(T *p, T v) {
   *p = v;
 }
 /* Blocks may run on several OS threads: a real atomic. */
+EMU_API static int32_t flex_atomic_cas(int32_t *p, int32_t cmp, int32_t v) {
+  emu_check_global(p, sizeof(int32_t), "atomic compare-and-swap");
+  __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return cmp; /* the old value */
+}
 EMU_API static void flex_atomic_add(float *p, float v) {
   emu_check_global(p, sizeof(float), "atomic add");
   uint32_t *u = (uint32_t *)p;
