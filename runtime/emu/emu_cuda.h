@@ -115,4 +115,8 @@ static inline long long max(long long a, long long b) { return a > b ? a : b; }
 static inline float min(float a, float b) { return fminf(a, b); }
 static inline float max(float a, float b) { return fmaxf(a, b); }
 
+/* ---- float helpers CUDA has and the host's libm lacks ------------------------ */
+/* The device's rsqrtf is accurate (2 ulp), so an exact 1/sqrt stands in. */
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+
 #endif
