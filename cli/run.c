@@ -15,6 +15,7 @@
  * run there, copied back and widened to float32 for the files.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,7 +80,20 @@ static int parse_backend(const char *s, flex_backend *b) {
   return cli_usage_error("--backend must be reference, emu or cuda, got '%s'", s);
 }
 
-/* One option that takes a value; returns 0, or the usage status. */
+/* A value that is not what the option needs: an error in the input
+ * (status 1), like a bad .npy file, rather than a misuse of the command. */
+static int input_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int input_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "flexc: error: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  return 1;
+}
+
+/* One option that takes a value; returns 0, or the exit status. */
 static int parse_opt(RunOpts *o, const char *opt, char *val) {
   const char **slot = !strcmp(opt, "--kernel") ? &o->kernel : !strcmp(opt, "--q") ? &o->q
                     : !strcmp(opt, "--k") ? &o->k : !strcmp(opt, "--v") ? &o->v
@@ -100,14 +114,18 @@ static int parse_opt(RunOpts *o, const char *opt, char *val) {
       return 0;
     }
     double x = strtod(value, &end);
-    if (*end) return cli_usage_error("--param %s: '%s' is not a number", name, value);
+    if (*end) return input_error("--param %s: '%s' is not a number", name, value);
     o->params[o->nparams].name = name;
     o->params[o->nparams++].value = x;
     return 0;
   }
   if (!strcmp(opt, "--scale")) {
     o->scale = strtod(val, &end);
-    return *end ? cli_usage_error("--scale: '%s' is not a number", val) : 0;
+    if (end == val || *end) return input_error("--scale: '%s' is not a number", val);
+    /* The API reads a scale of 0 as "the default", so an explicit zero
+     * would silently become 1/sqrt(E). */
+    if (o->scale == 0) return input_error("--scale must be nonzero (omit it for 1/sqrt(E))");
+    return 0;
   }
   if (!strcmp(opt, "--dtype")) return parse_dtype(val, &o->dtype);
   if (!strcmp(opt, "--backend")) return parse_backend(val, &o->backend);
@@ -130,6 +148,8 @@ static int parse_args(RunOpts *o, int argc, char **argv) {
   if (!o->file) return cli_usage_error("run: no .score file given");
   if (!o->q || !o->k || !o->v) return cli_usage_error("run: --q, --k and --v are required");
   if (!o->out) return cli_usage_error("run: --out DIR is required");
+  if (o->dlse && !o->dout)
+    return cli_usage_error("run: --dlse is an input of the backward pass; it needs --dout");
   return 0;
 }
 
