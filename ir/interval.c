@@ -181,7 +181,8 @@ static double mono_inc(IrOp op, double x) {
 static IrAbs tf_flt1(IrOp op, IrAbs a) {
   switch (op) {
   case IR_NEG_F: return abs_flt(-a.fhi, -a.flo, a.nan);
-  case IR_I2F: return abs_flt((double)(float)a.lo, (double)(float)a.hi, false);
+  case IR_I2F: /* exact in the interpreter, rounded to binary32 on devices: cover both */
+    return abs_flt(fmin((double)a.lo, (double)(float)a.lo), fmax((double)a.hi, (double)(float)a.hi), false);
   case IR_B2F: return abs_flt(a.may_false ? 0.0 : 1.0, a.may_true ? 1.0 : 0.0, false);
   case IR_ABS_F:
     if (a.flo >= 0) return a;

@@ -133,6 +133,12 @@ START_TEST(conversions) {
   double want = tanh(x) * (1.0 / (1.0 + exp(-x)));
   ck_assert_double_eq(run(&t, r).f, want);
   arena_free(&t.a);
+  /* float(int) is exact in binary64: 2^24 + 1 does not round to 2^24. */
+  t_init(&t, DT_I32, 0, NULL, NULL);
+  t.env.args[ARG_KV] = ir_vi(16777217);
+  r = ir_op1(&t.a, t.f, IR_I2F, arg(&t, ARG_KV, IT_I32));
+  ck_assert_double_eq(run(&t, r).f, 16777217.0);
+  arena_free(&t.a);
 }
 END_TEST
 
