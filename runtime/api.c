@@ -14,11 +14,15 @@
 /* The message of the thread's last failed call. */
 static _Thread_local char last_error[16384];
 
+/* Formatted into a scratch buffer first, so that a message may quote the
+ * previous one (`rt_err(st, "launching %s: %s", entry, flex_last_error())`). */
 flex_status rt_err(flex_status st, const char *fmt, ...) {
+  static _Thread_local char scratch[sizeof last_error];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  vsnprintf(scratch, sizeof scratch, fmt, ap);
   va_end(ap);
+  memcpy(last_error, scratch, sizeof last_error);
   return st;
 }
 

@@ -107,10 +107,15 @@ typedef struct Launch {
   unsigned smem;                /* dynamic shared memory bytes */
 } Launch;
 
-/* Look up and launch one entry of the module with the params struct. */
+/* Look up and launch one entry of the module with the params struct. A
+ * grid with no blocks (an empty sequence) has nothing to do: the driver
+ * would reject it. */
 static flex_status launch(RtCuModule mod, const Launch *l, const FlexParams *p, RtCuStream s) {
+  if (!l->grid[0] || !l->grid[1] || !l->grid[2]) return FLEX_OK;
+  flex_status st = rt_launch_check_geometry("cuda", l->entry, l->grid, l->block);
+  if (st) return st;
   RtCuFunction f;
-  flex_status st = rt_drv_function(&f, mod, l->entry);
+  st = rt_drv_function(&f, mod, l->entry);
   if (!st) st = rt_drv_set_smem(f, (int)l->smem);
   void *args[1] = {(void *)p};
   if (!st) st = rt_drv_launch(f, l->grid, l->block, l->smem, s, args);
@@ -146,7 +151,9 @@ static void host_mask_free(HostMask *h) {
   for (int i = 0; i < 8; i++) base_free(h->data[i]);
 }
 
-static flex_status host_mask_copy(const flex_block_mask *u, HostMask *h) {
+/* On the caller's stream: the mask may still be being written there, and a
+ * non-blocking stream does not wait for the legacy default stream. */
+static flex_status host_mask_copy(const flex_block_mask *u, HostMask *h, RtCuStream strm) {
   memset(h, 0, sizeof *h);
   h->m = *u;
   const DLTensor **side[8] = {&h->m.kv_num_blocks, &h->m.kv_indices, &h->m.full_kv_num_blocks,
@@ -172,7 +179,7 @@ static flex_status host_mask_copy(const flex_block_mask *u, HostMask *h) {
                                       "block mask has", (long long)span);
     h->data[i] = base_alloc((size_t)span * esz + esz);
     flex_status st = span ? rt_drv_memcpy_dtoh(h->data[i], (RtCuDevicePtr)(uintptr_t)rt_data_of(t),
-                                               (size_t)span * esz, NULL)
+                                               (size_t)span * esz, strm)
                           : FLEX_OK;
     if (st) return st;
     h->t[i] = *t;
@@ -182,7 +189,7 @@ static flex_status host_mask_copy(const flex_block_mask *u, HostMask *h) {
     h->t[i].device.device_id = 0;
     *side[i] = &h->t[i];
   }
-  return rt_drv_sync(NULL);
+  return rt_drv_sync(strm);
 }
 
 /* The generated source for the call and each entry's geometry; the mask
@@ -204,7 +211,7 @@ static flex_status generate(const RtCall *c, const char *arch, Buf *src, Launch 
     HostMask hm;
     flex_args ha = *c->args;
     RtCall hc = *c;
-    st = host_mask_copy(c->args->block_mask, &hm);
+    st = host_mask_copy(c->args->block_mask, &hm, (RtCuStream)c->args->stream);
     ha.block_mask = &hm.m;
     hc.args = &ha;
     if (!st) st = rt_launch_mask_plan(&hc, &o, plan);
@@ -249,7 +256,8 @@ static flex_status build_mask(const RtMaskPlan *plan, FlexParams *p, RtCuModule 
 }
 
 /* Upload a caller's BlockMask in normal form and point the walk lists at it. */
-static flex_status upload_mask(const RtMaskPlan *plan, FlexParams *p, BuiltMask *bm) {
+static flex_status upload_mask(const RtMaskPlan *plan, FlexParams *p, BuiltMask *bm,
+                               RtCuStream strm) {
   const RtBlockMask *b = &plan->bm;
   int32_t *const host[8] = {b->kv_num_blocks, b->kv_indices, b->full_kv_num_blocks,
                             b->full_kv_indices, b->q_num_blocks, b->q_indices,
@@ -262,7 +270,7 @@ static flex_status upload_mask(const RtMaskPlan *plan, FlexParams *p, BuiltMask 
   for (int i = 0; i < 8 && !st; i++) {
     if (!host[i]) continue; /* no full_* side */
     st = rt_drv_alloc(&bm->mem[i], n[i] * 4 + 4);
-    if (!st && n[i]) st = rt_drv_memcpy_htod(bm->mem[i], host[i], n[i] * 4, NULL);
+    if (!st && n[i]) st = rt_drv_memcpy_htod(bm->mem[i], host[i], n[i] * 4, strm);
     dev[i] = (int32_t *)(uintptr_t)bm->mem[i];
   }
   if (st) return st;
@@ -355,7 +363,7 @@ static flex_status run_backward(const RtCall *c, FlexParams *p, RtCuModule mod,
 
 /* A checked run's `sorted` promises: the buffers live on the device, so the
  * sorted ones (1-D, small) are read back first. */
-static flex_status check_sorted_on_device(const RtCall *c) {
+static flex_status check_sorted_on_device(const RtCall *c, RtCuStream strm) {
   IrBufView views[FLEX_MAX_BUFFERS];
   void *host[FLEX_MAX_BUFFERS] = {0};
   flex_status st = FLEX_OK;
@@ -366,10 +374,10 @@ static flex_status check_sorted_on_device(const RtCall *c) {
     if (st || !c->mod->buffers[j].sorted || !t || t->ndim != 1 || t->shape[0] <= 0) continue;
     size_t es = (t->dtype.bits + 7u) / 8u, span = (size_t)((t->shape[0] - 1) * rt_stride_of(t, 0) + 1);
     host[j] = base_alloc(span * es + es);
-    st = rt_drv_memcpy_dtoh(host[j], (RtCuDevicePtr)(uintptr_t)rt_data_of(t), span * es, NULL);
+    st = rt_drv_memcpy_dtoh(host[j], (RtCuDevicePtr)(uintptr_t)rt_data_of(t), span * es, strm);
     views[j].data = host[j];
   }
-  if (!st) st = rt_drv_sync(NULL);
+  if (!st) st = rt_drv_sync(strm);
   if (!st) st = rt_check_sorted(c, views);
   for (int j = 0; j < FLEX_MAX_BUFFERS; j++) base_free(host[j]);
   return st;
@@ -388,7 +396,7 @@ static flex_status rt_cuda_run(const RtCall *c, FlexParams *p, int device, const
   RtCuStream strm = (RtCuStream)c->args->stream;
   RtCuDevicePtr bounds = 0; /* checked runs: the failure record */
   if (c->args->check_bounds) {
-    st = check_sorted_on_device(c);
+    st = check_sorted_on_device(c, strm);
     if (!st) st = rt_drv_alloc(&bounds, FLEX_BOUNDS_WORDS * 4);
     if (!st) st = rt_drv_memset32(bounds, 0, FLEX_BOUNDS_WORDS, strm);
     p->bounds = (int32_t *)(uintptr_t)bounds;
@@ -401,7 +409,7 @@ static flex_status rt_cuda_run(const RtCall *c, FlexParams *p, int device, const
   BuiltMask bm;
   memset(&bm, 0, sizeof bm);
   if (plan.build) st = build_mask(&plan, p, mod, mb, &bm, strm);
-  else if (plan.user) st = upload_mask(&plan, p, &bm);
+  else if (plan.user) st = upload_mask(&plan, p, &bm, strm);
   if (!st && !c->backward)
     st = launch(mod, &fwd, p, strm); /* asynchronous, like any launch on the caller's stream */
   else if (!st)

@@ -19,6 +19,10 @@ enum {
   CU_ATTR_CC_MINOR = 76,
   CU_FUNC_ATTR_MAX_DYN_SMEM = 8,
   CU_ABI_VERSION = 12000, /* the ABI our prototypes follow */
+  /* CU_GET_PROC_ADDRESS_LEGACY_STREAM: the entry points with the legacy
+   * default-stream semantics, the same ones the dlsym fallback finds
+   * (flag 0 leaves the choice to how the caller was compiled). */
+  CU_PROC_LEGACY_STREAM = 1,
   MAX_DEVICES = 64,
 };
 
@@ -114,8 +118,10 @@ static int resolve(void *lib) {
   for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
     void *p = NULL;
     int found = 0;
-    if (gp2 && gp2(syms[i].name, &p, CU_ABI_VERSION, 0, &found) != CU_SUCCESS) p = NULL;
-    if (!p && gp1 && gp1(syms[i].name, &p, CU_ABI_VERSION, 0) != CU_SUCCESS) p = NULL;
+    if (gp2 && gp2(syms[i].name, &p, CU_ABI_VERSION, CU_PROC_LEGACY_STREAM, &found) != CU_SUCCESS)
+      p = NULL;
+    if (!p && gp1 && gp1(syms[i].name, &p, CU_ABI_VERSION, CU_PROC_LEGACY_STREAM) != CU_SUCCESS)
+      p = NULL;
     if (!p) p = dlsym(lib, syms[i].export_name);
     if (!p) {
       snprintf(load_why, sizeof load_why, "the driver library has no %s", syms[i].export_name);

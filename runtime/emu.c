@@ -133,6 +133,9 @@ RtEmuStats rt_emu_last_stats(void) { return last_stats; }
  * walks visited to *tiles (may be NULL). */
 static flex_status launch(EmuModule *mod, const char *entry, CgLaunch g, const FlexParams *p,
                           const Ranges *rs, uint64_t *tiles) {
+  if (!g.grid[0] || !g.grid[1] || !g.grid[2]) return FLEX_OK; /* nothing to do, as on CUDA */
+  flex_status st = rt_launch_check_geometry("emu", entry, g.grid, g.block);
+  if (st) return st;
   EmuLaunch L;
   memset(&L, 0, sizeof L);
   L.kernel = entry;
@@ -142,7 +145,7 @@ static flex_status launch(EmuModule *mod, const char *entry, CgLaunch g, const F
   L.smem_bytes = g.smem;
   L.ranges = rs->r;
   L.nranges = rs->n;
-  flex_status st = emu_module_launch(mod, &L, NULL);
+  st = emu_module_launch(mod, &L, NULL);
   if (st) return rt_err(st, "emulator: %s", L.error);
   if (tiles) *tiles += L.tiles;
   return FLEX_OK;

@@ -100,6 +100,21 @@ flex_status rt_launch_fill(const RtCall *c, FlexParams *p, const char *backend) 
   return FLEX_OK;
 }
 
+flex_status rt_launch_check_geometry(const char *backend, const char *entry, const unsigned grid[3],
+                                     const unsigned block[3]) {
+  static const char *what[3] = {"row tiles", "heads", "batches"};
+  const unsigned max[3] = {RT_GRID_X_MAX, RT_GRID_YZ_MAX, RT_GRID_YZ_MAX};
+  for (int d = 0; d < 3; d++)
+    if (grid[d] > max[d])
+      return rt_err(FLEX_ERR_UNSUPPORTED,
+                    "the %s backend cannot launch %s: its grid needs %u %s in dimension %c, the "
+                    "device allows at most %u", backend, entry, grid[d], what[d], "xyz"[d], max[d]);
+  if ((uint64_t)block[0] * block[1] * block[2] > 1024)
+    return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot launch %s: %u x %u x %u threads "
+                  "per block, at most 1024", backend, entry, block[0], block[1], block[2]);
+  return FLEX_OK;
+}
+
 /* ---- the mask plan ---------------------------------------------------------- */
 
 /* The caller's BlockMask, validated and normalised; its blocks must split

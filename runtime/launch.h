@@ -72,6 +72,15 @@ void rt_launch_builder(FlexParams *p, const RtMaskPlan *plan, unsigned char *cls
 /* The mask's lists of a plan with a caller's BlockMask. */
 void rt_launch_user_lists(FlexParams *p, const RtMaskPlan *plan);
 
+/* The hardware's launch limits (every CUDA device of compute capability
+ * 8.0 on): gridDim.x < 2^31, gridDim.y and .z <= 65535, at most 1024
+ * threads per block. FLEX_ERR_UNSUPPORTED naming the entry and what is too
+ * large (the kernels put heads in y and batches in z). */
+#define RT_GRID_X_MAX 2147483647u
+#define RT_GRID_YZ_MAX 65535u
+flex_status rt_launch_check_geometry(const char *backend, const char *entry, const unsigned grid[3],
+                                     const unsigned block[3]);
+
 /* What the last emulator call on this thread did (tests). */
 typedef struct RtEmuStats {
   uint64_t fwd_tiles;     /* tiles flex_fwd visited (all CTAs) */

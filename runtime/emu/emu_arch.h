@@ -13,7 +13,11 @@
  *     lanes 8i..8i+7 give the row addresses of matrix i (16 bytes per row);
  *     r[i] of lane l = M_i[l/4][2(l%4)..2(l%4)+1] (.trans: M_i^T).
  *   cp.async.cg.shared.global 16 bytes: source read at issue, destination
- *     poisoned until the copy's commit group is waited for.
+ *     poisoned until the copy's commit group is waited for; both addresses
+ *     16-byte aligned, also for a zero fill (src-size 0).
+ * Hardware rules enforced besides: mma and ldmatrix are .aligned (every
+ * lane of the warp at the same instruction: a call under a per-lane branch
+ * fails, see EmuReq.site); ldmatrix rows are 16-byte aligned shared memory.
  */
 #ifndef FLEXC_EMU_ARCH_H
 #define FLEXC_EMU_ARCH_H
@@ -142,16 +146,20 @@ EMU_NOSAN static void emu_mma_fn(EmuReq **lanes, int n, float (*cvt)(uint16_t)) 
 EMU_NOSAN static void emu_mma_f16_fn(EmuReq **lanes, int n) { emu_mma_fn(lanes, n, flex_h2f); }
 EMU_NOSAN static void emu_mma_bf16_fn(EmuReq **lanes, int n) { emu_mma_fn(lanes, n, flex_bf2f); }
 
+/* The wrappers are always inlined, so the return address names the
+ * kernel's call site (the .aligned rule: one instruction per warp). */
+#define EMU_ALIGNED_OP static inline __attribute__((always_inline))
 EMU_API static void emu_mma(EmuWarpFn fn, const char *name, float d[4], const uint32_t a[4],
                             const uint32_t b[2], const float c[4]) {
   EmuReq r = {};
   r.fn = fn, r.name = name, r.mask = 0xffffffffu, r.a = a, r.b = b, r.c = c, r.out = d;
+  r.site = __builtin_return_address(0);
   emu_warp_op(&r);
 }
-static inline void flex_mma_f16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+EMU_ALIGNED_OP void flex_mma_f16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
   emu_mma(emu_mma_f16_fn, "mma.sync.m16n8k16.f16", d, a, b, c);
 }
-static inline void flex_mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+EMU_ALIGNED_OP void flex_mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
   emu_mma(emu_mma_bf16_fn, "mma.sync.m16n8k16.bf16", d, a, b, c);
 }
 
@@ -202,14 +210,15 @@ EMU_API static void emu_ldmatrix(uint32_t *r, const void *smem, int count, int t
   EmuReq q = {};
   q.fn = emu_ldmatrix_fn, q.name = names[trans][count], q.mask = 0xffffffffu;
   q.arg = count, q.width = trans, q.c = smem, q.out = r;
+  q.site = __builtin_return_address(0);
   emu_warp_op(&q);
 }
-static inline void flex_ldmatrix_x1(uint32_t r[1], const void *s) { emu_ldmatrix(r, s, 1, 0); }
-static inline void flex_ldmatrix_x2(uint32_t r[2], const void *s) { emu_ldmatrix(r, s, 2, 0); }
-static inline void flex_ldmatrix_x4(uint32_t r[4], const void *s) { emu_ldmatrix(r, s, 4, 0); }
-static inline void flex_ldmatrix_x1_trans(uint32_t r[1], const void *s) { emu_ldmatrix(r, s, 1, 1); }
-static inline void flex_ldmatrix_x2_trans(uint32_t r[2], const void *s) { emu_ldmatrix(r, s, 2, 1); }
-static inline void flex_ldmatrix_x4_trans(uint32_t r[4], const void *s) { emu_ldmatrix(r, s, 4, 1); }
+EMU_ALIGNED_OP void flex_ldmatrix_x1(uint32_t r[1], const void *s) { emu_ldmatrix(r, s, 1, 0); }
+EMU_ALIGNED_OP void flex_ldmatrix_x2(uint32_t r[2], const void *s) { emu_ldmatrix(r, s, 2, 0); }
+EMU_ALIGNED_OP void flex_ldmatrix_x4(uint32_t r[4], const void *s) { emu_ldmatrix(r, s, 4, 0); }
+EMU_ALIGNED_OP void flex_ldmatrix_x1_trans(uint32_t r[1], const void *s) { emu_ldmatrix(r, s, 1, 1); }
+EMU_ALIGNED_OP void flex_ldmatrix_x2_trans(uint32_t r[2], const void *s) { emu_ldmatrix(r, s, 2, 1); }
+EMU_ALIGNED_OP void flex_ldmatrix_x4_trans(uint32_t r[4], const void *s) { emu_ldmatrix(r, s, 4, 1); }
 
 /* ---- cp.async ----------------------------------------------------------------- */
 
@@ -217,11 +226,13 @@ EMU_API static void flex_cp_async_16(void *smem, const void *gmem, bool pred) {
   EmuFiber *f = emu_cur;
   emu_smem_offset(smem, 16, "cp.async destination");
   if ((uintptr_t)smem & 15) emu_fail("cp.async destination %p is not 16-byte aligned", smem);
+  /* .cg copies 16 bytes between 16-byte aligned addresses, also with
+   * src-size 0 (the zero fill reads nothing, but the operand is still one). */
+  if ((uintptr_t)gmem & 15) emu_fail("cp.async source %p is not 16-byte aligned", gmem);
   EmuCopy c;
   c.dst = (unsigned char *)smem;
   c.group = f->committed;
   if (pred) {
-    if ((uintptr_t)gmem & 15) emu_fail("cp.async source %p is not 16-byte aligned", gmem);
     emu_check_global(gmem, 16, "cp.async read");
     memcpy(c.data, gmem, 16);
   } else {

@@ -78,6 +78,8 @@ struct EmuReq {
   uint64_t result;      /* value out (shuffles) */
   const void *a, *b, *c; /* operand pointers (on the lane's stack or in shared memory) */
   void *out;            /* where the lane's result goes */
+  uint64_t seq;         /* how many warp collectives the lane passed before this one */
+  const void *site;     /* the calling instruction of a .aligned op (mma, ldmatrix); NULL: any */
 };
 
 /* A cp.async in flight: its data is read at issue, lands at wait. */
@@ -96,6 +98,7 @@ struct EmuFiber {
   EmuReq req;                   /* the pending warp collective */
   std::vector<EmuCopy> copies;  /* cp.async not yet waited for */
   uint64_t committed;           /* commit groups closed so far */
+  uint64_t nwarp;               /* warp collectives passed so far */
 };
 
 /* Per-byte race shadow: last writer and readers in the current epoch. */
@@ -256,6 +259,7 @@ EMU_API static void emu_warp_op(EmuReq *r) {
   EmuFiber *f = emu_cur;
   r->tid = f->tid;
   r->lane = f->tid & 31;
+  r->seq = f->nwarp++;
   f->req = *r;
   emu_block_wait(EMU_AT_WARP);
   r->result = f->req.result;
@@ -273,6 +277,7 @@ EMU_NOSAN static void emu_block_reset(EmuWorker *w) {
     f->state = EMU_READY;
     f->copies.clear();
     f->committed = 0;
+    f->nwarp = 0;
     f->tid = i;
     f->tidx.x = (unsigned)i % emu_block_dim.x;
     f->tidx.y = (unsigned)i / emu_block_dim.x % emu_block_dim.y;
@@ -328,6 +333,23 @@ EMU_NOSAN static bool emu_release_warps(EmuWorker *w) {
       if (lanes[l]->fn != lanes[0]->fn) {
         emu_fail_tid(base + l, "warp divergence: lane %d is at %s while lane 0 is at %s", l,
                      lanes[l]->name, lanes[0]->name);
+        return false;
+      }
+      /* A GPU pairs the lanes of a collective only if each reached it as
+       * the same step of the warp's program: a lane that skipped one (a
+       * collective under a per-thread branch) would hang or pair wrongly. */
+      if (lanes[l]->seq != lanes[0]->seq) {
+        emu_fail_tid(base + l, "warp divergence: lane %d reaches %s as its warp collective #%llu, "
+                               "lane 0 as #%llu (a collective under a branch not every lane takes)",
+                     l, lanes[l]->name, (unsigned long long)lanes[l]->seq + 1,
+                     (unsigned long long)lanes[0]->seq + 1);
+        return false;
+      }
+      /* .aligned ops (mma.sync, ldmatrix) need every lane at the same instruction. */
+      if (lanes[l]->site != lanes[0]->site) {
+        emu_fail_tid(base + l, "warp divergence: lane %d executes %s at a different call site "
+                               "than lane 0 (.aligned needs one instruction for the whole warp)",
+                     l, lanes[l]->name);
         return false;
       }
       if ((lanes[l]->mask & full) != full) {
@@ -440,7 +462,9 @@ extern "C" __attribute__((visibility("default"))) EMU_NOSAN int emu_launch(EmuLa
   __atomic_store_n(&emu_next_block, 0, __ATOMIC_SEQ_CST);
   __atomic_store_n(&emu_stop, false, __ATOMIC_SEQ_CST);
   int nw = L->threads < 1 ? 1 : L->threads;
-  if (nthreads == 0 || nthreads > 1024 || nblocks == 0) {
+  /* The device's limits: a launch beyond them fails on a GPU. */
+  if (nthreads == 0 || nthreads > 1024 || nblocks == 0 || L->grid.x > 2147483647u ||
+      L->grid.y > 65535u || L->grid.z > 65535u || L->block.z > 64u) {
     snprintf(L->error, EMU_ERR_LEN, "%s: bad launch geometry: grid (%u,%u,%u), block (%u,%u,%u)",
              L->kernel, L->grid.x, L->grid.y, L->grid.z, L->block.x, L->block.y, L->block.z);
   } else if (L->smem_bytes > EMU_SMEM_MAX) {
