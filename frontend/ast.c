@@ -72,10 +72,23 @@ static Expr *new_expr(Parser *ps, ExprKind k, Loc loc) {
   return e;
 }
 
+/* The literal 2147483648 (or 0x80000000) is only valid negated: it waits
+ * in ps->big until fe_unary takes it or the declaration ends. */
 Expr *fe_int_lit(Parser *ps, int64_t v, Loc loc) {
   Expr *e = new_expr(ps, EX_INT, loc);
-  e->ival = (int32_t)v;
+  e->ival = v > INT32_MAX ? INT32_MIN : (int32_t)v;
+  if (v > INT32_MAX) ARENA_PUSH(ps->a, ps->big, ps->nbig, ps->bigcap, e);
   return e;
+}
+
+/* Report the literals 2^31 that no minus took. */
+static void flush_big(Parser *ps) {
+  for (int i = 0; i < ps->nbig; i++) {
+    Loc l = ps->big[i]->loc;
+    diag_error(ps->d, l, "integer literal '%.*s' does not fit in a 32-bit int", (int)(l.end - l.start),
+               ps->src->text + l.start);
+  }
+  ps->nbig = 0;
 }
 
 Expr *fe_float_lit(Parser *ps, double v, Loc loc) {
@@ -97,6 +110,11 @@ Expr *fe_name(Parser *ps, const char *id, Loc loc) {
 }
 
 Expr *fe_unary(Parser *ps, AstOp op, Expr *a, Loc loc) {
+  if (op == AOP_NEG && ps->nbig && ps->big[ps->nbig - 1] == a) {
+    ps->nbig--; /* -2147483648: the literal already holds INT32_MIN */
+    a->loc = loc;
+    return a;
+  }
   Expr *e = new_expr(ps, EX_UNARY, loc);
   e->op.op = op;
   e->op.a = a;
@@ -169,7 +187,10 @@ static DimList *push_dim(Parser *ps, DimList *l, Dim d) {
 }
 
 DimList *fe_dim_lit(Parser *ps, DimList *l, int64_t v, Loc loc) {
-  if (v <= 0) diag_error(ps->d, loc, "a dimension must be positive, not %lld", (long long)v);
+  if (v > INT32_MAX)
+    diag_error(ps->d, loc, "integer literal '%.*s' does not fit in a 32-bit int", (int)(loc.end - loc.start),
+               ps->src->text + loc.start);
+  else if (v <= 0) diag_error(ps->d, loc, "a dimension must be positive, not %lld", (long long)v);
   Dim d = {.kind = DIM_LIT, .loc = loc, .value = (int32_t)v};
   return push_dim(ps, l, d);
 }
@@ -250,6 +271,7 @@ KItems *fe_kitem_mask(Parser *ps, KItems *k, Expr *e, Loc whole) {
 /* ---- declarations ---------------------------------------------------------- */
 
 static Decl *new_decl(Parser *ps, DeclKind k, const char *id, Loc idloc, Loc whole) {
+  flush_big(ps);
   Decl *d = arena_alloc(ps->a, sizeof *d);
   d->kind = k;
   d->id = id;
@@ -266,7 +288,10 @@ static Decl *new_decl(Parser *ps, DeclKind k, const char *id, Loc idloc, Loc who
   return d;
 }
 
-void fe_decl_done(Parser *ps) { ps->errors_done = ps->d->errors; }
+void fe_decl_done(Parser *ps) {
+  flush_big(ps);
+  ps->errors_done = ps->d->errors;
+}
 
 static void lose_name(Parser *ps, const char *id) {
   ARENA_PUSH(ps->a, ps->lost.names, ps->lost.nnames, ps->lost.ncap, id);
@@ -412,9 +437,13 @@ Program *fe_parse(Arena *a, const Source *src, Diags *d) {
   Parser ps = {.a = a, .src = src, .d = d, .prog = p, .errors_done = d->errors};
   yyscan_t scanner;
   if (fe_yylex_init_extra(&ps, &scanner)) PANIC("cannot create the scanner");
-  YY_BUFFER_STATE buf = fe_yy_scan_bytes(src->text, (int)src->len, scanner);
+  /* A UTF-8 byte order mark (some editors write one) is not part of the text. */
+  bool bom = src->len >= 3 && !memcmp(src->text, "\xef\xbb\xbf", 3);
+  ps.pos = bom ? 3 : 0;
+  YY_BUFFER_STATE buf = fe_yy_scan_bytes(src->text + ps.pos, (int)(src->len - ps.pos), scanner);
   int before = d->errors;
   fe_yyparse(scanner, &ps);
+  flush_big(&ps); /* a declaration cut short by the end of the file */
   fe_yy_delete_buffer(buf, scanner);
   fe_yylex_destroy(scanner);
   /* Callers stop at the first failing stage; check what parsed cleanly now

@@ -14,10 +14,16 @@
 /* Errors recorded before "too many errors; stopping" when Diags.limit is 0. */
 #define DEFAULT_LIMIT 50
 
+/* Where the text starts: after a UTF-8 byte order mark, which the scanner
+ * skips too, so it takes no column. */
+static size_t text_start(const Source *src) {
+  return src->len >= 3 && !memcmp(src->text, "\xef\xbb\xbf", 3) ? 3 : 0;
+}
+
 void src_linecol(const Source *src, uint32_t off, int *line, int *col) {
   if (off > src->len) off = (uint32_t)src->len;
   int l = 1;
-  size_t bol = 0;
+  size_t bol = off >= text_start(src) ? text_start(src) : 0;
   for (size_t i = 0; i < off; i++)
     if (src->text[i] == '\n') {
       l++;
@@ -40,11 +46,14 @@ static void render_snippet(Buf *out, const Source *src, Loc loc) {
   size_t start = loc.start > src->len ? src->len : loc.start;
   size_t bol = start, eol = start;
   while (bol > 0 && src->text[bol - 1] != '\n') bol--;
+  if (bol < text_start(src) && start >= text_start(src)) bol = text_start(src);
   while (eol < src->len && src->text[eol] != '\n') eol++;
   size_t end = loc.end < start ? start : loc.end;
   if (end > eol) end = eol;
+  size_t shown_end = eol; /* a CRLF line's '\r' is part of its end, not of the line */
+  if (shown_end > bol && src->text[shown_end - 1] == '\r') shown_end--;
   buf_puts(out, "    ");
-  for (size_t i = bol; i < eol; i++) {
+  for (size_t i = bol; i < shown_end; i++) {
     char c = shown((unsigned char)src->text[i]);
     buf_put(out, &c, 1);
   }

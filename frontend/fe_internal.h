@@ -84,6 +84,8 @@ typedef struct Parser {
   uint32_t last_syntax_error; /* 1 + offset of the latest syntax error; 0: none */
   FeLost lost;       /* declarations broken or lost by syntax errors */
   int errors_done;   /* d->errors when the latest declaration ended */
+  Expr **big;        /* literals 2^31 not (yet) negated: errors unless a '-' takes them */
+  int nbig, bigcap;  /* used, allocated */
 } Parser;
 
 /* ---- builders (ast.c), called from the grammar actions ---- */

@@ -20,14 +20,17 @@ static int list_kind(const Program *p, DeclKind k, Buf *out) {
 }
 
 /* The only decl of kind `k` (NULL if none); reports an error listing them
- * when there are several. */
+ * when there are several, at the second one (where the choice begins). */
 static bool only_one(const Program *p, DeclKind k, Decl **out, Diags *d) {
   Buf names = {0};
   int n = list_kind(p, k, &names);
   *out = NULL;
-  if (n > 1)
-    diag_error_noloc(d, "the file has %d %s functions (%s) and no kernel block; add a kernel block that picks one",
-                     n, k == D_SCORE ? "score" : "mask", names.data);
+  const Decl *second = NULL;
+  for (int i = 0, seen = 0; n > 1 && !second && i < p->ndecls; i++)
+    if (p->decls[i]->kind == k && ++seen == 2) second = p->decls[i];
+  if (second)
+    diag_error(d, second->loc, "the file has %d %s functions (%s) and no kernel block; add a kernel block that picks one",
+               n, k == D_SCORE ? "score" : "mask", names.data);
   for (int i = 0; n == 1 && i < p->ndecls; i++)
     if (p->decls[i]->kind == k) *out = p->decls[i];
   buf_free(&names);

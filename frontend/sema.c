@@ -5,6 +5,7 @@
  * free size symbols that buffer dimensions introduce. A let or parameter may
  * not shadow any of them. Every checked Expr gets its type, constexpr_ flag
  * and referent; an int returned from a score is wrapped in float(). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "fe_internal.h"
@@ -240,6 +241,20 @@ static Type check_name(Sema *s, Expr *e) {
   return TY_ERROR;
 }
 
+/* What a name that is not a declaration means here, for messages about it
+ * being called or indexed; NULL when it means nothing. */
+static const char *value_kind(const Sema *s, const char *id) {
+  Decl *fn = s->fn;
+  for (int i = 0; fn && i < s->nvis; i++)
+    if (!strcmp(fn->fn.lets[i]->id, id)) return "let";
+  for (int i = 0; fn && i < fn->fn.nparams; i++)
+    if (!strcmp(fn->fn.params[i], id)) return "function parameter";
+  if (predefined(id)) return "predefined name";
+  for (int i = 0; i < s->nsyms; i++)
+    if (!strcmp(s->syms[i].id, id)) return "size symbol";
+  return NULL;
+}
+
 /* ---- operators -------------------------------------------------------------- */
 
 static Type check_unary(Sema *s, Expr *e, int depth) {
@@ -402,8 +417,11 @@ static Type check_call(Sema *s, Expr *e, int depth) {
     e->constexpr_ = all_const;
     return check_builtin(s, e, b);
   }
+  const char *vk = d ? NULL : value_kind(s, e->call.id);
   if (d)
     diag_error(s->d, e->call.id_loc, "'%s' is a %s, not a function", d->id, kind_name(d->kind));
+  else if (vk)
+    diag_error(s->d, e->call.id_loc, "'%s' is a %s, not a function", e->call.id, vk);
   else if (!lost_name(s, e->call.id))
     diag_error(s->d, e->call.id_loc, "unknown function '%s'", e->call.id);
   return TY_ERROR;
@@ -413,8 +431,11 @@ static Type check_index(Sema *s, Expr *e, int depth) {
   for (int i = 0; i < e->index.nargs; i++) check_expr(s, e->index.args[i], depth + 1);
   Decl *d = prog_find(s->p, e->index.id);
   if (!d || d->kind != D_BUFFER) {
+    const char *vk = d ? NULL : value_kind(s, e->index.id);
     if (d)
       diag_error(s->d, e->index.id_loc, "'%s' is a %s, not a buffer", d->id, kind_name(d->kind));
+    else if (vk)
+      diag_error(s->d, e->index.id_loc, "'%s' is a %s, not a buffer", e->index.id, vk);
     else if (!lost_name(s, e->index.id))
       diag_error(s->d, e->index.id_loc, "unknown buffer '%s'", e->index.id);
     return TY_ERROR;
@@ -600,57 +621,219 @@ static void check_namespace(Sema *s) {
   }
 }
 
-/* ---- recursion ------------------------------------------------------------- */
+/* ---- the call graph: recursion and inlining limits --------------------------- */
 
-/* Is there a call path from `from` back to `root`? Iterative DFS; on success
+/* Calls are inlined, so a chain of calls deeper than this, or a function
+ * whose inlined body has more expression nodes than FE_MAX_INLINED, is an
+ * error (lowering would exhaust its guard, or memory, instead). */
+#define FE_MAX_CALL_DEPTH 200
+#define FE_MAX_INLINED (1 << 20)
+
+/* The functions of a program and the calls between them, by caller. */
+typedef struct CallGraph {
+  Decl **fn;     /* score and mask functions, in source order */
+  Decl **byptr;  /* the same, sorted by address (slot lookup) */
+  int *slotof;   /* slot of byptr[i] */
+  int n;         /* functions */
+  int *first;    /* out[first[v] .. first[v+1]) are v's calls, in source order */
+  Edge **out;    /* every call, grouped by caller */
+  int *to;       /* slot of out[i]->to */
+} CallGraph;
+
+static int cmp_ptr(const void *x, const void *y) {
+  uintptr_t a = (uintptr_t) * (Decl *const *)x, b = (uintptr_t) * (Decl *const *)y;
+  return a < b ? -1 : a > b;
+}
+
+static int slot_of(const CallGraph *g, const Decl *d) {
+  int lo = 0, hi = g->n - 1;
+  while (lo <= hi) {
+    int mid = (lo + hi) / 2;
+    if (g->byptr[mid] == d) return g->slotof[mid];
+    if ((uintptr_t)g->byptr[mid] < (uintptr_t)d) lo = mid + 1;
+    else hi = mid - 1;
+  }
+  PANIC("function '%s' is not in the program", d->id);
+}
+
+static void graph_build(Sema *s, CallGraph *g) {
+  Arena *a = s->a;
+  int nd = s->p->ndecls;
+  g->fn = arena_alloc(a, sizeof(Decl *) * (size_t)(nd + 1));
+  g->n = 0;
+  for (int i = 0; i < nd; i++)
+    if (s->p->decls[i]->kind == D_SCORE || s->p->decls[i]->kind == D_MASK) g->fn[g->n++] = s->p->decls[i];
+  g->byptr = arena_alloc(a, sizeof(Decl *) * (size_t)(g->n + 1));
+  if (g->n) memcpy(g->byptr, g->fn, sizeof(Decl *) * (size_t)g->n);
+  qsort(g->byptr, (size_t)g->n, sizeof(Decl *), cmp_ptr);
+  g->slotof = arena_alloc(a, sizeof(int) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) g->slotof[i] = -1;
+  for (int v = 0; v < g->n; v++) { /* slot v of fn[v]: find it in byptr */
+    Decl **hit = bsearch(&g->fn[v], g->byptr, (size_t)g->n, sizeof(Decl *), cmp_ptr);
+    g->slotof[hit - g->byptr] = v;
+  }
+  g->first = arena_alloc(a, sizeof(int) * (size_t)(g->n + 2));
+  memset(g->first, 0, sizeof(int) * (size_t)(g->n + 2));
+  int *from = arena_alloc(a, sizeof(int) * (size_t)(s->nedges + 1));
+  for (int e = 0; e < s->nedges; e++) {
+    from[e] = slot_of(g, s->edges[e].from);
+    g->first[from[e] + 2]++;
+  }
+  for (int v = 0; v < g->n; v++) g->first[v + 2] += g->first[v + 1];
+  g->out = arena_alloc(a, sizeof(Edge *) * (size_t)(s->nedges + 1));
+  g->to = arena_alloc(a, sizeof(int) * (size_t)(s->nedges + 1));
+  for (int e = 0; e < s->nedges; e++) { /* stable counting sort by caller */
+    int at = g->first[from[e] + 1]++;
+    g->out[at] = &s->edges[e];
+    g->to[at] = slot_of(g, s->edges[e].to);
+  }
+}
+
+/* Is there a call path from `root` back to itself? Iterative DFS; on success
  * the path (edges) is left in `path`, its length returned; 0 if none. */
-static int find_cycle(Sema *s, Decl *root, Edge **path, bool *seen) {
-  int *next = arena_alloc(s->a, sizeof(int) * (size_t)(s->p->ndecls + 1));
-  Decl **node = arena_alloc(s->a, sizeof(Decl *) * (size_t)(s->p->ndecls + 1));
+static int find_cycle(Sema *s, const CallGraph *g, int root, Edge **path, bool *seen) {
+  int *next = arena_alloc(s->a, sizeof(int) * (size_t)(g->n + 1));
+  int *node = arena_alloc(s->a, sizeof(int) * (size_t)(g->n + 1));
   int top = 0;
   node[0] = root;
-  next[0] = 0;
-  memset(seen, 0, (size_t)s->p->ndecls);
+  next[0] = g->first[root];
+  memset(seen, 0, (size_t)g->n);
   while (top >= 0) {
     int e = next[top]++;
-    while (e < s->nedges && s->edges[e].from != node[top]) e = next[top]++;
-    if (e >= s->nedges) {
+    if (e >= g->first[node[top] + 1]) {
       top--;
       continue;
     }
-    Edge *ed = &s->edges[e];
-    path[top] = ed;
-    if (ed->to == root) return top + 1;
-    int pos = decl_pos(s->p, ed->to);
-    if (seen[pos]) continue;
-    seen[pos] = true;
+    path[top] = g->out[e];
+    if (g->to[e] == root) return top + 1;
+    if (seen[g->to[e]]) continue;
+    seen[g->to[e]] = true;
     top++;
-    node[top] = ed->to;
-    next[top] = 0;
+    node[top] = g->to[e];
+    next[top] = g->first[node[top]];
   }
   return 0;
 }
 
-static void check_recursion(Sema *s) {
-  int n = s->p->ndecls;
-  bool *reported = arena_alloc(s->a, (size_t)n + 1);
-  bool *seen = arena_alloc(s->a, (size_t)n + 1);
-  Edge **path = arena_alloc(s->a, sizeof(Edge *) * (size_t)(n + 1));
-  for (int i = 0; i < n; i++) {
-    Decl *f = s->p->decls[i];
-    if ((f->kind != D_SCORE && f->kind != D_MASK) || reported[i]) continue;
-    int len = find_cycle(s, f, path, seen);
+static void report_recursion(Sema *s, const CallGraph *g) {
+  bool *reported = arena_alloc(s->a, (size_t)g->n + 1);
+  bool *seen = arena_alloc(s->a, (size_t)g->n + 1);
+  Edge **path = arena_alloc(s->a, sizeof(Edge *) * (size_t)(g->n + 1));
+  memset(reported, 0, (size_t)g->n + 1);
+  for (int v = 0; v < g->n; v++) {
+    if (reported[v]) continue;
+    int len = find_cycle(s, g, v, path, seen);
     if (!len) continue;
     Buf b = {0};
     for (int k = 1; k < len; k++) {
       buf_printf(&b, "%s'%s'", k == 1 ? " (through " : ", ", path[k]->from->id);
-      reported[decl_pos(s->p, path[k]->from)] = true;
+      reported[slot_of(g, path[k]->from)] = true;
     }
     if (len > 1) buf_puts(&b, ")");
-    diag_error(s->d, path[0]->loc, "recursion: '%s' calls itself%s", f->id, b.data ? b.data : "");
+    diag_error(s->d, path[0]->loc, "recursion: '%s' calls itself%s", g->fn[v]->id, b.data ? b.data : "");
     buf_free(&b);
-    reported[i] = true;
+    reported[v] = true;
   }
+}
+
+/* Expression nodes of `e`, not counting what its calls inline. Below
+ * FE_MAX_DEPTH nothing is counted: such a tree is already an error, and the
+ * cap keeps the recursion off the end of the stack. */
+static int64_t expr_nodes(const Expr *e, int depth) {
+  int64_t n = 1;
+  if (depth > FE_MAX_DEPTH) return n;
+  switch (e->kind) {
+  case EX_UNARY: n += expr_nodes(e->op.a, depth + 1); break;
+  case EX_BINARY: n += expr_nodes(e->op.a, depth + 1) + expr_nodes(e->op.b, depth + 1); break;
+  case EX_COND: n += expr_nodes(e->cond.c, depth + 1) + expr_nodes(e->cond.a, depth + 1) + expr_nodes(e->cond.b, depth + 1); break;
+  case EX_CALL:
+    for (int i = 0; i < e->call.nargs; i++) n += expr_nodes(e->call.args[i], depth + 1);
+    break;
+  case EX_INDEX:
+    for (int i = 0; i < e->index.nargs; i++) n += expr_nodes(e->index.args[i], depth + 1);
+    break;
+  default: break;
+  }
+  return n;
+}
+
+static int64_t fn_nodes(const Decl *f) {
+  int64_t n = f->fn.ret ? expr_nodes(f->fn.ret, 0) : 0;
+  for (int i = 0; i < f->fn.nlets; i++) n += expr_nodes(f->fn.lets[i]->value, 0);
+  return n;
+}
+
+/* Longest call chain and inlined size of every function, by an iterative
+ * post-order DFS; returns whether a call cycle was met (its edges are left
+ * out of both measures; report_recursion names it). */
+static bool measure_calls(Sema *s, const CallGraph *g, int *depth, int64_t *size) {
+  Arena *a = s->a;
+  char *color = arena_alloc(a, (size_t)g->n + 1); /* 0 new, 1 on the stack, 2 done */
+  int *node = arena_alloc(a, sizeof(int) * (size_t)(g->n + 1));
+  int *next = arena_alloc(a, sizeof(int) * (size_t)(g->n + 1));
+  memset(color, 0, (size_t)g->n + 1);
+  bool cycle = false;
+  for (int r = 0; r < g->n; r++) {
+    if (color[r]) continue;
+    int top = 0;
+    node[0] = r;
+    next[0] = g->first[r];
+    color[r] = 1;
+    depth[r] = 0;
+    size[r] = fn_nodes(g->fn[r]);
+    while (top >= 0) {
+      int v = node[top], e = next[top]++;
+      if (e >= g->first[v + 1]) {
+        color[v] = 2;
+        top--;
+        continue;
+      }
+      int w = g->to[e];
+      if (color[w] == 0) {
+        color[w] = 1;
+        depth[w] = 0;
+        size[w] = fn_nodes(g->fn[w]);
+        next[top]--; /* come back to this edge once w is done */
+        top++;
+        node[top] = w;
+        next[top] = g->first[w];
+      } else if (color[w] == 1) {
+        cycle = true;
+      } else {
+        if (depth[w] + 1 > depth[v]) depth[v] = depth[w] + 1;
+        size[v] += size[w];
+        if (size[v] > FE_MAX_INLINED) size[v] = FE_MAX_INLINED + 1;
+      }
+    }
+  }
+  return cycle;
+}
+
+/* Recursion is an error; so are calls that inline too deep or too much.
+ * Each limit is reported once, at the first function over it. */
+static void check_calls(Sema *s) {
+  CallGraph g;
+  graph_build(s, &g);
+  int *depth = arena_alloc(s->a, sizeof(int) * (size_t)(g.n + 1));
+  int64_t *size = arena_alloc(s->a, sizeof(int64_t) * (size_t)(g.n + 1));
+  if (measure_calls(s, &g, depth, size)) {
+    report_recursion(s, &g);
+    return;
+  }
+  for (int v = 0; v < g.n; v++)
+    if (depth[v] > FE_MAX_CALL_DEPTH) {
+      diag_error(s->d, g.fn[v]->loc,
+                 "calls nested too deeply: '%s' starts a chain of %d calls (at most %d; calls are inlined)",
+                 g.fn[v]->id, depth[v], FE_MAX_CALL_DEPTH);
+      break;
+    }
+  for (int v = 0; v < g.n; v++)
+    if (size[v] > FE_MAX_INLINED) {
+      diag_error(s->d, g.fn[v]->loc,
+                 "'%s' is too large once its calls are inlined (more than %d expression nodes)",
+                 g.fn[v]->id, FE_MAX_INLINED);
+      break;
+    }
 }
 
 static int check_program(Arena *a, Program *p, Diags *d, const FeLost *lost) {
@@ -667,7 +850,7 @@ static int check_program(Arena *a, Program *p, Diags *d, const FeLost *lost) {
     else if (x->kind == D_SCORE || x->kind == D_MASK) check_fn(&s, x);
     else if (x->kind == D_KERNEL && !x->kernel.implicit) check_kernel(&s, x);
   }
-  check_recursion(&s);
+  check_calls(&s);
   return d->errors - before;
 }
 
