@@ -9,11 +9,13 @@
 #include "ir/ir.h"
 
 /* Value checks that need lowering (a constant zero divisor, a bad const
- * dimension), for every function, used by a kernel or not. */
+ * dimension), for every function, const and buffer, used by a kernel or
+ * not (the diagnostics drop repeats of one error). */
 static void lower_all(Arena *a, Program *p, Diags *d) {
   for (int i = 0; i < p->ndecls; i++) {
     Decl *x = p->decls[i];
-    if (x->kind == D_SCORE || x->kind == D_MASK) ir_lower_check(a, p, x, d);
+    if (x->kind == D_SCORE || x->kind == D_MASK || x->kind == D_CONST || x->kind == D_BUFFER)
+      ir_lower_check(a, p, x, d);
   }
 }
 

@@ -33,35 +33,58 @@ void src_linecol(const Source *src, uint32_t off, int *line, int *col) {
   *col = (int)(off - bol) + 1;
 }
 
-/* Bytes that would garble a terminal print as '?', one column each, so the
- * caret line stays aligned with the echoed source line. */
-static char shown(unsigned char c) {
-  if (c == '\t') return '\t';
-  if (c < 0x20 || c >= 0x7f) return '?';
-  return (char)c;
+/* Length of the valid UTF-8 sequence at p (at most n bytes), 0 if none. */
+static size_t utf8_len(const unsigned char *p, size_t n) {
+  size_t len = p[0] >= 0xf0 && p[0] <= 0xf4 ? 4 : p[0] >= 0xe0 ? 3 : p[0] >= 0xc2 && p[0] < 0xe0 ? 2 : 0;
+  if (!len || len > n) return 0;
+  for (size_t i = 1; i < len; i++)
+    if ((p[i] & 0xc0) != 0x80) return 0;
+  return len;
 }
 
-/* Echo the line holding `loc.start` and underline the range on that line. */
+/* Lines longer than this are shown as a window around the error. */
+#define SNIPPET_MAX 200
+
+/* Echo the line holding `loc.start` and underline the range on that line.
+ * UTF-8 characters are echoed as they are and take one caret column each;
+ * other bytes that would garble a terminal print as '?'. */
 static void render_snippet(Buf *out, const Source *src, Loc loc) {
+  const unsigned char *t = (const unsigned char *)src->text;
   size_t start = loc.start > src->len ? src->len : loc.start;
   size_t bol = start, eol = start;
-  while (bol > 0 && src->text[bol - 1] != '\n') bol--;
+  while (bol > 0 && t[bol - 1] != '\n') bol--;
   if (bol < text_start(src) && start >= text_start(src)) bol = text_start(src);
-  while (eol < src->len && src->text[eol] != '\n') eol++;
+  while (eol < src->len && t[eol] != '\n') eol++;
+  if (eol > bol && t[eol - 1] == '\r') eol--; /* a CRLF line's '\r' is part of its end */
   size_t end = loc.end < start ? start : loc.end;
   if (end > eol) end = eol;
-  size_t shown_end = eol; /* a CRLF line's '\r' is part of its end, not of the line */
-  if (shown_end > bol && src->text[shown_end - 1] == '\r') shown_end--;
-  buf_puts(out, "    ");
-  for (size_t i = bol; i < shown_end; i++) {
-    char c = shown((unsigned char)src->text[i]);
-    buf_put(out, &c, 1);
+  size_t from = bol, to = eol; /* a window of a very long line */
+  if (to - from > SNIPPET_MAX) {
+    if (start - from > SNIPPET_MAX / 4) from = start - SNIPPET_MAX / 4;
+    if (to - from > SNIPPET_MAX) to = from + SNIPPET_MAX;
+    if (end > to) end = to;
   }
-  buf_puts(out, "\n    ");
-  for (size_t i = bol; i < start; i++) buf_put(out, src->text[i] == '\t' ? "\t" : " ", 1);
-  buf_puts(out, "^");
-  for (size_t i = start + 1; i < end; i++) buf_puts(out, "~");
+  Buf caret = {0};
+  buf_puts(out, from > bol ? "    ..." : "    ");
+  buf_puts(&caret, from > bol ? "       " : "    ");
+  bool marked = false;
+  for (size_t i = from; i < to;) {
+    size_t n = t[i] >= 0x80 ? utf8_len(t + i, to - i) : 1;
+    if (!n) n = 1;
+    if (n > 1) buf_put(out, (const char *)t + i, n);
+    else buf_put(out, t[i] == '\t' ? "\t" : t[i] < 0x20 || t[i] >= 0x7f ? "?" : (const char *)t + i, 1);
+    if (i + n <= start) buf_put(&caret, t[i] == '\t' ? "\t" : " ", 1);
+    else if (i < end || !marked) {
+      buf_puts(&caret, marked ? "~" : "^");
+      marked = true;
+    }
+    i += n;
+  }
+  if (!marked) buf_puts(&caret, "^"); /* at the end of the line */
+  buf_puts(out, to < eol ? "...\n" : "\n");
+  buf_put(out, caret.data, caret.len);
   buf_puts(out, "\n");
+  buf_free(&caret);
 }
 
 static int limit_of(const Diags *d) { return d->limit > 0 ? d->limit : DEFAULT_LIMIT; }
@@ -75,38 +98,50 @@ static bool admit_error(Diags *d) {
   return false;
 }
 
-static void vreport(Diags *d, const char *kind, Loc loc, const char *fmt, va_list ap) {
+static void vreport(Buf *out, const Diags *d, const char *kind, Loc loc, const char *fmt, va_list ap) {
   int line, col;
   src_linecol(d->src, loc.start, &line, &col);
-  buf_printf(&d->text, "%s:%d:%d: %s: ", d->src->path, line, col, kind);
-  buf_vprintf(&d->text, fmt, ap);
-  buf_puts(&d->text, "\n");
-  render_snippet(&d->text, d->src, loc);
+  buf_printf(out, "%s:%d:%d: %s: ", d->src->path, line, col, kind);
+  buf_vprintf(out, fmt, ap);
+  buf_puts(out, "\n");
+  render_snippet(out, d->src, loc);
+}
+
+/* Record one rendered error unless the very same text (place and message)
+ * was recorded already: checks that meet the same construct twice report
+ * it once. */
+static void record_error(Diags *d, Buf *msg) {
+  buf_put(msg, "", 1); /* NUL-terminate for strstr */
+  d->dropped = d->text.len && strstr(d->text.data, msg->data);
+  if (!d->dropped && admit_error(d)) buf_puts(&d->text, msg->data);
+  buf_free(msg);
 }
 
 void diag_error(Diags *d, Loc loc, const char *fmt, ...) {
-  if (!admit_error(d)) return;
+  Buf msg = {0};
   va_list ap;
   va_start(ap, fmt);
-  vreport(d, "error", loc, fmt, ap);
+  vreport(&msg, d, "error", loc, fmt, ap);
   va_end(ap);
+  record_error(d, &msg);
 }
 
 void diag_error_noloc(Diags *d, const char *fmt, ...) {
-  if (!admit_error(d)) return;
+  Buf msg = {0};
   va_list ap;
   va_start(ap, fmt);
-  buf_printf(&d->text, "%s: error: ", d->src->path);
-  buf_vprintf(&d->text, fmt, ap);
-  buf_puts(&d->text, "\n");
+  buf_printf(&msg, "%s: error: ", d->src->path);
+  buf_vprintf(&msg, fmt, ap);
+  buf_puts(&msg, "\n");
   va_end(ap);
+  record_error(d, &msg);
 }
 
 void diag_note(Diags *d, Loc loc, const char *fmt, ...) {
-  if (d->errors > limit_of(d)) return; /* its error was dropped */
+  if (d->dropped || d->errors > limit_of(d)) return; /* its error was dropped */
   va_list ap;
   va_start(ap, fmt);
-  vreport(d, "note", loc, fmt, ap);
+  vreport(&d->text, d, "note", loc, fmt, ap);
   va_end(ap);
 }
 

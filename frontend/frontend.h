@@ -42,6 +42,7 @@ typedef struct Diags {
   Buf text;          /* every rendered diagnostic, in order */
   int errors;        /* number of errors so far */
   int limit;         /* stop recording after this many (0: default 50) */
+  bool dropped;      /* the last error was not recorded (a repeat): drop its notes */
 } Diags;
 
 /* Report an error at `loc`: renders "FILE:LINE:COL: error: MSG", the source
