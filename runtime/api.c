@@ -6,6 +6,7 @@
  * and hands the validated call to the chosen backend.
  */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -57,6 +58,12 @@ flex_status flex_kernel_from_source(flex_kernel **out, const char *name, const c
   if (!out) return rt_err(FLEX_ERR_INVALID, "flex_kernel_from_source: out is NULL");
   *out = NULL;
   if (!text) return rt_err(FLEX_ERR_INVALID, "flex_kernel_from_source: text is NULL");
+  /* Source positions are 32-bit; a larger length is also a caller's slip
+   * (such as (size_t)-1 for "NUL-terminated"), never a real file. */
+  if (len > INT32_MAX)
+    return rt_err(FLEX_ERR_INVALID,
+                  "%s: error: source of %zu bytes is too large (expected at most %d bytes)",
+                  name ? name : "<source>", len, INT32_MAX);
   flex_kernel *k = base_alloc(sizeof *k);
   k->src.path = arena_strndup(&k->arena, name ? name : "<source>", strlen(name ? name : "<source>"));
   char *copy = arena_alloc(&k->arena, len + 1);

@@ -8,7 +8,9 @@
  *   backend, or float32/float64 on the reference and emu backends (the
  *   reference writes only those two); lse and dlse are float32 (float64 on
  *   the reference); dout has q's dtype except on the reference;
- *   the last dimension has unit stride; reference and emu need host memory
+ *   the last dimension has unit stride, no stride is negative, the span fits
+ *   in int64 bytes, data is element-aligned and outputs have no stride-0
+ *   dimension of extent > 1; reference and emu need host memory
  *   (the cuda backend checks its own devices, after looking for a driver);
  *   params and buffers are matched by name against the kernel's declarations.
  */
@@ -42,6 +44,48 @@ static bool is_out_float(DLDataType t) {
   return t.lanes == 1 && t.code == kDLFloat && (t.bits == 32 || t.bits == 64);
 }
 
+/* The memory layout of a non-empty tensor: strides non-negative (every
+ * backend's kernels and the emulator's address checks walk forward from the
+ * base), the bytes it spans representable in int64 (element offsets are
+ * computed in 64 bits and must not wrap), and its first element aligned to
+ * the element size (a misaligned load faults on a GPU). */
+static flex_status check_layout(const char *name, const DLTensor *t) {
+  int64_t last = 0, compact = 1; /* largest element offset; the compact stride */
+  for (int d = (int)t->ndim - 1; d >= 0; d--) {
+    int64_t s = t->strides ? t->strides[d] : compact, span;
+    if (t->shape[d] > 1 && s < 0)
+      return rt_err(FLEX_ERR_INVALID, "%s: dimension %d has stride %lld (expected a non-negative stride)",
+                    name, d, (long long)s);
+    if (t->shape[d] > 1 && (__builtin_mul_overflow(t->shape[d] - 1, s, &span) ||
+                            __builtin_add_overflow(last, span, &last)))
+      return rt_err(FLEX_ERR_INVALID, "%s: shape and strides span more than 2^63 elements", name);
+    if (__builtin_mul_overflow(compact, t->shape[d], &compact)) compact = INT64_MAX;
+  }
+  int64_t esize = (t->dtype.bits * t->dtype.lanes + 7) / 8, bytes;
+  if (t->byte_offset > (uint64_t)INT64_MAX ||
+      (esize > 0 && (__builtin_mul_overflow(last + 1, esize, &bytes) ||
+                     __builtin_add_overflow(bytes, (int64_t)t->byte_offset, &bytes))))
+    return rt_err(FLEX_ERR_INVALID, "%s: shape and strides span more than 2^63 bytes", name);
+  uintptr_t addr = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
+  if (esize > 1 && addr % (uintptr_t)esize)
+    return rt_err(FLEX_ERR_INVALID,
+                  "%s: data + byte_offset (%#llx) is not aligned to the %lld-byte element size",
+                  name, (unsigned long long)addr, (long long)esize);
+  return FLEX_OK;
+}
+
+/* An output must not write one element through two indices (PyTorch refuses
+ * such in-place targets too): no stride 0 on a dimension of extent > 1. */
+static flex_status check_no_overlap(const char *name, const DLTensor *t) {
+  for (int d = 0; t->strides && d < t->ndim; d++)
+    if (t->shape[d] > 1 && t->strides[d] == 0)
+      return rt_err(FLEX_ERR_INVALID,
+                    "%s: dimension %d has stride 0, so elements of this output overlap "
+                    "(expected a positive stride)",
+                    name, d);
+  return FLEX_OK;
+}
+
 /* Device, strides and shape of one tensor against an expected shape. */
 static flex_status check_tensor(V *v, const char *name, const DLTensor *t, int ndim,
                                 const int64_t *want) {
@@ -54,11 +98,9 @@ static flex_status check_tensor(V *v, const char *name, const DLTensor *t, int n
     if (t->shape[d] < 0 || t->shape[d] > INT32_MAX)
       return rt_err(FLEX_ERR_INVALID, "%s: dimension %d has extent %lld (expected 0..%d)", name, d,
                     (long long)t->shape[d], INT32_MAX);
-  if (!t->data) {
-    int64_t n = 1;
-    for (int d = 0; d < ndim; d++) n *= t->shape[d];
-    if (n) return rt_err(FLEX_ERR_INVALID, "%s: data is NULL", name);
-  }
+  bool empty = false;
+  for (int d = 0; d < ndim; d++) empty = empty || t->shape[d] == 0;
+  if (!t->data && !empty) return rt_err(FLEX_ERR_INVALID, "%s: data is NULL", name);
   if (want)
     for (int d = 0; d < ndim; d++)
       if (want[d] >= 0 && t->shape[d] != want[d]) {
@@ -72,6 +114,8 @@ static flex_status check_tensor(V *v, const char *name, const DLTensor *t, int n
   if (ndim > 0 && t->strides && t->shape[ndim - 1] > 1 && t->strides[ndim - 1] != 1)
     return rt_err(FLEX_ERR_INVALID, "%s: the last dimension must have unit stride, got stride %lld",
                   name, (long long)t->strides[ndim - 1]);
+  flex_status st = empty ? FLEX_OK : check_layout(name, t);
+  if (st) return st;
   bool on_host = t->device.device_type == kDLCPU || t->device.device_type == kDLCUDAHost ||
                  t->device.device_type == kDLCUDAManaged;
   if (v->host && !on_host)
@@ -180,6 +224,8 @@ static flex_status check_shaped(V *v, const char *name, const DLTensor *t, int n
                                 const int64_t *want, Role role) {
   flex_status st = check_tensor(v, name, t, ndim, want);
   if (st) return st;
+  bool written = role == ROLE_OUT || (role == ROLE_LSE && !strcmp(name, "lse"));
+  if (written && (st = check_no_overlap(name, t))) return st;
   switch (role) {
   case ROLE_OUT: return check_out_dtype(v, name, t);
   case ROLE_LSE: return check_lse_dtype(v, name, t);
@@ -346,7 +392,7 @@ static flex_status check_buffers(V *v, bool backward) {
     if (fb->grad && backward) {
       snprintf(what, sizeof what, "gradient of buffer '%s'", ib->id);
       if ((st = check_tensor(v, what, fb->grad, ib->ndims, fb->tensor->shape)) ||
-          (st = check_dtype(what, fb->grad, true)))
+          (st = check_no_overlap(what, fb->grad)) || (st = check_dtype(what, fb->grad, true)))
         return st;
       c->buf_grads[j] = fb->grad;
     }
