@@ -29,9 +29,15 @@ static IrAbs abs_int(int64_t lo, int64_t hi) {
   return r;
 }
 
+/* A float range. A zero end point covers both zeros: fmin/fmax and the
+ * corner rules may return either zero on a tie (libm and compilers differ),
+ * and a range collapsed to one signed zero would count as a single value
+ * for concrete evaluation, where the sign matters (1.0 / x). */
 static IrAbs abs_flt(double lo, double hi, bool nan) {
   IrAbs r = {0};
   if (isnan(lo) || isnan(hi) || lo > hi) lo = -INFINITY, hi = INFINITY, nan = true;
+  if (lo == 0) lo = -0.0;
+  if (hi == 0) hi = 0.0;
   r.flo = lo;
   r.fhi = hi;
   r.nan = nan;
@@ -47,7 +53,11 @@ static IrAbs abs_top(IrType t) {
 /* The abstract value of one concrete value. */
 static IrAbs abs_point(IrType t, IrVal v) {
   if (t == IT_BOOL) return abs_bool(!v.b, v.b);
-  if (t == IT_F32) return abs_flt(v.f, v.f, isnan(v.f));
+  if (t == IT_F32) { /* exact, signed zeros included */
+    IrAbs r = abs_flt(v.f, v.f, isnan(v.f));
+    if (!isnan(v.f)) r.flo = r.fhi = v.f;
+    return r;
+  }
   return abs_int(v.i, v.i);
 }
 

@@ -21,7 +21,9 @@ static flex_status fail(char *err, size_t errlen, const char *fmt, ...) {
   return FLEX_ERR_INVALID;
 }
 
-static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+/* In int64: a caller's block size may be close to INT_MAX, and a + b - 1
+ * must not wrap (a wrapped count of 0 blocks would pass validation). */
+static int ceil_div(int a, int b) { return (int)(((int64_t)a + b - 1) / b); }
 
 /* A shape is the user's to choose, so a mask too large for this machine is
  * an error with the figures, not an allocation failure: the builder needs
