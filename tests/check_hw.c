@@ -349,7 +349,7 @@ static void build_mock(void) {
   snprintf(mock_path, sizeof mock_path, "%s/libcuda.so.1", dir);
   const char *cc = getenv("CC");
   char cmd[1400];
-  snprintf(cmd, sizeof cmd, "%s -shared -fPIC -O1 -o '%s' '%s'", cc && *cc ? cc : "cc", mock_path,
+  snprintf(cmd, sizeof cmd, "%s -shared -fPIC -pthread -O1 -o '%s' '%s'", cc && *cc ? cc : "cc", mock_path,
            tl_src_path("tests/hw/mockcuda.c"));
   Buf out = {0};
   if (tl_run(cmd, &out) != 0) {

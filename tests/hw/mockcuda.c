@@ -9,6 +9,7 @@
  *     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES on that function
  * and it counts the stream of every asynchronous operation, so a test can
  * see that all of them went to the caller's stream. */
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@ enum { OK = 0, INVALID_VALUE = 1, INVALID_CONTEXT = 201, NOT_FOUND = 500 };
 typedef struct MockFunc {
   char name[64];  /* the entry */
   int smem_optin; /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 0 if never set */
+  struct MockFunc *next; /* every handle given out, kept (handles live as long as the process) */
 } MockFunc;
 
 /* ---- what tests read and set (dlsym) ---- */
@@ -82,8 +84,15 @@ CUresult cuModuleUnload(void *m) { (void)m; return OK; }
 CUresult cuModuleGetFunction(MockFunc **f, void *m, const char *name) {
   (void)m;
   if (!current) return fail(INVALID_CONTEXT, "cuModuleGetFunction without a current context");
-  *f = calloc(1, sizeof **f); /* leaked: a test process is short */
+  static MockFunc *handles; /* reachable, so leak checkers stay quiet */
+  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  *f = calloc(1, sizeof **f);
+  if (!*f) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
   snprintf((*f)->name, sizeof (*f)->name, "%s", name);
+  pthread_mutex_lock(&lock);
+  (*f)->next = handles;
+  handles = *f;
+  pthread_mutex_unlock(&lock);
   return OK;
 }
 CUresult cuFuncSetAttribute(MockFunc *f, int attr, int v) {
