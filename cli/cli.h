@@ -3,6 +3,8 @@
 #ifndef FLEXC_CLI_H
 #define FLEXC_CLI_H
 
+#include <stdbool.h>
+
 int cli_check(int argc, char **argv); /* flexc check FILE... */
 int cli_ir(int argc, char **argv);    /* flexc ir FILE [--kernel K] [--grad] [--after PASS] */
 int cli_run(int argc, char **argv);   /* flexc run FILE ... --out DIR */
@@ -11,5 +13,9 @@ int cli_mask(int argc, char **argv);  /* flexc mask FILE --shape ... */
 
 /* Print "flexc: error: MSG" (usage errors) to stderr; returns 2. */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Print "flexc: error: MSG" (a bad value in the input) to stderr; returns 1. */
+int cli_input_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Create a directory and its parents; true when it exists afterwards. */
+bool cli_make_dir(const char *path);
 
 #endif

@@ -1,8 +1,10 @@
 /* flexc: the command-line driver. main() only dispatches; each subcommand
  * lives in its own file and is the whole pipeline for that job. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 
@@ -34,6 +36,30 @@ int cli_usage_error(const char *fmt, ...) {
   fprintf(stderr, "\n(see flexc --help)\n");
   va_end(ap);
   return 2;
+}
+
+/* A value that is not what an option needs: an error in the input (status
+ * 1), like a bad .npy file, rather than a misuse of the command. */
+int cli_input_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "flexc: error: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  return 1;
+}
+
+bool cli_make_dir(const char *path) {
+  char tmp[4096];
+  if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return false;
+  for (char *p = tmp + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      if (mkdir(tmp, 0777) && errno != EEXIST) return false;
+      *p = '/';
+    }
+  return !mkdir(tmp, 0777) || errno == EEXIST;
 }
 
 int main(int argc, char **argv) {

@@ -213,22 +213,9 @@ static int bind_buffers(const IrModule *m, const Opts *o, Bound *bd) {
   return 0;
 }
 
-/* Create dir and its parents (as `flexc run --out` does); true when it exists. */
-static bool make_dir(const char *path) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s", path);
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      if (mkdir(tmp, 0777) && errno != EEXIST) return false;
-      *p = '/';
-    }
-  return !mkdir(tmp, 0777) || errno == EEXIST;
-}
-
 /* Write the eight arrays into dir, created when missing. */
 static int write_arrays(const RtBlockMask *bm, const char *dir) {
-  if (!make_dir(dir)) return fprintf(stderr, "flexc: error: %s: cannot create directory\n", dir), 1;
+  if (!cli_make_dir(dir)) return fprintf(stderr, "flexc: error: %s: cannot create directory\n", dir), 1;
   const char *names[8] = {"kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
                           "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"};
   int32_t *arrs[8] = {bm->kv_num_blocks, bm->kv_indices, bm->full_kv_num_blocks,

@@ -80,19 +80,6 @@ static int parse_backend(const char *s, flex_backend *b) {
   return cli_usage_error("--backend must be reference, emu or cuda, got '%s'", s);
 }
 
-/* A value that is not what the option needs: an error in the input
- * (status 1), like a bad .npy file, rather than a misuse of the command. */
-static int input_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int input_error(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "flexc: error: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-  return 1;
-}
-
 /* One option that takes a value; returns 0, or the exit status. */
 static int parse_opt(RunOpts *o, const char *opt, char *val) {
   const char **slot = !strcmp(opt, "--kernel") ? &o->kernel : !strcmp(opt, "--q") ? &o->q
@@ -114,17 +101,17 @@ static int parse_opt(RunOpts *o, const char *opt, char *val) {
       return 0;
     }
     double x = strtod(value, &end);
-    if (*end) return input_error("--param %s: '%s' is not a number", name, value);
+    if (*end) return cli_input_error("--param %s: '%s' is not a number", name, value);
     o->params[o->nparams].name = name;
     o->params[o->nparams++].value = x;
     return 0;
   }
   if (!strcmp(opt, "--scale")) {
     o->scale = strtod(val, &end);
-    if (end == val || *end) return input_error("--scale: '%s' is not a number", val);
+    if (end == val || *end) return cli_input_error("--scale: '%s' is not a number", val);
     /* The API reads a scale of 0 as "the default", so an explicit zero
      * would silently become 1/sqrt(E). */
-    if (o->scale == 0) return input_error("--scale must be nonzero (omit it for 1/sqrt(E))");
+    if (o->scale == 0) return cli_input_error("--scale must be nonzero (omit it for 1/sqrt(E))");
     return 0;
   }
   if (!strcmp(opt, "--dtype")) return parse_dtype(val, &o->dtype);
@@ -234,18 +221,6 @@ static bool read_buffers(const RunOpts *o, const flex_kernel *kern, RunState *s,
 }
 
 /* ---- outputs ------------------------------------------------------------ */
-
-static bool make_dir(const char *path) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s", path);
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      if (mkdir(tmp, 0777) && errno != EEXIST) return false;
-      *p = '/';
-    }
-  return !mkdir(tmp, 0777) || errno == EEXIST;
-}
 
 static bool write_out(const char *dir, const char *name, const RtArray *a) {
   char path[4096], err[512];
@@ -472,7 +447,7 @@ int cli_run(int argc, char **argv) {
   }
   RunState *s = base_alloc(sizeof *s);
   st = 1;
-  if (!make_dir(o.out)) fprintf(stderr, "flexc: error: cannot create %s: %s\n", o.out, strerror(errno));
+  if (!cli_make_dir(o.out)) fprintf(stderr, "flexc: error: cannot create %s: %s\n", o.out, strerror(errno));
   else if (prepare(&o, kern, s)) st = execute(&o, kern, s);
   free_state(s);
   base_free(s);
