@@ -15,7 +15,6 @@
  * run there, copied back and widened to float32 for the files.
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
