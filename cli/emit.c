@@ -2,7 +2,7 @@
  *
  *   flexc emit FILE --target cuda|ptx|cubin --arch sm_80|sm_86|sm_89|sm_90|sm_90a
  *              --head-dim E [--head-dim-v EV] --dtype fp16|bf16|fp32
- *              [--kernel K] [--forward-only] [-o OUT] [--resource-usage]
+ *              [--kernel K] [--forward-only] [--fast-math] [-o OUT] [--resource-usage]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +19,7 @@ typedef struct EmitArgs {
   CgArch arch;                              /* --arch */
   CgDtype dtype;                            /* --dtype */
   int E, EV;                                /* --head-dim, --head-dim-v (0: E) */
-  bool forward_only, resources;             /* flags */
+  bool forward_only, resources, fast_math;  /* flags */
 } EmitArgs;
 
 static int parse_int(const char *s, int *out) {
@@ -36,6 +36,7 @@ static int parse_args(int argc, char **argv, EmitArgs *a) {
     const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(o, "--forward-only")) a->forward_only = true;
     else if (!strcmp(o, "--resource-usage")) a->resources = true;
+    else if (!strcmp(o, "--fast-math")) a->fast_math = true;
     else if (o[0] == '-' && o[1] && !v) return cli_usage_error("%s needs a value", o);
     else if (!strcmp(o, "--target")) a->target = argv[++i];
     else if (!strcmp(o, "--kernel")) a->kernel = argv[++i];
@@ -110,6 +111,7 @@ int cli_emit(int argc, char **argv) {
     flex_kernel_free(k);
     return 1;
   }
+  o.fast_math = a.fast_math;
   Buf src = {0};
   cg_emit_cuda(&src, k->mod, &o);
   rc = 0;

@@ -11,14 +11,43 @@
 static const struct {
   const char *name;
   int (*fn)(int, char **);
-  const char *usage;
+  const char *usage; /* one line for `flexc --help` */
+  const char *help;  /* every option, for `flexc COMMAND --help` */
 } commands[] = {
-    {"check", cli_check, "check FILE...                      report diagnostics only"},
-    {"ir", cli_ir, "ir FILE [--kernel K] [--grad] [--after PASS]   print the IR"},
-    {"run", cli_run, "run FILE --q Q.npy --k K.npy --v V.npy ... --out DIR   run attention"},
-    {"emit", cli_emit, "emit FILE --target cuda|ptx|cubin --arch SM --head-dim E --dtype T   emit kernels"},
-    {"mask", cli_mask, "mask FILE --shape B,H,Q_LEN,KV_LEN ...   block sparsity of a mask"},
+    {"check", cli_check, "check FILE...                      report diagnostics only",
+     "flexc check FILE...\n"
+     "  Parse and check each .score file; diagnostics on stderr, nothing on success.\n"},
+    {"ir", cli_ir, "ir FILE [--kernel K] [--grad] [--after PASS]   print the IR",
+     "flexc ir FILE [--kernel K] [--grad] [--after lower|fold|cse|dce|autodiff]\n"
+     "  Print the IR of the kernel's score and mask functions (--grad: and the joint\n"
+     "  backward function), after the given pass (default: all of them).\n"},
+    {"run", cli_run, "run FILE --q Q.npy --k K.npy --v V.npy ... --out DIR   run attention",
+     "flexc run FILE [--kernel K] --q Q.npy --k K.npy --v V.npy [--dout DO.npy]\n"
+     "          [--dlse DLSE.npy] [--buffer NAME=F.npy]... [--param NAME=VALUE]...\n"
+     "          [--scale X] [--dtype fp32|fp16|bf16] [--backend reference|emu|cuda]\n"
+     "          [--check-bounds] [--fast-math] --out DIR\n"
+     "  Forward (and with --dout, backward) attention; writes out.npy, lse.npy and\n"
+     "  dq.npy dk.npy dv.npy d_NAME.npy into DIR. --fast-math: hardware\n"
+     "  approximations of exp, log, tanh, sigmoid, sin, cos, pow (emu and cuda).\n"},
+    {"emit", cli_emit, "emit FILE --target cuda|ptx|cubin --arch SM --head-dim E --dtype T   emit kernels",
+     "flexc emit FILE --target cuda|ptx|cubin --arch sm_80|sm_86|sm_89|sm_90|sm_90a\n"
+     "           --head-dim E [--head-dim-v EV] --dtype fp16|bf16|fp32 [--kernel K]\n"
+     "           [--forward-only] [--fast-math] [--resource-usage] [-o OUT]\n"
+     "  The kernel's generated CUDA, or its PTX or cubin through NVRTC.\n"
+     "  --resource-usage: registers, spills, shared memory and stack per kernel.\n"},
+    {"mask", cli_mask, "mask FILE --shape B,H,Q_LEN,KV_LEN ...   block sparsity of a mask",
+     "flexc mask FILE [--kernel K] --shape B,H,Q_LEN,KV_LEN [--block-size M,N]\n"
+     "           [--param N=V]... [--buffer N=F.npy]... [--out DIR]\n"
+     "  Build the kernel's BlockMask and print its density; --out writes its eight\n"
+     "  arrays as .npy files.\n"},
 };
+
+/* `flexc COMMAND --help` (or -h) anywhere in the arguments. */
+static bool wants_help(int argc, char **argv) {
+  for (int i = 2; i < argc; i++)
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
+  return false;
+}
 
 static void usage(FILE *f) {
   fprintf(f, "usage: flexc COMMAND [ARGS]\n\ncommands:\n");
@@ -76,6 +105,12 @@ int main(int argc, char **argv) {
     return 0;
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    if (!strcmp(argv[1], commands[i].name)) {
+      if (wants_help(argc, argv)) {
+        fputs(commands[i].help, stdout);
+        return 0;
+      }
+      return commands[i].fn(argc - 1, argv + 1);
+    }
   return cli_usage_error("unknown command '%s'", argv[1]);
 }

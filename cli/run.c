@@ -3,7 +3,7 @@
  *   flexc run FILE [--kernel K] --q Q.npy --k K.npy --v V.npy [--dout DO.npy]
  *             [--dlse DLSE.npy] [--buffer NAME=F.npy]... [--param NAME=VALUE]...
  *             [--scale X] [--dtype fp32|fp16|bf16] [--backend reference|emu|cuda]
- *             [--check-bounds] --out DIR
+ *             [--check-bounds] [--fast-math] --out DIR
  *
  * Q, K, V and dO are cast to --dtype (the reference then computes in float64
  * from the cast values); buffers are converted to their declared dtype.
@@ -39,6 +39,7 @@ typedef struct RunOpts {
   DLDataType dtype;       /* inputs are cast to this */
   flex_backend backend;
   bool check_bounds;
+  bool fast_math; /* --fast-math: approximate builtins on emu and cuda */
 } RunOpts;
 
 /* Everything one run allocates, freed together. */
@@ -123,6 +124,7 @@ static int parse_args(RunOpts *o, int argc, char **argv) {
   o->dtype = rt_dtype(kDLFloat, 32);
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check-bounds")) o->check_bounds = true;
+    else if (!strcmp(argv[i], "--fast-math")) o->fast_math = true;
     else if (argv[i][0] == '-' && argv[i][1] == '-') {
       if (i + 1 >= argc) return cli_usage_error("%s needs a value", argv[i]);
       int st = parse_opt(o, argv[i], argv[i + 1]);
@@ -387,6 +389,7 @@ static int execute(const RunOpts *o, flex_kernel *kern, RunState *s) {
   a.params = o->params, a.nparams = o->nparams;
   a.buffers = s->fbufs, a.nbuffers = o->nbufs;
   a.check_bounds = o->check_bounds;
+  a.fast_math = o->fast_math;
   bool cuda = o->backend == FLEX_BACKEND_CUDA;
   if (cuda && !to_device(o, s)) return 1;
   double t0 = now();

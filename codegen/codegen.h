@@ -56,6 +56,7 @@ typedef struct CgOptions {
   bool score_identity; /* the score returns s unchanged: skip the call */
   bool ds_is_dt;       /* d score/d s == 1 and no ACCUMs: skip the joint call */
   bool check_bounds;   /* checked run: buffer accesses tested, first failure recorded in p.bounds */
+  bool fast_math;      /* opt-in: hardware approximations for exp, log, tanh, sigmoid, sin, cos, pow */
   CgTiles fwd;         /* forward tiles */
   CgTiles bwd;         /* backward main tiles (block_m == block_n) */
   const char *source;  /* the .score file's name, for the header comment */

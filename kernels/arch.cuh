@@ -11,6 +11,7 @@
  *   flex_f2h flex_h2f flex_f2bf flex_bf2f flex_pack_h2 flex_pack_bf2
  *   flex_gload flex_gstore flex_atomic_add   every global-memory access
  *   flex_atomic_cas                          32-bit compare-and-swap (checked runs)
+ *   flex_approx_{exp,log,log2,tanh,sin,cos,pow}   fast math only (opt-in)
  */
 #ifndef FLEX_ARCH_CUH
 #define FLEX_ARCH_CUH
@@ -133,6 +134,20 @@ __device__ __forceinline__ uint32_t flex_pack_bf2(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+
+/* Fast math, an explicit opt-in: CUDA's approximate intrinsics, and the
+ * hardware tanh (sm_75 on; max relative error about 2^-11). */
+__device__ __forceinline__ float flex_approx_exp(float x) { return __expf(x); }
+__device__ __forceinline__ float flex_approx_log(float x) { return __logf(x); }
+__device__ __forceinline__ float flex_approx_log2(float x) { return __log2f(x); }
+__device__ __forceinline__ float flex_approx_tanh(float x) {
+  float r;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ float flex_approx_sin(float x) { return __sinf(x); }
+__device__ __forceinline__ float flex_approx_cos(float x) { return __cosf(x); }
+__device__ __forceinline__ float flex_approx_pow(float x, float y) { return __powf(x, y); }
 
 /* Global memory: every read and write of the kernels goes through these so
  * the emulator can check bounds. */

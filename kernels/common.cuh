@@ -21,7 +21,31 @@ __device__ __forceinline__ int flex_f2i(float x) {
   if (x <= -2147483648.0f) return -2147483647 - 1;
   return (int)x;
 }
+
+/* ---- the DSL's inexact float builtins ------------------------------------
+ * Accurate by default (CUDA's libm: a few ulp), as DSL.md requires. A
+ * generated file that defines FLEX_FAST_MATH (flexc's explicit opt-in)
+ * gets the hardware approximations instead (arch.cuh's flex_approx_*:
+ * __expf and friends, tanh.approx.f32 for tanh and sigmoid). */
+#ifdef FLEX_FAST_MATH
+__device__ __forceinline__ float flex_exp(float x) { return flex_approx_exp(x); }
+__device__ __forceinline__ float flex_log(float x) { return flex_approx_log(x); }
+__device__ __forceinline__ float flex_log2(float x) { return flex_approx_log2(x); }
+__device__ __forceinline__ float flex_tanh(float x) { return flex_approx_tanh(x); }
+__device__ __forceinline__ float flex_sigmoid(float x) { return fmaf(0.5f, flex_approx_tanh(0.5f * x), 0.5f); }
+__device__ __forceinline__ float flex_sin(float x) { return flex_approx_sin(x); }
+__device__ __forceinline__ float flex_cos(float x) { return flex_approx_cos(x); }
+__device__ __forceinline__ float flex_pow(float x, float y) { return flex_approx_pow(x, y); }
+#else
+__device__ __forceinline__ float flex_exp(float x) { return expf(x); }
+__device__ __forceinline__ float flex_log(float x) { return logf(x); }
+__device__ __forceinline__ float flex_log2(float x) { return log2f(x); }
+__device__ __forceinline__ float flex_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ float flex_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float flex_sin(float x) { return sinf(x); }
+__device__ __forceinline__ float flex_cos(float x) { return cosf(x); }
+__device__ __forceinline__ float flex_pow(float x, float y) { return powf(x, y); }
+#endif
 
 /* Checked runs: record the first failed buffer access (see FLEX_BOUNDS_WORDS);
  * the runtime turns it into "buffer 'NAME' [i, j] (shape [..]) at FILE:L:C". */

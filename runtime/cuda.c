@@ -222,6 +222,7 @@ static flex_status generate(const RtCall *c, const char *arch, Buf *src, Launch 
   if (st) return st;
   o.source = c->kernel->src.path;
   o.check_bounds = c->args->check_bounds;
+  o.fast_math = c->args->fast_math;
   cg_emit_cuda(src, c->mod, &o);
   *fwd = launch_of("flex_fwd", cg_launch_fwd(&o, c->B, c->H, c->QL));
   bwd[0] = launch_of("flex_bwd_pre", cg_launch_bwd_pre(&o, c->B, c->H, c->QL));

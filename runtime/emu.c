@@ -161,6 +161,7 @@ static flex_status module_for(const RtCall *c, CgOptions *o, RtMaskPlan *plan, E
   if (st) return st;
   o->source = c->kernel->src.path;
   o->check_bounds = c->args->check_bounds;
+  o->fast_math = c->args->fast_math;
   Buf src = {0}, log = {0};
   cg_emit_cuda(&src, c->mod, o);
   const char *rc = getenv("FLEXC_EMU_RACECHECK");

@@ -93,6 +93,9 @@ typedef struct flex_args {
   const flex_block_mask *block_mask; /* NULL: none (or the kernel's implicit mask) */
   void *stream;                    /* CUDA stream (CUstream); NULL: default */
   bool check_bounds;               /* checked run: report out-of-range buffer reads, broken `sorted` promises */
+  bool fast_math;                  /* opt-in: hardware approximations for exp log log2 tanh sigmoid
+                                      sin cos pow on emu and cuda (about 2^-11 relative error for
+                                      tanh); the reference is always exact */
 } flex_args;
 
 /* out = attention(q, k, v), lse = log-sum-exp per row. */

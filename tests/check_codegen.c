@@ -39,7 +39,8 @@ START_TEST(names_by_role) {
   ck_assert_ptr_nonnull(strstr(s, "const float *slopes = (const float *)p.buf[0];"));
   ck_assert_ptr_nonnull(strstr(s, "flex_gload(slopes + h)"));
   ck_assert_ptr_nonnull(strstr(s, "flex_isub(kv, q)"));  /* wrapping int arithmetic */
-  ck_assert_ptr_nonnull(strstr(s, "tanhf("));
+  ck_assert_ptr_nonnull(strstr(s, "flex_tanh("));
+  ck_assert_ptr_null(strstr(s, "FLEX_FAST_MATH")); /* exact unless asked */
   ck_assert_ptr_nonnull(strstr(s, "float *grad_slopes = p.buf_grad[0];"));
   ck_assert_ptr_nonnull(strstr(s, "flex_atomic_add(grad_slopes + h, "));
   ck_assert_ptr_nonnull(strstr(s, "#include \"flex_fwd.cuh\""));

@@ -110,6 +110,47 @@ START_TEST(sampled_matrix) {
 }
 END_TEST
 
+/* PTX of one forward+backward source for gemma2 (tanh) and a score using
+ * exp, sin and pow, with or without fast math. */
+static char *ptx_of(const char *text, bool fast) {
+  flex_kernel *k;
+  ck_assert_msg(flex_kernel_from_source(&k, "fast.score", text, strlen(text), NULL) == FLEX_OK, "%s",
+                flex_last_error());
+  CgOptions o;
+  char err[256];
+  ck_assert_msg(cg_options_init(&o, k->mod, CG_BF16, 64, 64, CG_SM80, true, err, sizeof err), "%s", err);
+  o.fast_math = fast;
+  Buf src = {0};
+  cg_emit_cuda(&src, k->mod, &o);
+  flex_kernel_free(k);
+  RtNvrtcResult r;
+  flex_status st = rt_nvrtc_compile(&r, src.data, "sm_80", RT_NVRTC_PTX, false);
+  ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
+  buf_free(&src);
+  char *ptx = strdup(r.image.data);
+  rt_nvrtc_free(&r);
+  return ptx;
+}
+
+/* Fast math is an opt-in: the hardware tanh and the approximate
+ * exp/sin appear only with it. */
+START_TEST(fast_math_opt_in) {
+  const char *text = "param float cap = 30.0;\n"
+                     "score f(s, b, h, q, kv) {\n"
+                     "  return cap * tanh(s / cap) + 0.1 * sin(float(q)) + pow(sigmoid(s), 2.0);\n"
+                     "}\n";
+  char *exact = ptx_of(text, false), *fast = ptx_of(text, true);
+  ck_assert_msg(strstr(exact, "tanh.approx.f32") == NULL, "tanh.approx without fast math");
+  ck_assert_msg(strstr(exact, "sin.approx.f32") == NULL, "sin.approx without fast math");
+  ck_assert_msg(strstr(fast, "tanh.approx.f32") != NULL, "no tanh.approx with fast math");
+  ck_assert_msg(strstr(fast, "sin.approx.f32") != NULL, "no sin.approx with fast math");
+  ck_assert_msg(strlen(fast) < strlen(exact), "fast-math PTX (%zu) not shorter than exact (%zu)",
+                strlen(fast), strlen(exact));
+  free(exact);
+  free(fast);
+}
+END_TEST
+
 START_TEST(ptxas_parser) {
   const char *log = "ptxas info    : 0 bytes gmem\n"
                     "ptxas info    : Compiling entry function 'flex_fwd' for 'sm_80'\n"
@@ -136,6 +177,7 @@ int main(void) {
   TCase *tc = tcase_create("compile");
   tcase_set_timeout(tc, getenv("FLEXC_NVRTC_FULL") ? 7200 : 120);
   tcase_add_test(tc, ptxas_parser);
+  tcase_add_test(tc, fast_math_opt_in);
   tcase_add_test(tc, sampled_matrix);
   suite_add_tcase(s, tc);
   return tl_run_suite(s);

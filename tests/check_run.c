@@ -189,6 +189,41 @@ START_TEST(emu_backend) {
 }
 END_TEST
 
+/* --fast-math builds and runs on the emulator for every approximated
+ * builtin (the emulator stands in exact values for the approximations, so
+ * the results must match the reference at fp32 tolerance). */
+START_TEST(fast_math_emu) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/fast.score", dir);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("score f(s, b, h, q, kv) {\n"
+        "  let t = 20.0 * tanh(s / 20.0) + 0.3 * sin(float(q - kv)) + 0.2 * cos(s);\n"
+        "  return t + 0.1 * log(1.0 + exp(s)) + 0.05 * log2(2.0 + sigmoid(s)) + 0.1 * pow(sigmoid(s), 1.5);\n"
+        "}\n", f);
+  fclose(f);
+  const char *backends[2] = {"emu", "reference"};
+  for (int i = 0; i < 2; i++) {
+    Buf cmd = {0}, out = {0};
+    buf_printf(&cmd, "%s run %s --q %s/q.npy --k %s/k.npy --v %s/v.npy --dout %s/do.npy --fast-math "
+               "--backend %s --out %s/fast_%s", tl_flexc(), path, dir, dir, dir, dir, backends[i], dir,
+               backends[i]);
+    ck_assert_msg(tl_run(cmd.data, &out) == 0, "%s", out.data);
+    buf_free(&cmd);
+    buf_free(&out);
+  }
+  const char *files[] = {"out", "lse", "dq", "dk", "dv"};
+  for (int i = 0; i < 5; i++) {
+    char a[128], b[128];
+    snprintf(a, sizeof a, "fast_emu/%s.npy", files[i]);
+    snprintf(b, sizeof b, "fast_reference/%s.npy", files[i]);
+    double e = file_err(a, b), lim = i < 2 ? 1e-4 : 1e-3;
+    fprintf(stderr, "  emu --fast-math %s: rel. error %.2e\n", files[i], e);
+    ck_assert_msg(e < lim, "%s: relative error %g over %g", a, e, lim);
+  }
+}
+END_TEST
+
 /* Each failing command and a piece of the message it must print. */
 START_TEST(user_errors) {
   struct { const char *sample, *fmt, *want; int status; } cases[] = {
@@ -222,6 +257,7 @@ int main(void) {
   tcase_add_test(tc, success_paths);
   tcase_add_test(tc, user_errors);
   tcase_add_test(tc, emu_backend);
+  tcase_add_test(tc, fast_math_emu);
   suite_add_tcase(s, tc);
   return tl_run_suite(s);
 }

@@ -92,6 +92,17 @@ template <class T> EMU_NOSAN static inline void flex_gstore(T *p, T v) {
   emu_check_global(p, sizeof(T), "global write");
   *p = v;
 }
+/* Fast math: the hardware's approximations (tanh.approx.f32, __expf and
+ * friends) are not modelled; the exact values stand in, so the emulator
+ * checks the wiring, not the ulps. */
+static inline float flex_approx_exp(float x) { return expf(x); }
+static inline float flex_approx_log(float x) { return logf(x); }
+static inline float flex_approx_log2(float x) { return log2f(x); }
+static inline float flex_approx_tanh(float x) { return tanhf(x); }
+static inline float flex_approx_sin(float x) { return sinf(x); }
+static inline float flex_approx_cos(float x) { return cosf(x); }
+static inline float flex_approx_pow(float x, float y) { return powf(x, y); }
+
 /* Blocks may run on several OS threads: a real atomic. */
 EMU_API static int32_t flex_atomic_cas(int32_t *p, int32_t cmp, int32_t v) {
   emu_check_global(p, sizeof(int32_t), "atomic compare-and-swap");
