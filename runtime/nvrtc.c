@@ -32,6 +32,7 @@ static struct {
 } nv;
 static pthread_once_t nv_once = PTHREAD_ONCE_INIT;
 static bool nv_ok;
+static char nv_why[160]; /* why NVRTC is unusable, when it is */
 
 static void *sym(const char *name) {
   void *p = dlsym(nv.lib, name);
@@ -45,7 +46,10 @@ static void nv_load(void) {
                                       "/usr/local/cuda/lib64/libnvrtc.so.13",
                                       "/usr/local/cuda/lib64/libnvrtc.so.12", NULL};
   for (int i = 0; names[i] && !nv.lib; i++) nv.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-  if (!nv.lib) return;
+  if (!nv.lib) {
+    snprintf(nv_why, sizeof nv_why, "no libnvrtc.so (CUDA 12 or newer) was found");
+    return;
+  }
   nv_ok = true;
   *(void **)&nv.GetErrorString = sym("nvrtcGetErrorString");
   *(void **)&nv.Version = sym("nvrtcVersion");
@@ -58,6 +62,13 @@ static void nv_load(void) {
   *(void **)&nv.GetCUBIN = sym("nvrtcGetCUBIN");
   *(void **)&nv.GetProgramLogSize = sym("nvrtcGetProgramLogSize");
   *(void **)&nv.GetProgramLog = sym("nvrtcGetProgramLog");
+  int major = 0, minor = 0;
+  if (!nv_ok) snprintf(nv_why, sizeof nv_why, "libnvrtc lacks an entry point flexc needs");
+  else if (nv.Version(&major, &minor) != 0 || major < 12) {
+    /* sm_90a and the kernels' PTX need CUDA 12; an older NVRTC counts as none. */
+    snprintf(nv_why, sizeof nv_why, "NVRTC %d.%d is too old (flexc needs 12 or newer)", major, minor);
+    nv_ok = false;
+  }
 }
 
 static bool nv_available(void) {
@@ -67,7 +78,14 @@ static bool nv_available(void) {
 
 int rt_nvrtc_version(void) {
   int major = 0, minor = 0;
-  if (!nv_available() || nv.Version(&major, &minor) != 0) return -1;
+  if (!nv_available()) {
+    rt_err(FLEX_ERR_UNSUPPORTED, "%s", nv_why);
+    return -1;
+  }
+  if (nv.Version(&major, &minor) != 0) {
+    rt_err(FLEX_ERR_UNSUPPORTED, "nvrtcVersion failed");
+    return -1;
+  }
   return major * 1000 + minor * 10;
 }
 
@@ -96,7 +114,7 @@ flex_status rt_nvrtc_compile(RtNvrtcResult *res, const char *src, const char *ar
                              RtNvrtcTarget target, bool ptxas_verbose) {
   memset(res, 0, sizeof *res);
   if (!nv_available())
-    return rt_err(FLEX_ERR_UNSUPPORTED, "NVRTC is not available (libnvrtc.so could not be loaded)");
+    return rt_err(FLEX_ERR_UNSUPPORTED, "NVRTC is not available: %s", nv_why);
   const char *hnames[64], *htexts[64];
   int nh = 0;
   for (int i = 0; rt_embedded[i].name && nh < 64; i++, nh++) {

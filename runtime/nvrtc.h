@@ -36,7 +36,8 @@ typedef struct RtPtxasInfo {
 flex_status rt_nvrtc_compile(RtNvrtcResult *res, const char *src, const char *arch,
                              RtNvrtcTarget target, bool ptxas_verbose);
 void rt_nvrtc_free(RtNvrtcResult *res);
-/* NVRTC's version (major * 1000 + minor * 10), or -1 when unavailable. */
+/* NVRTC's version (major * 1000 + minor * 10), or -1 (with the reason as
+ * the thread's last error) when there is none, or only one older than 12. */
 int rt_nvrtc_version(void);
 /* Parse the ptxas report in `log` into up to `max` entries; returns the count. */
 int rt_ptxas_parse(const char *log, RtPtxasInfo *out, int max);

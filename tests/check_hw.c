@@ -22,6 +22,7 @@
 #include "runtime/emu/emu_host.h"
 #include "runtime/flex.h"
 #include "runtime/launch.h"
+#include "runtime/nvrtc.h"
 #include "testlib.h"
 
 static char mock_path[512]; /* the compiled stand-in driver; "" if it could not be built */
@@ -376,12 +377,20 @@ int main(void) {
   tcase_add_test(tc, emu_aligned_call_sites);
   tcase_add_test(tc, emu_cp_async_zero_fill_aligned);
   tcase_add_test(tc, emu_grid_limits);
-  tcase_add_test(tc, driver_streams_and_smem);
-  tcase_add_test(tc, driver_context_per_thread);
-  tcase_add_test(tc, driver_batches_beyond_grid);
-  tcase_add_test(tc, driver_empty_batch);
-  tcase_add_test(tc, driver_launch_error_message);
   suite_add_tcase(s, tc);
+  /* The driver tests compile real kernels: they need NVRTC (the rest do not). */
+  if (rt_nvrtc_version() >= 0) {
+    TCase *drv = tcase_create("driver");
+    tcase_set_timeout(drv, 120);
+    tcase_add_test(drv, driver_streams_and_smem);
+    tcase_add_test(drv, driver_context_per_thread);
+    tcase_add_test(drv, driver_batches_beyond_grid);
+    tcase_add_test(drv, driver_empty_batch);
+    tcase_add_test(drv, driver_launch_error_message);
+    suite_add_tcase(s, drv);
+  } else {
+    fprintf(stderr, "NVRTC not available (%s): the driver tests are skipped\n", flex_last_error());
+  }
   int rc = tl_run_suite(s);
   if (mock_path[0]) {
     unlink(mock_path);
