@@ -8,17 +8,6 @@
 #include "frontend/frontend.h"
 #include "ir/ir.h"
 
-/* Value checks that need lowering (a constant zero divisor, a bad const
- * dimension), for every function, const and buffer, used by a kernel or
- * not (the diagnostics drop repeats of one error). */
-static void lower_all(Arena *a, Program *p, Diags *d) {
-  for (int i = 0; i < p->ndecls; i++) {
-    Decl *x = p->decls[i];
-    if (x->kind == D_SCORE || x->kind == D_MASK || x->kind == D_CONST || x->kind == D_BUFFER)
-      ir_lower_check(a, p, x, d);
-  }
-}
-
 /* The kernel a run would pick must exist: each kernel block by name, or the
  * implicit `default` kernel (which fails with several scores or masks). */
 static void pick_all(Arena *a, Program *p, Diags *d) {
@@ -45,8 +34,8 @@ static int check_file(const char *path) {
   Arena a = {0};
   Program *p = fe_parse(&a, &src, &d);
   if (!d.errors && !fe_check(&a, p, &d)) {
-    lower_all(&a, p, &d);
-    if (!d.errors) pick_all(&a, p, &d);
+    /* value checks of every declaration, used by a kernel or not */
+    if (!ir_lower_check_all(&a, p, &d)) pick_all(&a, p, &d);
   }
   if (d.text.len) fputs(d.text.data, stderr);
   int errors = d.errors;

@@ -52,7 +52,7 @@ static bool known_pass(const char *name) {
 /* Everything after reading the file; returns the exit status. */
 static int compile_and_print(Arena *arena, const Source *src, const IrArgs *o, Diags *d) {
   Program *p = fe_parse(arena, src, d);
-  if (d->errors || fe_check(arena, p, d)) return 1;
+  if (d->errors || fe_check(arena, p, d) || ir_lower_check_all(arena, p, d)) return 1;
   Decl *k = fe_pick_kernel(arena, p, o->kernel, d);
   if (!k) return 1;
   IrModule *m = ir_lower(arena, p, k, d);

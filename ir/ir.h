@@ -181,6 +181,10 @@ IrModule *ir_lower(Arena *a, const Program *p, const Decl *kernel, Diags *d);
 /* Lower one score or mask function standalone (used by `flexc check` to
  * check functions no kernel uses). Returns the error count. */
 int ir_lower_check(Arena *a, const Program *p, const Decl *fn, Diags *d);
+/* ir_lower_check on every score, mask, const and buffer of the file, used by
+ * a kernel or not, so that every command rejects the same files. Returns the
+ * error count (a repeated error is reported once). */
+int ir_lower_check_all(Arena *a, const Program *p, Diags *d);
 
 void ir_fold(Arena *a, IrFunc *f);    /* fold + simplify, then drop dead code */
 /* Fold every op, OPF_INEXACT ones included: the value of a `const`, a

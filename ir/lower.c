@@ -553,6 +553,15 @@ IrModule *ir_lower(Arena *a, const Program *p, const Decl *kernel, Diags *d) {
   return L.errors ? NULL : m;
 }
 
+int ir_lower_check_all(Arena *a, const Program *p, Diags *d) {
+  int before = d->errors;
+  for (int i = 0; i < p->ndecls; i++) {
+    DeclKind k = p->decls[i]->kind;
+    if (k == D_SCORE || k == D_MASK || k == D_CONST || k == D_BUFFER) ir_lower_check(a, p, p->decls[i], d);
+  }
+  return d->errors - before;
+}
+
 int ir_lower_check(Arena *a, const Program *p, const Decl *fn, Diags *d) {
   Lower L;
   lower_init(&L, a, p, d);

@@ -44,6 +44,7 @@ static bool build(flex_kernel *k, const char *kernel, Diags *d) {
   k->prog = fe_parse(&k->arena, &k->src, d);
   if (d->errors) return false;
   if (fe_check(&k->arena, k->prog, d) || d->errors) return false;
+  if (ir_lower_check_all(&k->arena, k->prog, d)) return false;
   Decl *kd = fe_pick_kernel(&k->arena, k->prog, kernel, d);
   if (!kd || d->errors) return false;
   k->mod = ir_lower(&k->arena, k->prog, kd, d);

@@ -208,6 +208,13 @@ START_TEST(bad_names_and_loading) {
   ck_assert_int_eq(flex_kernel_from_source(&k2, "ok.score", heap, 11, NULL), FLEX_OK);
   flex_kernel_free(k2);
   free(heap);
+  /* A value error in a declaration no kernel uses still rejects the file,
+   * as `flexc check` does. */
+  const char *unused = "const Z = 1 / 0;\nscore f(s, b, h, q, kv) { return s; }\n";
+  ck_assert_int_eq(flex_kernel_from_source(&k2, "unused.score", unused, strlen(unused), NULL),
+                   FLEX_ERR_INVALID);
+  ck_assert_msg(strstr(flex_last_error(), "unused.score:1:15: error: division by a constant zero"), "%s",
+                flex_last_error());
 }
 END_TEST
 
