@@ -10,6 +10,10 @@ add_test(NAME sample_embed COMMAND embed --backend cuda ${CMAKE_CURRENT_LIST_DIR
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(sample_embed PROPERTIES SKIP_RETURN_CODE 77
   ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+add_test(NAME sample_embed_bf16 COMMAND embed --backend cuda --dtype bf16
+  ${CMAKE_CURRENT_LIST_DIR}/gemma2.score WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(sample_embed_bf16 PROPERTIES SKIP_RETURN_CODE 77
+  ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
 add_test(NAME sample_embed_emu COMMAND embed --backend emu --dtype bf16 ${CMAKE_CURRENT_LIST_DIR}/gemma2.score
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(sample_embed_emu PROPERTIES

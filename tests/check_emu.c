@@ -57,15 +57,17 @@ static float *randoms(size_t n) {
   return x;
 }
 
-/* |x - ref| / |ref| over n values; NaN gives infinity. */
+/* |x - ref| / |ref| over n values; NaN on either side or an all-zero
+ * reference gives infinity. */
 static double rel_err(const float *x, const double *ref, size_t n) {
   double num = 0, den = 0;
   for (size_t i = 0; i < n; i++) {
-    if (isnan(x[i])) return INFINITY;
+    if (isnan(x[i]) || isnan(ref[i])) return INFINITY;
     num += (x[i] - ref[i]) * (x[i] - ref[i]);
     den += ref[i] * ref[i];
   }
-  return sqrt(num) / sqrt(den);
+  double e = den > 0 ? sqrt(num) / sqrt(den) : INFINITY;
+  return isnan(e) ? INFINITY : e;
 }
 
 /* ---- reduction and shared-memory bugs ----------------------------------- */

@@ -225,20 +225,11 @@ static flex_status launch(EmuModule *m, const CgOptions *o, Data *d, const Case 
   return st;
 }
 
-/* Relative norm error of the emulator's out and lse; NaN gives infinity. */
+/* Relative norm error of the emulator's out and lse (tl_rel_err: NaN, a
+ * shape mismatch or an all-zero reference give infinity). */
 static double result_err(const Data *d) {
-  double worst = 0;
-  const RtArray *x[2] = {&d->out, &d->lse}, *ref[2] = {&d->rout, &d->rlse};
-  for (int t = 0; t < 2; t++) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < rt_array_count(x[t]); i++) {
-      double a = rt_array_get(x[t], i), b = rt_array_get(ref[t], i);
-      if (isnan(a)) return INFINITY;
-      num += (a - b) * (a - b), den += b * b;
-    }
-    worst = fmax(worst, sqrt(num / den));
-  }
-  return worst;
+  double eo = tl_rel_err(&d->out, &d->rout), el = tl_rel_err(&d->lse, &d->rlse);
+  return eo >= el ? eo : el;
 }
 
 /* Build (plain or race-check) and run case c; returns the launch status. */

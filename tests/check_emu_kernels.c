@@ -216,7 +216,10 @@ static void run_case(int si, int di, int shi) {
   double eq = tl_rel_err(&r.dq[0].a, &r.dq[1].a), ek = tl_rel_err(&r.dk[0].a, &r.dk[1].a);
   double ev = tl_rel_err(&r.dv[0].a, &r.dv[1].a), eb = 0;
   for (int i = 0; i < r.x.nb; i++)
-    if (r.x.grad[i]) eb = fmax(eb, tl_rel_err(&r.x.gemu[i].a, &r.x.gref[i].a));
+    if (r.x.grad[i]) {
+      double e = tl_rel_err(&r.x.gemu[i].a, &r.x.gref[i].a);
+      if (!(e <= eb)) eb = e; /* a NaN error must win, not vanish as in fmax */
+    }
   int masked = check_masked_rows(&r, s, true);
   fprintf(stderr,
           "  %-18s %s B%d H%d/%d L%d/%d E%d/%d%s%s: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g"

@@ -5,5 +5,6 @@ add_test(NAME check_emu_kernels_full COMMAND check_emu_kernels --full)
 set_tests_properties(check_emu_kernels_full PROPERTIES LABELS slow TIMEOUT 3600
   ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
 add_test(NAME check_emu_kernels_timing COMMAND check_emu_kernels --timing)
-set_tests_properties(check_emu_kernels_timing PROPERTIES LABELS slow TIMEOUT 600)
+set_tests_properties(check_emu_kernels_timing PROPERTIES LABELS slow TIMEOUT 600
+  ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
 set_tests_properties(check_emu_kernels PROPERTIES TIMEOUT 600)

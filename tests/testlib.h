@@ -53,8 +53,9 @@ typedef struct TlDtype {
 /* fp32, fp16, bf16, in that order. */
 extern const TlDtype tl_dtypes[3];
 
-/* Relative norm error |x - ref| / |ref| over every element (same count).
- * NaN on either side gives infinity; equal infinities on both sides (LSE
+/* Relative norm error |x - ref| / |ref| over every element. Different
+ * shapes give infinity; NaN on either side gives infinity, and so does an
+ * infinity that the other side does not match; equal infinities on both sides (LSE
  * of fully masked rows) count as exact; an all-zero reference gives
  * infinity, since it proves nothing. */
 double tl_rel_err(const RtArray *x, const RtArray *ref);
@@ -74,8 +75,8 @@ void tl_pair_init(TlPair *p, DLDataType dt, int nd, const int64_t *shape, bool f
 /* Release both tensors. */
 void tl_pair_free(TlPair *p);
 /* Relative norm error of x against ref, stricter than tl_rel_err: any
- * NaN or infinity on either side gives a non-passing value (infinity or
- * NaN); an all-zero reference gives infinity. */
+ * NaN or infinity on either side gives infinity; an all-zero reference
+ * gives infinity. */
 double tl_pair_err(const TlPair *p);
 
 /* Run a Check suite with the default settings; the process exit status. */
