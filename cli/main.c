@@ -57,12 +57,17 @@ static void usage(FILE *f) {
              "\nexit status: 0 ok, 1 error in the input, 2 bad usage\n");
 }
 
+/* "flexc: error: MSG" on stderr, with a pointer to the help for usage errors. */
+static void verror(bool usage, const char *fmt, va_list ap) {
+  fprintf(stderr, "flexc: error: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, usage ? "\n(see flexc --help)\n" : "\n");
+}
+
 int cli_usage_error(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "flexc: error: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n(see flexc --help)\n");
+  verror(true, fmt, ap);
   va_end(ap);
   return 2;
 }
@@ -72,9 +77,7 @@ int cli_usage_error(const char *fmt, ...) {
 int cli_input_error(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "flexc: error: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
+  verror(false, fmt, ap);
   va_end(ap);
   return 1;
 }
