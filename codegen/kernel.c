@@ -121,7 +121,7 @@ bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int 
   /* A mask the analysis decides needs no BlockMask: the walk classifies
    * its tiles. The runtime switches undecidable masks to built lists. */
   o->mask_mode = !o->has_mask ? CG_MASK_NONE
-                 : ir_interval_decidable(m) ? CG_MASK_IMPLICIT : CG_MASK_DENSE;
+                 : ir_interval_device_decidable(m) ? CG_MASK_IMPLICIT : CG_MASK_DENSE;
   o->backward = backward;
   for (int i = 0; i < m->nbuffers; i++) o->grad_buffers |= m->buffers[i].grad;
   o->score_identity = m->score_is_identity || returns_arg(m->score, ARG_S);

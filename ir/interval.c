@@ -495,6 +495,19 @@ bool ir_interval_decidable(const IrModule *m) {
   return ok;
 }
 
+bool ir_interval_device_decidable(const IrModule *m) {
+  if (!ir_interval_decidable(m)) return false;
+  if (!m->mask) return true;
+  const IrFunc *f = m->mask;
+  bool stack[256], *live = f->n <= 256 ? stack : base_alloc((size_t)f->n);
+  mark_live(f, live);
+  bool ok = true;
+  for (int i = 0; i <= f->ret; i++)
+    if (live[i] && f->inst[i].type == IT_F32) ok = false;
+  if (live != stack) base_free(live);
+  return ok;
+}
+
 bool ir_interval_uses_arg(const IrModule *m, IrArg arg) {
   if (!m->mask) return false;
   const IrFunc *f = m->mask;

@@ -62,6 +62,11 @@ IrTri ir_interval_mask(const IrModule *m, const IrIntervalEnv *env, int b0, int 
  * loads of buffers other than `sorted` ones), so that kernels may classify
  * blocks themselves with no BlockMask tensor ("implicit masks"). */
 bool ir_interval_decidable(const IrModule *m);
+/* ir_interval_decidable, and no float value in the mask: the device
+ * classifier has only the integer and boolean rules (floats are unknown
+ * there), so a mask with floats would leave every tile partial. Such masks
+ * get a BlockMask built on the device instead, which is exact. */
+bool ir_interval_device_decidable(const IrModule *m);
 
 /* Whether the mask reads argument `arg` (ARG_B, ARG_H, ...): a BlockMask
  * dimension the mask does not read is stored with extent 1. */

@@ -144,7 +144,7 @@ flex_status rt_launch_mask_plan(const RtCall *c, CgOptions *o, RtMaskPlan *plan)
   }
   if (!o->has_mask) {
     plan->mode = o->mask_mode = CG_MASK_NONE;
-  } else if (ir_interval_decidable(c->mod)) {
+  } else if (ir_interval_device_decidable(c->mod)) {
     plan->mode = o->mask_mode = CG_MASK_IMPLICIT;
   } else {
     plan->mode = o->mask_mode = CG_MASK_LISTS;
