@@ -2,7 +2,8 @@
 # run_gpu.sh: everything to run on a machine with a CUDA GPU, from the
 # repository root:
 #   1. a Release build (build-gpu/)
-#   2. the CUDA-vs-reference correctness checks (sample_embed, driver_gpu)
+#   2. the CUDA-vs-reference correctness checks (sample_embed, sample_embed_bf16,
+#      driver_gpu, check_emu_kernels_gpu: every sample, dtype and odd shape)
 #   3. bench_attention (flexc forward/backward TFLOP/s, compile time)
 #   4. ../shared/tools/torch_flex_bench.py when torch is importable
 #      (PyTorch FlexAttention and SDPA, measured in the same run)
@@ -23,7 +24,7 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null || exit 1
 cmake --build "$build" -j"$(nproc)" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 
 echo "== correctness: CUDA backend against the float64 reference"
-(cd "$build" && ctest -R '^(sample_embed|driver_gpu)$' --output-on-failure) || exit 1
+(cd "$build" && ctest -R '^(sample_embed|sample_embed_bf16|driver_gpu|check_emu_kernels_gpu)$' --output-on-failure) || exit 1
 
 echo "== bench_attention"
 "$build/bench_attention" $quick >"$out/flexc.md"

@@ -13,6 +13,9 @@
  * The default run covers every sample with every dtype once, the shape
  * variants spread over them; FLEXC_EMU_FULL=1 (or --full) runs the whole
  * cross product; --timing runs the timing case only (seconds, no assertion).
+ * --cuda runs the same cases on the GPU instead of the emulator (the
+ * tensors mirrored on the device by tl_cuda_call; outputs in q's dtype, as
+ * the CUDA backend wants); it exits 77 where there is no CUDA device.
  */
 #include <check.h>
 #include <math.h>
@@ -21,11 +24,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/driver.h"
 #include "runtime/flex.h"
 #include "runtime/npy.h"
 #include "testlib.h"
 
 static uint64_t rng;
+static bool on_cuda; /* --cuda: the device backend is the GPU, not the emulator */
 
 /* One problem shape and the optional features it turns on. */
 typedef struct Shape {
@@ -134,7 +139,7 @@ typedef struct Run {
 
 static void run_init(Run *r, const Shape *s, DLDataType dt, const char *sample) {
   DLDataType f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
-  DLDataType od = s->native_out ? dt : f32;
+  DLDataType od = s->native_out || on_cuda ? dt : f32;
   int64_t qs[4] = {s->B, s->H, s->QL, s->E}, ks[4] = {s->B, s->HKV, s->KL, s->E};
   int64_t vs[4] = {s->B, s->HKV, s->KL, s->EV}, os[4] = {s->B, s->H, s->QL, s->EV};
   memset(r, 0, sizeof *r);
@@ -208,9 +213,12 @@ static void run_case(int si, int di, int shi) {
   Run r;
   run_init(&r, s, rt_dtype(d->code, d->bits), samples[si]);
   for (int i = 1; i >= 0; i--) {
-    const char *who = i ? "reference" : "emu";
-    ck_assert_msg(flex_forward(k, &r.a[i]) == FLEX_OK, "%s forward: %s", who, flex_last_error());
-    ck_assert_msg(flex_backward(k, &r.a[i]) == FLEX_OK, "%s backward: %s", who, flex_last_error());
+    const char *who = i ? "reference" : on_cuda ? "cuda" : "emu";
+    bool gpu = on_cuda && i == 0;
+    flex_status f = gpu ? tl_cuda_call(k, &r.a[i], false) : flex_forward(k, &r.a[i]);
+    ck_assert_msg(f == FLEX_OK, "%s forward: %s", who, flex_last_error());
+    flex_status b = gpu ? tl_cuda_call(k, &r.a[i], true) : flex_backward(k, &r.a[i]);
+    ck_assert_msg(b == FLEX_OK, "%s backward: %s", who, flex_last_error());
   }
   double eo = tl_rel_err(&r.out[0].a, &r.out[1].a), el = tl_rel_err(&r.lse[0].a, &r.lse[1].a);
   double eq = tl_rel_err(&r.dq[0].a, &r.dq[1].a), ek = tl_rel_err(&r.dk[0].a, &r.dk[1].a);
@@ -222,9 +230,9 @@ static void run_case(int si, int di, int shi) {
     }
   int masked = check_masked_rows(&r, s, true);
   fprintf(stderr,
-          "  %-18s %s B%d H%d/%d L%d/%d E%d/%d%s%s: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g"
+          "  %-18s %s%s B%d H%d/%d L%d/%d E%d/%d%s%s: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g"
           " dbuf %.2g, %d masked rows\n",
-          samples[si], d->name, s->B, s->H, s->HKV, s->QL, s->KL, s->E, s->EV,
+          samples[si], d->name, on_cuda ? " cuda" : "", s->B, s->H, s->HKV, s->QL, s->KL, s->E, s->EV,
           s->dlse ? " dlse" : "", s->native_out ? " native-out" : "", eo, el, eq, ek, ev, eb,
           masked);
   ck_assert_msg(eo < d->tol && el < d->tol, "%s %s: forward error out %g lse %g", samples[si],
@@ -282,7 +290,15 @@ static void timing(void) {
 
 int main(int argc, char **argv) {
   rng = tl_seed();
-  bool full = argc > 1 && !strcmp(argv[1], "--full");
+  bool full = false;
+  for (int i = 1; i < argc; i++) {
+    full |= !strcmp(argv[i], "--full");
+    on_cuda |= !strcmp(argv[i], "--cuda");
+  }
+  if (on_cuda && (rt_drv_init() != FLEX_OK || rt_drv_use_device(0) != FLEX_OK)) {
+    printf("skipped: %s\n", flex_last_error());
+    return 77;
+  }
   const char *env = getenv("FLEXC_EMU_FULL");
   if (env && *env && strcmp(env, "0")) full = true;
   if (argc > 1 && !strcmp(argv[1], "--timing")) {

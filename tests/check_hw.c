@@ -360,6 +360,40 @@ static void build_mock(void) {
   buf_free(&out);
 }
 
+/* tl_cuda_call (the test suites' way onto the GPU) mirrors host tensors,
+ * a grad buffer included, into device tensors the CUDA backend accepts, and
+ * keeps every copy on the call's stream. */
+START_TEST(driver_mirrored_call) {
+  use_mock();
+  flex_kernel *k = load("samples/relpos_bias.score");
+  const DLDataType f16 = {kDLFloat, 16, 1}, f32 = {kDLFloat, 32, 1};
+  int64_t s4[] = {1, 2, 100, 64}, s3[] = {1, 2, 100}, sb[] = {2, 31};
+  TlArr t[9], bias, gbias;
+  uint64_t rng = tl_seed();
+  for (int i = 0; i < 9; i++) {
+    tl_arr_init(&t[i], i == 4 ? f32 : f16, i == 4 ? 3 : 4, i == 4 ? s3 : s4);
+    tl_arr_normal(&t[i], &rng);
+  }
+  tl_arr_init(&bias, f32, 2, sb), tl_arr_normal(&bias, &rng);
+  tl_arr_init(&gbias, f32, 2, sb), tl_arr_poison(&gbias);
+  flex_buffer buf = {"rel_bias", &bias.t, &gbias.t};
+  flex_args a;
+  memset(&a, 0, sizeof a);
+  a.q = &t[0].t, a.k = &t[1].t, a.v = &t[2].t, a.out = &t[3].t, a.lse = &t[4].t;
+  a.dout = &t[5].t, a.dq = &t[6].t, a.dk = &t[7].t, a.dv = &t[8].t;
+  a.buffers = &buf, a.nbuffers = 1;
+  a.stream = MOCK_STREAM;
+  ck_assert_msg(tl_cuda_call(k, &a, false) == FLEX_OK, "%s", flex_last_error());
+  expect_clean();
+  ck_assert_msg(tl_cuda_call(k, &a, true) == FLEX_OK, "%s", flex_last_error());
+  expect_clean();
+  ck_assert_int_eq(MOCK_INT("mock_launches"), 4); /* forward; backward pre, main, dq convert */
+  for (int i = 0; i < 9; i++) tl_arr_free(&t[i]);
+  tl_arr_free(&bias), tl_arr_free(&gbias);
+  flex_kernel_free(k);
+}
+END_TEST
+
 int main(void) {
   build_mock();
   Buf log = {0};
@@ -387,6 +421,7 @@ int main(void) {
     tcase_add_test(drv, driver_batches_beyond_grid);
     tcase_add_test(drv, driver_empty_batch);
     tcase_add_test(drv, driver_launch_error_message);
+    tcase_add_test(drv, driver_mirrored_call);
     suite_add_tcase(s, drv);
   } else {
     fprintf(stderr, "NVRTC not available (%s): the driver tests are skipped\n", flex_last_error());

@@ -8,3 +8,11 @@ add_test(NAME check_emu_kernels_timing COMMAND check_emu_kernels --timing)
 set_tests_properties(check_emu_kernels_timing PROPERTIES LABELS slow TIMEOUT 600
   ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
 set_tests_properties(check_emu_kernels PROPERTIES TIMEOUT 600)
+# The same cases on the GPU (the CUDA backend against the reference); they
+# exit 77 (skipped) where there is no CUDA device.
+add_test(NAME check_emu_kernels_gpu COMMAND check_emu_kernels --cuda)
+set_tests_properties(check_emu_kernels_gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
+  ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+add_test(NAME check_emu_kernels_gpu_full COMMAND check_emu_kernels --cuda --full)
+set_tests_properties(check_emu_kernels_gpu_full PROPERTIES LABELS slow SKIP_RETURN_CODE 77
+  TIMEOUT 3600 ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")

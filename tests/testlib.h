@@ -9,6 +9,7 @@
 #include <check.h>
 
 #include "base/base.h"
+#include "runtime/flex.h"
 #include "runtime/npy.h"
 
 /* Path of a file in the source tree ("tests/cases/x.score" -> absolute). */
@@ -81,5 +82,10 @@ double tl_pair_err(const TlPair *p);
 
 /* Run a Check suite with the default settings; the process exit status. */
 int tl_run_suite(Suite *s);
+
+/* Run a forward (or backward) whose tensors are in host memory on the CUDA
+ * backend: every tensor is mirrored on the device, the outputs are copied
+ * back into the host tensors (testlib_cuda.c). Needs rt_drv_init() first. */
+flex_status tl_cuda_call(flex_kernel *k, const flex_args *host, bool backward);
 
 #endif
