@@ -8,10 +8,15 @@
  * interpreter. The backward recomputes O and LSE itself in float64 instead of
  * trusting the `out` and `lse` it is given, so its gradients are exact for
  * the inputs whatever produced those outputs.
+ *
+ * A caller's BlockMask is part of the semantics, as in PyTorch: elements of
+ * blocks it does not list are masked, elements of its full blocks are kept
+ * without evaluating the mask, and only its partial blocks run the mask.
  */
 #include <math.h>
 #include <string.h>
 
+#include "blockmask.h"
 #include "npy.h"
 #include "rt.h"
 
@@ -85,7 +90,26 @@ typedef struct Ref {
   double *q, *k, *v;     /* one head's Q [QL,E], K [KL,E], V [KL,EV] */
   double *S, *P;         /* [QL,KL]: scaled q.k and probabilities */
   double *O, *lse;       /* [QL,EV], [QL] */
+  RtBlockMask bm;        /* the caller's BlockMask, normalised (when given) */
+  bool has_bm;           /* bm holds one */
+  uint8_t *cls;          /* [nq, nkv] class of each block of the current (b, h) */
 } Ref;
+
+enum { BLK_EMPTY, BLK_PARTIAL, BLK_FULL };
+
+/* The block classes of (b, h) from the BlockMask's kv-side lists. */
+static void block_classes(Ref *r, int b, int h) {
+  const RtBlockMask *bm = &r->bm;
+  int bb = bm->B == 1 ? 0 : b, hh = bm->H == 1 ? 0 : h;
+  memset(r->cls, BLK_EMPTY, (size_t)bm->nq * (size_t)bm->nkv);
+  for (int i = 0; i < bm->nq; i++) {
+    size_t row = ((size_t)bb * bm->H + hh) * bm->nq + i;
+    for (int n = 0; n < bm->kv_num_blocks[row]; n++)
+      r->cls[(size_t)i * bm->nkv + bm->kv_indices[row * bm->nkv + n]] = BLK_PARTIAL;
+    for (int n = 0; bm->has_full && n < bm->full_kv_num_blocks[row]; n++)
+      r->cls[(size_t)i * bm->nkv + bm->full_kv_indices[row * bm->nkv + n]] = BLK_FULL;
+  }
+}
 
 static double *dalloc(Arena *a, size_t n) { return arena_alloc(a, sizeof(double) * (n ? n : 1)); }
 
@@ -127,6 +151,7 @@ static bool block(Ref *r, int b, int h) {
   load_slice(c->args->v, b, kvh, KL, EV, r->v);
   r->env.args[ARG_B] = ir_vi(b);
   r->env.args[ARG_H] = ir_vi(h);
+  if (r->has_bm) block_classes(r, b, h);
   for (int i = 0; i < QL; i++) {
     double *S = r->S + (size_t)i * KL, *P = r->P + (size_t)i * KL, mx = -INFINITY;
     r->env.args[ARG_Q] = ir_vi(i);
@@ -136,7 +161,9 @@ static bool block(Ref *r, int b, int h) {
       S[j] = c->scale * dot;
       r->env.args[ARG_KV] = ir_vi(j);
       r->env.args[ARG_S] = ir_vf(S[j]);
-      bool keep = !m->mask || ir_eval(m->mask, &r->env, r->vals).b;
+      int cls = r->has_bm ? r->cls[(size_t)(i / r->bm.block_q) * r->bm.nkv + j / r->bm.block_kv]
+                          : BLK_PARTIAL;
+      bool keep = cls == BLK_FULL || (cls == BLK_PARTIAL && (!m->mask || ir_eval(m->mask, &r->env, r->vals).b));
       P[j] = keep ? ir_eval(m->score, &r->env, r->vals).f : -INFINITY; /* t, for now */
       if (failed(r)) return false;
       if (P[j] > mx) mx = P[j];
@@ -171,8 +198,22 @@ static flex_status start(Ref *r, Arena *a, const RtCall *c) {
                   "head): %.1f GB, more than half of this machine's %.1f GB; use the emu or cuda "
                   "backend for sequences this long", c->QL, c->KL, need / 1e9, have / 1e9);
   init(r, a, c);
+  if (c->args->block_mask) {
+    const flex_block_mask *u = c->args->block_mask;
+    RtMaskShape shape = {c->B, c->H, c->QL, c->KL, u->block_q, u->block_kv};
+    char err[512];
+    flex_status st = rt_block_mask_from_user(&r->bm, u, &shape, err, sizeof err);
+    if (st) return rt_err(st, "%s", err);
+    r->has_bm = true;
+    r->cls = arena_alloc(a, (size_t)r->bm.nq * (size_t)r->bm.nkv);
+  }
   if (c->args->check_bounds) return rt_check_sorted(c, c->bufs);
   return FLEX_OK;
+}
+
+static void finish(Ref *r, Arena *a) {
+  if (r->has_bm) rt_block_mask_free(&r->bm);
+  arena_free(a);
 }
 
 static flex_status checked_failure(const Ref *r) {
@@ -182,6 +223,7 @@ static flex_status checked_failure(const Ref *r) {
 flex_status rt_reference_forward(const RtCall *c) {
   Arena a = {0};
   Ref r;
+  memset(&r, 0, sizeof r);
   flex_status st = start(&r, &a, c);
   for (int b = 0; st == FLEX_OK && b < c->B; b++)
     for (int h = 0; st == FLEX_OK && h < c->H; h++) {
@@ -195,7 +237,7 @@ flex_status rt_reference_forward(const RtCall *c) {
         put(c->args->lse, idx, r.lse[i]);
       }
     }
-  arena_free(&a);
+  finish(&r, &a);
   return st;
 }
 
@@ -285,6 +327,7 @@ static void write_grads(const Ref *r, const Grads *g) {
 flex_status rt_reference_backward(const RtCall *c) {
   Arena a = {0};
   Ref r;
+  memset(&r, 0, sizeof r);
   flex_status st = start(&r, &a, c);
   Grads g;
   size_t kv = (size_t)c->B * c->HKV * c->KL;
@@ -297,6 +340,6 @@ flex_status rt_reference_backward(const RtCall *c) {
     for (int h = 0; st == FLEX_OK && h < c->H; h++)
       if (!block(&r, b, h) || !block_backward(&r, &g, b, h)) st = checked_failure(&r);
   if (st == FLEX_OK) write_grads(&r, &g);
-  arena_free(&a);
+  finish(&r, &a);
   return st;
 }

@@ -257,6 +257,67 @@ START_TEST(user_mask_huge_block) {
 }
 END_TEST
 
+/* A caller's BlockMask is part of the semantics on every backend, as in
+ * PyTorch: a block it omits is masked even where the mask allows it, and
+ * a block it calls full is kept even where the mask says no. The reference
+ * and the emulator, given the same odd BlockMask for a causal mask, agree
+ * forward and backward, and differ from plain causal attention. */
+START_TEST(user_mask_semantics) {
+  enum { L = 256, D = 32 };
+  const char *src = "mask m(b, h, q, kv) { return q >= kv; }";
+  flex_kernel *k;
+  ck_assert_int_eq(flex_kernel_from_source(&k, "sem.score", src, strlen(src), NULL), FLEX_OK);
+  /* 128 x 128 blocks: row 0 lists block 0 as full (the upper triangle of
+   * the diagonal block is kept); row 1 lists block 1 only (block 0, all
+   * allowed by causality, is left out). */
+  int32_t num[2] = {0, 1}, idx[4] = {0, 0, 1, 0}, fnum[2] = {1, 0}, fidx[4] = {0, 0, 0, 0};
+  int64_t s3[3] = {1, 1, 2}, s4[4] = {1, 1, 2, 2};
+  DLDataType i32 = rt_dtype(kDLInt, 32);
+  DLTensor t[4] = {{.data = num, .device = {kDLCPU, 0}, .ndim = 3, .dtype = i32, .shape = s3},
+                   {.data = idx, .device = {kDLCPU, 0}, .ndim = 4, .dtype = i32, .shape = s4},
+                   {.data = fnum, .device = {kDLCPU, 0}, .ndim = 3, .dtype = i32, .shape = s3},
+                   {.data = fidx, .device = {kDLCPU, 0}, .ndim = 4, .dtype = i32, .shape = s4}};
+  flex_block_mask u = {128, 128, &t[0], &t[1], &t[2], &t[3], NULL, NULL, NULL, NULL};
+  uint64_t rng = tl_seed();
+  DLDataType f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
+  int64_t sq[4] = {1, 1, L, D}, sl[3] = {1, 1, L};
+  TlArr q, kk, v, dout, out[3], lse[3], dq[3], dk[3], dv[3];
+  tl_arr_init(&q, f32, 4, sq), tl_arr_normal(&q, &rng);
+  tl_arr_init(&kk, f32, 4, sq), tl_arr_normal(&kk, &rng);
+  tl_arr_init(&v, f32, 4, sq), tl_arr_normal(&v, &rng);
+  tl_arr_init(&dout, f32, 4, sq), tl_arr_normal(&dout, &rng);
+  for (int i = 0; i < 3; i++) { /* emu with the mask, reference with it, reference without */
+    DLDataType o = i ? f64 : f32;
+    tl_arr_init(&out[i], o, 4, sq), tl_arr_init(&lse[i], o, 3, sl);
+    tl_arr_init(&dq[i], o, 4, sq), tl_arr_init(&dk[i], o, 4, sq), tl_arr_init(&dv[i], o, 4, sq);
+    TlArr *outs[] = {&out[i], &lse[i], &dq[i], &dk[i], &dv[i]};
+    for (int j = 0; j < 5; j++) tl_arr_poison(outs[j]);
+    flex_args a = {0};
+    a.backend = i ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
+    a.q = &q.t, a.k = &kk.t, a.v = &v.t, a.out = &out[i].t, a.lse = &lse[i].t;
+    a.dout = &dout.t, a.dq = &dq[i].t, a.dk = &dk[i].t, a.dv = &dv[i].t;
+    a.block_mask = i < 2 ? &u : NULL;
+    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "run %d: %s", i, flex_last_error());
+    ck_assert_msg(flex_backward(k, &a) == FLEX_OK, "run %d: %s", i, flex_last_error());
+  }
+  TlArr *res[5][3] = {{&out[0], &out[1], &out[2]}, {&lse[0], &lse[1], &lse[2]},
+                      {&dq[0], &dq[1], &dq[2]}, {&dk[0], &dk[1], &dk[2]}, {&dv[0], &dv[1], &dv[2]}};
+  const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+  for (int j = 0; j < 5; j++) {
+    double e = tl_rel_err(&res[j][0]->a, &res[j][1]->a), plain = tl_rel_err(&res[j][2]->a, &res[j][1]->a);
+    fprintf(stderr, "  user BlockMask %s: emu vs reference %.2g; plain causal differs by %.2g\n", names[j],
+            e, plain);
+    ck_assert_msg(e <= (j < 2 ? tl_dtypes[0].tol : tl_dtypes[0].gtol), "%s: %g", names[j], e);
+    ck_assert_msg(plain > 0.05, "%s: the BlockMask changed nothing (%g)", names[j], plain);
+  }
+  TlArr *all[] = {&q, &kk, &v, &dout};
+  for (int i = 0; i < 4; i++) tl_arr_free(all[i]);
+  for (int j = 0; j < 5; j++)
+    for (int i = 0; i < 3; i++) tl_arr_free(res[j][i]);
+  flex_kernel_free(k);
+}
+END_TEST
+
 /* `flexc mask --out` creates a missing directory, as `flexc run --out` does. */
 START_TEST(cli_out_dir_created) {
   char dir[] = "/tmp/flexc_maskauditXXXXXX", sub[4200], cmd[8400], p[4300];
@@ -291,6 +352,7 @@ int main(void) {
   tcase_add_test(tc, signed_zero_join);
   tcase_add_test(tc, int_rules_brute_force);
   tcase_add_test(tc, user_mask_huge_block);
+  tcase_add_test(tc, user_mask_semantics);
   tcase_add_test(tc, cli_out_dir_created);
   suite_add_tcase(s, tc);
   return tl_run_suite(s);
