@@ -242,7 +242,10 @@ static void report(const IrModule *m, const Opts *o, const RtBlockMask *bm, cons
          (long long)st->partial, (long long)st->empty);
   printf("density: %.6f\n", st->total ? (double)(st->full + st->partial) / (double)st->total : 0.0);
   if (st->undecided == st->partial && st->decidable)
-    printf("analysis: decided every block (no element-wise evaluation needed); implicit mask possible\n");
+    printf("analysis: decided every block (no element-wise evaluation needed); %s\n",
+           ir_interval_device_decidable(m)
+               ? "implicit mask possible"
+               : "the kernels still build block lists (the device classifier treats floats as unknown)");
   else
     printf("analysis: %s; %lld of %lld open blocks resolved element-wise (%lld evaluations)\n",
            st->decidable ? "decidable" : "not decidable (reads a buffer that is not `sorted`)",
