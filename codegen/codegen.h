@@ -67,6 +67,11 @@ typedef struct CgOptions {
 bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int EV, CgArch arch,
                      bool backward, char *err, size_t errlen);
 
+/* A binary32 value (v rounded to float) as the shortest CUDA literal that
+ * reads back to the same float: `0.1f`, `(-2.5f)`, `INFINITY`, NaN as
+ * `(0.0f / 0.0f)`. */
+void cg_float_literal(Buf *out, double v);
+
 /* Write the whole translation unit for `m` into `out`. */
 void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o);
 /* Emit score, mask (and joint) as __device__ functions (part of cg_emit_cuda). */

@@ -48,8 +48,7 @@ static const char *ctype(IrType t) {
   }
 }
 
-/* A binary32 value as a literal that reads back to the same float. */
-static void put_float(Buf *out, double v) {
+void cg_float_literal(Buf *out, double v) {
   float f = (float)v;
   if (isnan(f)) {
     buf_puts(out, "(0.0f / 0.0f)");
@@ -80,7 +79,7 @@ static void put_operand(Buf *out, const IrModule *m, const IrFunc *f, int i) {
     else if (in->type == IT_I32) {
       if (in->imm.i == INT32_MIN) buf_puts(out, "(-2147483647 - 1)");
       else buf_printf(out, in->imm.i < 0 ? "(%d)" : "%d", in->imm.i);
-    } else put_float(out, in->imm.f);
+    } else cg_float_literal(out, in->imm.f);
     return;
   case IR_ARG: buf_puts(out, ir_arg_name((IrArg)in->aux)); return;
   case IR_PARAM: put_name(out, m->params[in->aux].id); return;

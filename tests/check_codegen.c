@@ -2,6 +2,7 @@
  * (names by role, wrapping integer helpers, round-tripping float literals,
  * entries followed by FLEX_EMU_ENTRY) and specialises the identity score. */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,39 @@ static const char *gemma =
     "mask causal(b, h, q, kv) { return q >= kv; }\n"
     "mask local(b, h, q, kv) { return q - kv < window; }\n"
     "kernel gemma { score = alibi_softcap; mask = causal && local; }\n";
+
+/* Float literals read back to the very same binary32 value (random bit
+ * patterns: subnormals, huge values, 2^24 + 1 neighbours) and are the
+ * shortest such decimal. */
+START_TEST(float_literals_round_trip) {
+  uint64_t rng = tl_seed();
+  for (int n = 0; n < 20000; n++) {
+    uint32_t bits = (uint32_t)tl_rand(&rng);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    if (isnan(f) || isinf(f)) continue;
+    Buf b = {0};
+    cg_float_literal(&b, f);
+    const char *s = b.data + (b.data[0] == '(');
+    char *end;
+    float back = strtof(s, &end);
+    ck_assert_msg(*end == 'f', "literal %s does not end in f", b.data);
+    uint32_t got;
+    memcpy(&got, &back, sizeof got);
+    ck_assert_msg(got == bits, "%s reads back as 0x%08x, want 0x%08x", b.data, got, bits);
+    buf_free(&b);
+  }
+  struct { double v; const char *want; } known[] = {
+      {0.1, "0.1f"}, {1e-45, "1e-45f"}, {16777216.0, "16777216.0f"}, {-2.5, "(-2.5f)"},
+      {3.4028234663852886e38, "3.4028235e+38f"}, {1.0 / 0.0, "INFINITY"}};
+  for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+    Buf b = {0};
+    cg_float_literal(&b, known[i].v);
+    ck_assert_str_eq(b.data, known[i].want);
+    buf_free(&b);
+  }
+}
+END_TEST
 
 START_TEST(names_by_role) {
   CgOptions o;
@@ -112,6 +146,7 @@ END_TEST
 int main(void) {
   Suite *s = suite_create("codegen");
   TCase *tc = tcase_create("emit");
+  tcase_add_test(tc, float_literals_round_trip);
   tcase_add_test(tc, names_by_role);
   tcase_add_test(tc, identity_score);
   tcase_add_test(tc, int_semantics);

@@ -136,7 +136,12 @@ static void gen_int(Buf *o, uint64_t *rng, int depth) {
     buf_puts(o, "(");
     gen_int(o, rng, depth - 1);
     buf_printf(o, " %s ", op);
-    if ((op[0] == '/' || op[0] == '%') && tl_rand(rng) % 2) buf_printf(o, "%d", (int)(tl_rand(rng) % 9) + 2);
+    bool div = op[0] == '/' || op[0] == '%';
+    uint64_t pick = tl_rand(rng) % 4;
+    if (div && pick == 0) buf_printf(o, "%d", (int)(tl_rand(rng) % 9) + 2);
+    else if (div && pick == 1) /* a divisor that is zero (and negative) inside the ranges */
+      buf_printf(o, "(%s - %d)", (const char *[]){"q", "kv", "h", "b"}[tl_rand(rng) % 4],
+                 (int)(tl_rand(rng) % 3));
     else gen_int(o, rng, depth - 1);
     buf_puts(o, ")");
     break;
