@@ -39,7 +39,9 @@ int mock_bad_flags;             /* cuGetProcAddress calls without the legacy-str
 char mock_error[256];           /* the first rule broken */
 int mock_fail_launches;         /* nonzero: every launch fails (an injected error) */
 
-static __thread int current; /* a context is current on this thread */
+/* initial-exec: static TLS, so leak checkers need not walk a dlopened
+ * library's dynamic TLS of exited threads (LeakSanitizer could crash there) */
+static __thread int current __attribute__((tls_model("initial-exec"))); /* a context is current on this thread */
 
 static CUresult fail(CUresult r, const char *what) {
   if (!mock_error[0]) snprintf(mock_error, sizeof mock_error, "%s", what);
