@@ -483,39 +483,36 @@ IrTri ir_interval_mask(const IrModule *m, const IrIntervalEnv *env, int b0, int 
 
 /* ---- static facts ------------------------------------------------------------- */
 
-bool ir_interval_decidable(const IrModule *m) {
-  if (!m->mask) return true;
-  const IrFunc *f = m->mask;
-  bool stack[256], *live = f->n <= 256 ? stack : base_alloc((size_t)f->n);
-  mark_live(f, live);
-  bool ok = true;
-  for (int i = 0; i <= f->ret; i++)
-    if (live[i] && f->inst[i].op == IR_LOAD && !m->buffers[f->inst[i].aux].sorted) ok = false;
-  if (live != stack) base_free(live);
-  return ok;
-}
-
-bool ir_interval_device_decidable(const IrModule *m) {
-  if (!ir_interval_decidable(m)) return false;
-  if (!m->mask) return true;
-  const IrFunc *f = m->mask;
-  bool stack[256], *live = f->n <= 256 ? stack : base_alloc((size_t)f->n);
-  mark_live(f, live);
-  bool ok = true;
-  for (int i = 0; i <= f->ret; i++)
-    if (live[i] && f->inst[i].type == IT_F32) ok = false;
-  if (live != stack) base_free(live);
-  return ok;
-}
-
-bool ir_interval_uses_arg(const IrModule *m, IrArg arg) {
+/* Whether some live instruction of the mask satisfies pred (with m). */
+static bool mask_has(const IrModule *m, bool (*pred)(const IrModule *, const IrInst *, int),
+                     int arg) {
   if (!m->mask) return false;
   const IrFunc *f = m->mask;
   bool stack[256], *live = f->n <= 256 ? stack : base_alloc((size_t)f->n);
   mark_live(f, live);
-  bool used = false;
-  for (int i = 0; i <= f->ret; i++)
-    if (live[i] && f->inst[i].op == IR_ARG && f->inst[i].aux == (int)arg) used = true;
+  bool found = false;
+  for (int i = 0; i <= f->ret && !found; i++) found = live[i] && pred(m, &f->inst[i], arg);
   if (live != stack) base_free(live);
-  return used;
+  return found;
 }
+
+static bool unsorted_load(const IrModule *m, const IrInst *in, int arg) {
+  (void)arg;
+  return in->op == IR_LOAD && !m->buffers[in->aux].sorted;
+}
+static bool float_value(const IrModule *m, const IrInst *in, int arg) {
+  (void)m, (void)arg;
+  return in->type == IT_F32;
+}
+static bool reads_arg(const IrModule *m, const IrInst *in, int arg) {
+  (void)m;
+  return in->op == IR_ARG && in->aux == arg;
+}
+
+bool ir_interval_decidable(const IrModule *m) { return !mask_has(m, unsorted_load, 0); }
+
+bool ir_interval_device_decidable(const IrModule *m) {
+  return !mask_has(m, unsorted_load, 0) && !mask_has(m, float_value, 0);
+}
+
+bool ir_interval_uses_arg(const IrModule *m, IrArg arg) { return mask_has(m, reads_arg, (int)arg); }

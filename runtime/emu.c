@@ -32,13 +32,8 @@ typedef struct Stage {
 
 /* Register the bytes a tensor spans (non-negative strides). */
 static void add_tensor(Ranges *rs, const char *name, const DLTensor *t) {
-  if (!t || !t->data || rs->n == 64) return;
-  int64_t last = 0, es = (t->dtype.bits * t->dtype.lanes + 7) / 8;
-  for (int d = 0; d < t->ndim; d++) {
-    if (t->shape[d] == 0) return;
-    last += (t->shape[d] - 1) * rt_stride_of(t, d);
-  }
-  rs->r[rs->n++] = (EmuRange){(uintptr_t)rt_data_of(t), (uint64_t)((last + 1) * es), name};
+  int64_t bytes = t && t->data ? rt_span_bytes(t) : 0;
+  if (bytes && rs->n < 64) rs->r[rs->n++] = (EmuRange){(uintptr_t)rt_data_of(t), (uint64_t)bytes, name};
 }
 
 static void add_raw(Ranges *rs, const char *name, const void *p, size_t bytes) {

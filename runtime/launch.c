@@ -22,6 +22,15 @@ FlexStrides rt_strides4(const DLTensor *t) {
   return s;
 }
 
+int64_t rt_span_bytes(const DLTensor *t) {
+  int64_t last = 0;
+  for (int d = 0; d < t->ndim; d++) {
+    if (t->shape[d] == 0) return 0;
+    last += (t->shape[d] - 1) * rt_stride_of(t, d);
+  }
+  return (last + 1) * ((t->dtype.bits * t->dtype.lanes + 7) / 8);
+}
+
 int64_t rt_numel(const DLTensor *t) {
   int64_t n = 1;
   for (int d = 0; d < t->ndim; d++) n *= t->shape[d];

@@ -26,6 +26,9 @@ char *rt_data_of(const DLTensor *t);
 FlexStrides rt_strides4(const DLTensor *t);
 /* Elements of a tensor. */
 int64_t rt_numel(const DLTensor *t);
+/* Bytes from a validated tensor's first element to the end of its last
+ * (non-negative strides; 0 when empty). */
+int64_t rt_span_bytes(const DLTensor *t);
 /* Row-major with no gaps (extent-1 dims ignored). */
 bool rt_contiguous(const DLTensor *t);
 

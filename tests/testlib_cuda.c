@@ -8,20 +8,8 @@
 #include <string.h>
 
 #include "runtime/driver.h"
+#include "runtime/launch.h"
 #include "testlib.h"
-
-/* The bytes a tensor's elements span (non-negative strides, as validated). */
-static size_t span_bytes(const DLTensor *t) {
-  int64_t last = 0;
-  for (int d = 0; d < t->ndim; d++) {
-    if (t->shape[d] == 0) return 0;
-    int64_t st = t->strides ? t->strides[d] : 1;
-    if (!t->strides) /* compact row-major */
-      for (int e = d + 1; e < t->ndim; e++) st *= t->shape[e];
-    last += (t->shape[d] - 1) * st;
-  }
-  return (size_t)(last + 1) * (size_t)((t->dtype.bits * t->dtype.lanes + 7) / 8);
-}
 
 /* One mirrored tensor. */
 typedef struct Mirror {
@@ -38,7 +26,7 @@ static flex_status mirror(Mirror *m, const DLTensor *t, RtCuStream s) {
   m->dev = *t;
   m->dev.device = (DLDevice){kDLCUDA, 0};
   m->dev.byte_offset = 0;
-  m->bytes = span_bytes(t);
+  m->bytes = (size_t)rt_span_bytes(t);
   if (!m->bytes) return FLEX_OK;
   flex_status st = rt_drv_alloc(&m->ptr, m->bytes);
   if (!st) st = rt_drv_memcpy_htod(m->ptr, (const char *)t->data + t->byte_offset, m->bytes, s);
