@@ -8,7 +8,6 @@
  * loaded and can point $FLEXC_LIBCUDA somewhere first. */
 #include <check.h>
 #include <dirent.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,50 +111,6 @@ END_TEST
 
 /* ---- with a device (--gpu) ------------------------------------------------ */
 
-/* One tensor on both sides: host float64 for the reference, the device
- * image in `dt`. */
-typedef struct Both {
-  RtArray ref, img;
-  RtCuDevicePtr dev;
-  DLTensor host, gpu;
-} Both;
-
-static void both(Both *p, int n, const int64_t *shape, DLDataType dt, uint64_t *st, bool fill) {
-  rt_array_init(&p->ref, rt_dtype(kDLFloat, 64), n, shape);
-  rt_array_init(&p->img, dt, n, shape);
-  for (int64_t i = 0; i < rt_array_count(&p->ref); i++) {
-    rt_array_set(&p->img, i, fill ? tl_normal(st) : NAN); /* outputs start poisoned */
-    rt_array_set(&p->ref, i, fill ? rt_array_get(&p->img, i) : NAN);
-  }
-  size_t bytes = (size_t)rt_array_count(&p->img) * (size_t)rt_dtype_size(dt);
-  ck_assert_int_eq(rt_drv_alloc(&p->dev, bytes), FLEX_OK);
-  ck_assert_int_eq(rt_drv_memcpy_htod(p->dev, p->img.data, bytes, NULL), FLEX_OK);
-  p->host = rt_array_tensor(&p->ref);
-  p->gpu = rt_array_tensor(&p->img);
-  p->gpu.data = (void *)(uintptr_t)p->dev;
-  p->gpu.device.device_type = kDLCUDA;
-}
-
-static double rel_err(Both *p) {
-  size_t bytes = (size_t)rt_array_count(&p->img) * (size_t)rt_dtype_size(p->img.dtype);
-  ck_assert_int_eq(rt_drv_memcpy_dtoh(p->img.data, p->dev, bytes, NULL), FLEX_OK);
-  ck_assert_int_eq(rt_drv_sync(NULL), FLEX_OK);
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < rt_array_count(&p->ref); i++) {
-    double r = rt_array_get(&p->ref, i), x = rt_array_get(&p->img, i);
-    if (isinf(r) && x == r) continue;
-    num += (x - r) * (x - r), den += r * r;
-  }
-  double e = den > 0 ? sqrt(num) / sqrt(den) : INFINITY; /* an all-zero reference proves nothing */
-  return isnan(e) ? INFINITY : e;
-}
-
-static void free_both(Both *p) {
-  rt_drv_free(p->dev);
-  rt_array_free(&p->ref);
-  rt_array_free(&p->img);
-}
-
 /* Forward and backward of one sample in one dtype against the reference:
  * the number of failures, or -1 when the sample is not one this test can
  * run (it says why; buffers are the emulator suites' job). */
@@ -174,39 +129,39 @@ static int gpu_sample(const char *path, DLDataType dt, const double tol[2]) {
   uint64_t st = tl_seed() ^ (uint64_t)dt.bits;
   enum { B = 2, H = 4, HKV = 2, QL = 136, KL = 200, E = 64 };
   const int64_t sq[] = {B, H, QL, E}, sk[] = {B, HKV, KL, E}, sl[] = {B, H, QL};
-  Both t[9];
+  /* q k v out lse dout dq dk dv: the tested dtype (lse float32) and float64
+   * twins; inputs random, outputs poisoned. The GPU side runs on device
+   * mirrors of the host tensors (tl_cuda_call). */
+  TlPair t[9];
   for (int i = 0; i < 9; i++) {
     const int64_t *shape = i == 1 || i == 2 || i == 7 || i == 8 ? sk : i == 4 ? sl : sq;
-    both(&t[i], i == 4 ? 3 : 4, shape, i == 4 ? rt_dtype(kDLFloat, 32) : dt, &st,
-         i < 3 || i == 5);
+    tl_pair_init(&t[i], i == 4 ? rt_dtype(kDLFloat, 32) : dt, i == 4 ? 3 : 4, shape,
+                 i < 3 || i == 5, &st);
   }
-  flex_args a;
-  memset(&a, 0, sizeof a);
   int fails = 0;
   for (int side = 0; side < 2; side++) {
     const DLTensor *p[9];
-    for (int i = 0; i < 9; i++) p[i] = side ? &t[i].host : &t[i].gpu;
-    a.backend = side ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_CUDA;
-    a.q = p[0], a.k = p[1], a.v = p[2], a.out = p[3], a.lse = p[4], a.dout = p[5];
-    a.dq = p[6], a.dk = p[7], a.dv = p[8];
-    flex_status s1 = flex_forward(k, &a), s2 = s1 ? s1 : flex_backward(k, &a);
+    for (int i = 0; i < 9; i++) p[i] = side ? &t[i].tref : &t[i].tx;
+    flex_args a = {.backend = FLEX_BACKEND_REFERENCE, .q = p[0], .k = p[1], .v = p[2], .out = p[3],
+                   .lse = p[4], .dout = p[5], .dq = p[6], .dk = p[7], .dv = p[8]};
+    flex_status s1 = side ? flex_forward(k, &a) : tl_cuda_call(k, &a, false);
+    flex_status s2 = s1 ? s1 : side ? flex_backward(k, &a) : tl_cuda_call(k, &a, true);
     if (s2) {
       fprintf(stderr, "%s: %s\n", path, flex_last_error());
       fails++;
-      goto done;
+      break;
     }
   }
   const char *names[] = {"out", "lse", "dq", "dk", "dv"};
   const int which[] = {3, 4, 6, 7, 8};
-  for (int i = 0; i < 5; i++) {
-    double e = rel_err(&t[which[i]]);
+  for (int i = 0; !fails && i < 5; i++) {
+    double e = tl_rel_err(&t[which[i]].x, &t[which[i]].ref);
     double lim = i < 2 ? tol[0] : tol[1];
     fprintf(stderr, "%s %d-bit %s: rel. error %.2e%s\n", path, dt.bits, names[i], e,
             e <= lim ? "" : " FAIL");
     fails += !(e <= lim);
   }
-done:
-  for (int i = 0; i < 9; i++) free_both(&t[i]);
+  for (int i = 0; i < 9; i++) tl_pair_free(&t[i]);
   flex_kernel_free(k);
   return fails;
 }
