@@ -5,6 +5,8 @@
 
 #include <stdbool.h>
 
+#include "runtime/flex.h"
+
 int cli_check(int argc, char **argv); /* flexc check FILE... */
 int cli_ir(int argc, char **argv);    /* flexc ir FILE [--kernel K] [--grad] [--after PASS] */
 int cli_run(int argc, char **argv);   /* flexc run FILE ... --out DIR */
@@ -15,6 +17,9 @@ int cli_mask(int argc, char **argv);  /* flexc mask FILE --shape ... */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Print "flexc: error: MSG" (a bad value in the input) to stderr; returns 1. */
 int cli_input_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Load `kernel` (NULL: the file's only one) of a .score file; on failure
+ * print the diagnostics (newline-terminated) and return false. */
+bool cli_load_kernel(flex_kernel **k, const char *file, const char *kernel);
 /* Create a directory and its parents; true when it exists afterwards. */
 bool cli_make_dir(const char *path);
 

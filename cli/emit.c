@@ -100,10 +100,7 @@ int cli_emit(int argc, char **argv) {
   int rc = parse_args(argc, argv, &a);
   if (rc) return rc;
   flex_kernel *k;
-  if (flex_kernel_load(&k, a.file, a.kernel) != FLEX_OK) {
-    fprintf(stderr, "%s", flex_last_error());
-    return 1;
-  }
+  if (!cli_load_kernel(&k, a.file, a.kernel)) return 1;
   CgOptions o;
   char err[256];
   if (!cg_options_init(&o, k->mod, a.dtype, a.E, a.EV, a.arch, !a.forward_only, err, sizeof err)) {
@@ -128,9 +125,10 @@ int cli_emit(int argc, char **argv) {
       rc = 1;
     } else {
       if (a.resources) print_resources(res.log.data ? res.log.data : "", &o);
-      if (cubin) rc = write_out(a.out, res.image.data, res.image.len);
+      bool have = cubin || !a.resources; /* the first compile made the target itself */
+      if (have) rc = write_out(a.out, res.image.data, res.image.len);
       rt_nvrtc_free(&res);
-      if (!cubin) {
+      if (!have) { /* PTX with --resource-usage: the report came from a cubin build */
         st = rt_nvrtc_compile(&res, src.data, cg_arch_name(a.arch), RT_NVRTC_PTX, false);
         if (st == FLEX_OK) rc = write_out(a.out, res.image.data, res.image.len);
         else rc = 1, fprintf(stderr, "flexc: error: %s\n", flex_last_error());

@@ -82,6 +82,14 @@ int cli_input_error(const char *fmt, ...) {
   return 1;
 }
 
+bool cli_load_kernel(flex_kernel **k, const char *file, const char *kernel) {
+  if (flex_kernel_load(k, file, kernel) == FLEX_OK) return true;
+  const char *msg = flex_last_error();
+  size_t n = strlen(msg);
+  fprintf(stderr, "%s%s", msg, n && msg[n - 1] == '\n' ? "" : "\n");
+  return false;
+}
+
 bool cli_make_dir(const char *path) {
   char tmp[4096];
   if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return false;

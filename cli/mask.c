@@ -258,10 +258,7 @@ int cli_mask(int argc, char **argv) {
   int rc = parse_opts(argc, argv, &o);
   if (rc) return rc;
   flex_kernel *k;
-  if (flex_kernel_load(&k, o.file, o.kernel) != FLEX_OK) {
-    fprintf(stderr, "%s", flex_last_error());
-    return 1;
-  }
+  if (!cli_load_kernel(&k, o.file, o.kernel)) return 1;
   const IrModule *m = k->mod;
   Bound bd;
   bd.params = base_alloc(sizeof *bd.params * (size_t)(m->nparams + 1));

@@ -441,12 +441,7 @@ int cli_run(int argc, char **argv) {
     return 1;
   }
   flex_kernel *kern;
-  if (flex_kernel_load(&kern, o.file, o.kernel)) {
-    fprintf(stderr, "%s", flex_last_error());
-    size_t n = strlen(flex_last_error());
-    if (!n || flex_last_error()[n - 1] != '\n') fputc('\n', stderr);
-    return 1;
-  }
+  if (!cli_load_kernel(&kern, o.file, o.kernel)) return 1;
   RunState *s = base_alloc(sizeof *s);
   st = 1;
   if (!cli_make_dir(o.out)) fprintf(stderr, "flexc: error: cannot create %s: %s\n", o.out, strerror(errno));

@@ -18,9 +18,6 @@
 #include "base/base.h"
 #include "ir/ir.h"
 
-/* Most params, sizes or buffers one function may read. */
-#define FLEX_CG_MAXSLOTS 64
-
 /* Element type of q, k, v and the outputs. */
 typedef enum CgDtype { CG_FP32, CG_FP16, CG_BF16 } CgDtype;
 /* Target architecture. */
@@ -62,6 +59,9 @@ typedef struct CgOptions {
   const char *source;  /* the .score file's name, for the header comment */
 } CgOptions;
 
+/* Whether m's params, buffers and size symbols fit FlexParams' slots; if
+ * not, false with a message in err. */
+bool cg_module_fits(const IrModule *m, char *err, size_t errlen);
 /* Fill `o` for module `m` (joint used when non-NULL and `backward`). Returns
  * false with a message in `err` (size errlen) for unsupported options. */
 bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int EV, CgArch arch,

@@ -244,11 +244,14 @@ static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool c
 
 /* Declarations of the params, sizes and buffers a function reads. */
 static void put_preamble(Buf *out, const IrModule *m, const IrFunc *f, bool checked) {
-  bool param[FLEX_CG_MAXSLOTS] = {0}, size[FLEX_CG_MAXSLOTS] = {0};
-  bool load[FLEX_CG_MAXSLOTS] = {0}, accum[FLEX_CG_MAXSLOTS] = {0};
+  /* cg_options_init refused modules over the FlexParams limits */
+  bool param[FLEX_MAX_PARAMS] = {0}, size[FLEX_MAX_SIZES] = {0};
+  bool load[FLEX_MAX_BUFFERS] = {0}, accum[FLEX_MAX_BUFFERS] = {0};
   for (int i = 0; i < f->n; i++) {
     const IrInst *in = &f->inst[i];
-    CHECK(in->aux < FLEX_CG_MAXSLOTS);
+    CHECK(in->op != IR_PARAM || in->aux < FLEX_MAX_PARAMS);
+    CHECK(in->op != IR_SIZE || in->aux < FLEX_MAX_SIZES);
+    CHECK((in->op != IR_LOAD && in->op != IR_ACCUM) || in->aux < FLEX_MAX_BUFFERS);
     if (in->op == IR_PARAM) param[in->aux] = true;
     if (in->op == IR_SIZE) size[in->aux] = true;
     if (in->op != IR_LOAD && in->op != IR_ACCUM) continue;

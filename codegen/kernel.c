@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "codegen/codegen.h"
+#include "kernels/params.cuh"
 #include "ir/interval.h"
 
 static const char *const arch_names[CG_NARCH] = {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"};
@@ -100,6 +101,15 @@ static void pick_tiles(CgOptions *o) {
   o->bwd.threads = 128;
 }
 
+bool cg_module_fits(const IrModule *m, char *err, size_t errlen) {
+  if (m->nparams <= FLEX_MAX_PARAMS && m->nbuffers <= FLEX_MAX_BUFFERS && m->nsizes <= FLEX_MAX_SIZES)
+    return true;
+  snprintf(err, errlen, "kernels support at most %d params, %d buffers and %d size symbols "
+           "(this one has %d, %d and %d)", FLEX_MAX_PARAMS, FLEX_MAX_BUFFERS,
+           FLEX_MAX_SIZES - SZ_COUNT, m->nparams, m->nbuffers, m->nsizes - SZ_COUNT);
+  return false;
+}
+
 bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int EV, CgArch arch,
                      bool backward, char *err, size_t errlen) {
   memset(o, 0, sizeof *o);
@@ -107,6 +117,7 @@ bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int 
     snprintf(err, errlen, "head dims must be 1..256 (got E=%d, EV=%d)", E, EV);
     return false;
   }
+  if (!cg_module_fits(m, err, errlen)) return false;
   if (backward && !m->joint) {
     snprintf(err, errlen, "backward requested but the module has no joint function");
     return false;

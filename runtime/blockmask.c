@@ -404,6 +404,8 @@ flex_status rt_block_mask_from_user(RtBlockMask *out, const flex_block_mask *u,
   bool full = sides[1].num != NULL;
   if ((sides[2].num && !sides[3].num != !full) || (sides[3].num && !sides[2].num))
     return fail(err, errlen, "block mask: full_q_* goes with q_*, and exactly when full_kv_* is given");
+  flex_status fits = check_fits(Bt, Ht, &g, err, errlen); /* small lists may mean a huge grid */
+  if (fits) return fits;
   size_t n = (size_t)Bt * Ht * nq * nkv;
   uint8_t *cls = base_alloc(n), *qcls = base_alloc(n);
   flex_status rc = FLEX_OK;

@@ -70,10 +70,9 @@ flex_status rt_launch_fill(const RtCall *c, FlexParams *p, const char *backend) 
   const flex_args *a = c->args;
   const IrModule *m = c->mod;
   memset(p, 0, sizeof *p);
-  if (m->nparams > FLEX_MAX_PARAMS || m->nbuffers > FLEX_MAX_BUFFERS || m->nsizes > FLEX_MAX_SIZES)
-    return rt_err(FLEX_ERR_UNSUPPORTED,
-                  "the %s backend supports at most %d params, %d buffers and %d sizes", backend,
-                  FLEX_MAX_PARAMS, FLEX_MAX_BUFFERS, FLEX_MAX_SIZES - SZ_COUNT);
+  char why[256];
+  if (!cg_module_fits(m, why, sizeof why))
+    return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this kernel: %s", backend, why);
   if (a->lse && (a->lse->dtype.code != kDLFloat || a->lse->dtype.bits != 32 ||
                  rt_stride_of(a->lse, 2) != 1))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend needs 'lse' as float32 with unit stride "

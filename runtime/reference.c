@@ -329,6 +329,10 @@ flex_status rt_reference_backward(const RtCall *c) {
   Ref r;
   memset(&r, 0, sizeof r);
   flex_status st = start(&r, &a, c);
+  if (st) {
+    finish(&r, &a);
+    return st;
+  }
   Grads g;
   size_t kv = (size_t)c->B * c->HKV * c->KL;
   g.dk = dalloc(&a, kv * c->E);

@@ -152,6 +152,24 @@ START_TEST(huge_and_empty) {
   c.q.t.data = c.out.t.data = NULL;
   ck_assert_msg(flex_forward(k, &c.a) == FLEX_OK, "%s", flex_last_error());
   call_free(&c);
+  /* Lengths whose score matrix cannot fit: refused with the figures, forward
+   * and backward (the backward once dereferenced its unbuilt state). */
+  enum { LONG = 1 << 20 };
+  int64_t ls[4] = {1, 1, LONG, 1}, ll[3] = {1, 1, LONG};
+  TlArr lt[9];
+  for (int i = 0; i < 9; i++) tl_arr_init(&lt[i], F32, i == 4 ? 3 : 4, i == 4 ? ll : ls), tl_arr_normal(&lt[i], &rng);
+  flex_args la = {.backend = FLEX_BACKEND_REFERENCE, .q = &lt[0].t, .k = &lt[1].t, .v = &lt[2].t,
+                  .out = &lt[3].t, .lse = &lt[4].t, .dout = &lt[5].t, .dq = &lt[6].t, .dk = &lt[7].t,
+                  .dv = &lt[8].t};
+  flex_kernel *plain;
+  const char *ps = "score f(s, b, h, q, kv) { return s; }";
+  ck_assert_int_eq(flex_kernel_from_source(&plain, "p.score", ps, strlen(ps), NULL), FLEX_OK);
+  ck_assert_int_eq(flex_forward(plain, &la), FLEX_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(flex_last_error(), "materialises"), "%s", flex_last_error());
+  ck_assert_int_eq(flex_backward(plain, &la), FLEX_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(flex_last_error(), "materialises"), "%s", flex_last_error());
+  for (int i = 0; i < 9; i++) tl_arr_free(&lt[i]);
+  flex_kernel_free(plain);
   flex_kernel_free(k);
 }
 END_TEST

@@ -65,6 +65,25 @@ START_TEST(float_literals_round_trip) {
 }
 END_TEST
 
+/* More params than FlexParams has slots: refused with a message, not an
+ * internal error (it once was at 65). */
+START_TEST(slot_limits) {
+  Buf src = {0};
+  for (int i = 0; i < 17; i++) buf_printf(&src, "param float p%d = 1.0;\n", i);
+  buf_puts(&src, "score f(s, b, h, q, kv) { return s");
+  for (int i = 0; i < 17; i++) buf_printf(&src, " + p%d", i);
+  buf_puts(&src, "; }\n");
+  flex_kernel *k;
+  ck_assert_int_eq(flex_kernel_from_source(&k, "many.score", src.data, src.len, NULL), FLEX_OK);
+  CgOptions o;
+  char err[256];
+  ck_assert(!cg_options_init(&o, k->mod, CG_FP16, 64, 64, CG_SM80, true, err, sizeof err));
+  ck_assert_msg(strstr(err, "at most 16 params") && strstr(err, "this one has 17"), "%s", err);
+  flex_kernel_free(k);
+  buf_free(&src);
+}
+END_TEST
+
 START_TEST(names_by_role) {
   CgOptions o;
   char *s = gen(gemma, CG_FP16, 64, &o);
@@ -147,6 +166,7 @@ int main(void) {
   Suite *s = suite_create("codegen");
   TCase *tc = tcase_create("emit");
   tcase_add_test(tc, float_literals_round_trip);
+  tcase_add_test(tc, slot_limits);
   tcase_add_test(tc, names_by_role);
   tcase_add_test(tc, identity_score);
   tcase_add_test(tc, int_semantics);

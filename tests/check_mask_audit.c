@@ -228,6 +228,17 @@ START_TEST(user_mask_huge_block) {
   t[0].shape = z3, t[1].shape = z4; /* zero blocks a side: refused */
   ck_assert_int_eq(rt_block_mask_from_user(&bm, &u, &s, err, sizeof err), FLEX_ERR_INVALID);
   t[0].shape = s3, t[1].shape = s4;
+  /* Blocks of 1 x 1 over 2^20 x 2^20: a few small lists, a grid of 2^40
+   * cells: refused with the figures instead of aborting on the allocation. */
+  RtMaskShape tiny = {1, 1, 1 << 20, 1 << 20, 1, 1};
+  int64_t w3[3] = {1, 1, 1 << 20}, w4[4] = {1, 1, 1 << 20, 1};
+  int32_t *wnum = calloc((size_t)1 << 20, sizeof *wnum), *widx = calloc((size_t)1 << 20, sizeof *widx);
+  DLTensor wt[2] = {{.data = wnum, .device = {kDLCPU, 0}, .ndim = 3, .dtype = rt_dtype(kDLInt, 32), .shape = w3},
+                    {.data = widx, .device = {kDLCPU, 0}, .ndim = 4, .dtype = rt_dtype(kDLInt, 32), .shape = w4}};
+  flex_block_mask wu = {1, 1, &wt[0], &wt[1], NULL, NULL, NULL, NULL, NULL, NULL};
+  ck_assert_int_eq(rt_block_mask_from_user(&bm, &wu, &tiny, err, sizeof err), FLEX_ERR_INVALID);
+  ck_assert_msg(strstr(err, "more than half"), "%s", err);
+  free(wnum), free(widx);
 
   const char *src = "mask m(b, h, q, kv) { return q >= kv; }";
   flex_kernel *k;

@@ -9,6 +9,7 @@
 
 #include "runtime/driver.h"
 #include "runtime/launch.h"
+#include "runtime/rt.h"
 #include "testlib.h"
 
 /* One mirrored tensor. */
@@ -43,6 +44,7 @@ enum { MAXM = 10 + 2 * 16 + 8 };
 
 flex_status tl_cuda_call(flex_kernel *k, const flex_args *host, bool backward) {
   Mirror m[MAXM];
+  if (host->nbuffers > 16) return rt_err(FLEX_ERR_INVALID, "tl_cuda_call: at most 16 buffers");
   int n = 0;
   flex_status st = rt_drv_use_device(0); /* current on this thread, before any allocation */
   flex_args a = *host;
@@ -54,7 +56,6 @@ flex_status tl_cuda_call(flex_kernel *k, const flex_args *host, bool backward) {
     if (*slots[i]) *slots[i] = &m[n].dev;
   }
   flex_buffer bufs[16];
-  if (a.nbuffers > 16) return FLEX_ERR_INVALID;
   for (int i = 0; i < a.nbuffers && !st; i++) {
     bufs[i] = a.buffers[i];
     st = mirror(&m[n], bufs[i].tensor, s);
