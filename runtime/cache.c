@@ -55,6 +55,19 @@ static void hash_field(RtSha256 *s, const void *data, size_t n) {
   rt_sha256_update(s, data, n);
 }
 
+static pthread_once_t templates_once = PTHREAD_ONCE_INIT;
+static uint8_t templates_digest[RT_SHA256_BYTES];
+
+static void hash_templates(void) {
+  RtSha256 s;
+  rt_sha256_init(&s);
+  for (const EmbeddedFile *e = rt_embedded; e->name; e++) {
+    hash_field(&s, e->name, strlen(e->name));
+    hash_field(&s, e->text, strlen(e->text));
+  }
+  rt_sha256_final(&s, templates_digest);
+}
+
 void rt_cache_key(uint8_t key[RT_SHA256_BYTES], const char *source, size_t source_len,
                   const char *options, const char *nvrtc_version, const char *arch) {
   RtSha256 s;
@@ -64,12 +77,12 @@ void rt_cache_key(uint8_t key[RT_SHA256_BYTES], const char *source, size_t sourc
   hash_field(&s, fmt, strlen(fmt));
   hash_field(&s, FLEXC_VERSION, strlen(FLEXC_VERSION));
   hash_field(&s, source, source_len);
-  /* The embedded templates are part of every translation unit. */
-  for (const EmbeddedFile *e = rt_embedded; e->name; e++) {
-    hash_field(&s, e->name, strlen(e->name));
-    hash_field(&s, e->text, strlen(e->text));
-  }
+  /* The embedded templates are part of every translation unit; they are
+   * fixed for the process, so their digest is computed once. */
+  pthread_once(&templates_once, hash_templates);
+  hash_field(&s, (const char *)templates_digest, sizeof templates_digest);
   hash_field(&s, options ? options : "", options ? strlen(options) : 0);
+  for (int i = 0; rt_nvrtc_flags[i]; i++) hash_field(&s, rt_nvrtc_flags[i], strlen(rt_nvrtc_flags[i]));
   hash_field(&s, nvrtc_version ? nvrtc_version : "", nvrtc_version ? strlen(nvrtc_version) : 0);
   hash_field(&s, arch ? arch : "", arch ? strlen(arch) : 0);
   rt_sha256_final(&s, key);

@@ -76,6 +76,9 @@ static bool nv_available(void) {
   return nv_ok;
 }
 
+const char *const rt_nvrtc_flags[] = {"-std=c++17", "-default-device", "--no-source-include",
+                                      "-lineinfo", NULL};
+
 int rt_nvrtc_version(void) {
   int major = 0, minor = 0;
   if (!nv_available()) {
@@ -127,10 +130,7 @@ flex_status rt_nvrtc_compile(RtNvrtcResult *res, const char *src, const char *ar
   const char *opts[8];
   int no = 0;
   opts[no++] = archopt;
-  opts[no++] = "-std=c++17";
-  opts[no++] = "-default-device";
-  opts[no++] = "--no-source-include";
-  opts[no++] = "-lineinfo";
+  for (int i = 0; rt_nvrtc_flags[i]; i++) opts[no++] = rt_nvrtc_flags[i];
   if (ptxas_verbose && target == RT_NVRTC_CUBIN) opts[no++] = "--ptxas-options=-v";
   nvrtcProgram prog;
   nvrtcResult r = nv.CreateProgram(&prog, src, "flexc_kernel.cu", nh, htexts, hnames);

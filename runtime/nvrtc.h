@@ -36,6 +36,9 @@ typedef struct RtPtxasInfo {
 flex_status rt_nvrtc_compile(RtNvrtcResult *res, const char *src, const char *arch,
                              RtNvrtcTarget target, bool ptxas_verbose);
 void rt_nvrtc_free(RtNvrtcResult *res);
+/* The options every compile passes after -arch (NULL-terminated); part of
+ * the kernel cache's key, so changing one never serves an old cubin. */
+extern const char *const rt_nvrtc_flags[];
 /* NVRTC's version (major * 1000 + minor * 10), or -1 (with the reason as
  * the thread's last error) when there is none, or only one older than 12. */
 int rt_nvrtc_version(void);
