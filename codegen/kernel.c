@@ -226,7 +226,7 @@ static void emit_entries(Buf *out, const CgOptions *o) {
     entry(out, "flex_mask_lists", 128, "flex_mask_lists_body");
   }
   if (!o->backward) return;
-  snprintf(body, sizeof body, "flex_bwd_pre<%s, %d>", el, EVP);
+  snprintf(body, sizeof body, "flex_bwd_pre<%s>", el);
   entry(out, "flex_bwd_pre", 128, body);
   snprintf(body, sizeof body, "%s<%s, %d, %d, %d, %d, %s, %s, %s>",
            o->dtype == CG_FP32 ? "flex_bwd_main" : "flex_bwd_tc", el, EP, EVP,

@@ -64,18 +64,15 @@ __device__ __forceinline__ void flex_bounds_fail(const FlexParams &p, int site, 
 /* fp32 storage. */
 struct FlexF32 {
   typedef float T;
-  static constexpr bool tensor_cores = false;
   static __device__ __forceinline__ float load(const T *p) { return flex_gload(p); }
   static __device__ __forceinline__ void store(T *p, float x) { flex_gstore(p, x); }
 };
 /* fp16 storage as uint16_t bit patterns. */
 struct FlexF16 {
   typedef uint16_t T;
-  static constexpr bool tensor_cores = true;
   static __device__ __forceinline__ float load(const T *p) { return flex_h2f(flex_gload(p)); }
   static __device__ __forceinline__ void store(T *p, float x) { flex_gstore(p, flex_f2h(x)); }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return flex_pack_h2(lo, hi); }
-  static __device__ __forceinline__ uint16_t cvt(float x) { return flex_f2h(x); }
   static __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
     flex_mma_f16(d, a, b, d);
   }
@@ -83,11 +80,9 @@ struct FlexF16 {
 /* bf16 storage as uint16_t bit patterns. */
 struct FlexBF16 {
   typedef uint16_t T;
-  static constexpr bool tensor_cores = true;
   static __device__ __forceinline__ float load(const T *p) { return flex_bf2f(flex_gload(p)); }
   static __device__ __forceinline__ void store(T *p, float x) { flex_gstore(p, flex_f2bf(x)); }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return flex_pack_bf2(lo, hi); }
-  static __device__ __forceinline__ uint16_t cvt(float x) { return flex_f2bf(x); }
   static __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
     flex_mma_bf16(d, a, b, d);
   }
@@ -102,7 +97,5 @@ enum FlexMaskMode {
 };
 
 extern __shared__ __align__(16) unsigned char flex_smem[];
-
-__device__ __forceinline__ int flex_cdiv(int a, int b) { return (a + b - 1) / b; }
 
 #endif /* FLEX_COMMON_CUH */

@@ -23,8 +23,8 @@
 #include "walk.cuh"
 #include "tile.cuh"
 
-/* El: element type; EV: padded value head dim (a loop bound). */
-template <class El, int EV>
+/* El: element type. */
+template <class El>
 __device__ __forceinline__ void flex_bwd_pre(const FlexParams &p) {
   typedef typename El::T T;
   const int qi = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, b = blockIdx.z;

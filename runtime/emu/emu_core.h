@@ -72,7 +72,6 @@ struct EmuReq {
   const char *name;     /* the op's name, for messages */
   unsigned mask;        /* member mask the lane passed */
   int tid;              /* the lane's linear thread id */
-  int lane;             /* 0..31 */
   int arg, width;       /* op arguments (shuffle source/offset and width; ldmatrix count) */
   uint64_t val;         /* value in (shuffles) */
   uint64_t result;      /* value out (shuffles) */
@@ -258,7 +257,6 @@ EMU_API static void emu_block_wait(int state) {
 EMU_API static void emu_warp_op(EmuReq *r) {
   EmuFiber *f = emu_cur;
   r->tid = f->tid;
-  r->lane = f->tid & 31;
   r->seq = f->nwarp++;
   f->req = *r;
   emu_block_wait(EMU_AT_WARP);
@@ -321,8 +319,11 @@ EMU_NOSAN static bool emu_release_warps(EmuWorker *w) {
     }
     if (at == 0) continue;
     if (at + done == n && done > 0) {
+      int l0 = 0; /* a lane that waits: its request names the collective */
+      while (w->fibers[base + l0].state != EMU_AT_WARP) l0++;
+      const char *op = w->fibers[base + l0].req.name;
       emu_fail_tid(base, "warp collective divergence: %d lane(s) wait at %s but %d lane(s) of the "
-                         "warp have exited", at, w->fibers[base].req.name ? "a warp op" : "?", done);
+                         "warp have exited", at, op ? op : "a warp op", done);
       return false;
     }
     if (at < n) continue;
