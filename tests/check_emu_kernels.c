@@ -18,6 +18,7 @@
  * the CUDA backend wants); it exits 77 where there is no CUDA device.
  */
 #include <check.h>
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,6 +259,26 @@ START_TEST(sample_full) {
 }
 END_TEST
 
+/* The list above names every .score file in samples/, so "every sample" stays true. */
+START_TEST(samples_listed) {
+  DIR *d = opendir(tl_src_path("samples"));
+  ck_assert_ptr_nonnull(d);
+  struct dirent *e;
+  int found = 0;
+  while ((e = readdir(d))) {
+    size_t n = strlen(e->d_name);
+    if (n < 7 || strcmp(e->d_name + n - 6, ".score")) continue;
+    found++;
+    bool listed = false;
+    for (int i = 0; i < NSAMPLES; i++)
+      listed |= strlen(samples[i]) == n - 6 && !strncmp(samples[i], e->d_name, n - 6);
+    ck_assert_msg(listed, "samples/%s is not in check_emu_kernels' list", e->d_name);
+  }
+  closedir(d);
+  ck_assert_int_eq(found, NSAMPLES);
+}
+END_TEST
+
 /* Head dims over 128 (the halved tiles) for two samples in the default run. */
 START_TEST(large_head_dim) { run_case(_i ? 9 : 5, _i ? 1 : 2, 4); }
 END_TEST
@@ -311,6 +332,7 @@ int main(int argc, char **argv) {
   if (full) {
     tcase_add_loop_test(tc, sample_full, 0, NSAMPLES * 3 * NSHAPES);
   } else {
+    tcase_add_test(tc, samples_listed);
     tcase_add_loop_test(tc, sample_default, 0, NSAMPLES * 3);
     tcase_add_loop_test(tc, large_head_dim, 0, 2);
   }

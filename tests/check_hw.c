@@ -343,7 +343,7 @@ START_TEST(driver_empty_batch) {
 }
 END_TEST
 
-/* Compile tests/hw/mockcuda.c into a shared library next to the test cache. */
+/* Compile tests/hw/mockcuda.c into a shared library in a fresh /tmp folder. */
 static void build_mock(void) {
   char dir[] = "/tmp/flexc-mockcuda-XXXXXX";
   if (!mkdtemp(dir)) return;
