@@ -1,6 +1,7 @@
 /* sha256.c: SHA-256 as specified in FIPS 180-4, section 6.2. Written for
- * clarity over speed: the cache hashes a few hundred KB per compile, which
- * takes well under a millisecond either way. */
+ * clarity over speed: per call the cache hashes the generated source and a
+ * 32-byte digest of the templates (a memory hit measures 0.02 ms in all,
+ * bench/RESULTS.md). */
 #include "sha256.h"
 
 #include <string.h>
