@@ -24,9 +24,32 @@ void base_set_alloc(base_AllocFn fn, void *ud) {
   alloc_ud = ud;
 }
 
+/* The innermost recovery point of this thread (NULL: none, abort). */
+static _Thread_local BaseTry *try_top;
+
+void base_try_push(BaseTry *t) {
+  t->prev = try_top;
+  t->bytes = 0;
+  try_top = t;
+}
+
+void base_try_pop(BaseTry *t) { try_top = t->prev; }
+
+BaseTry *base_try_hold(void) {
+  BaseTry *t = try_top;
+  try_top = NULL;
+  return t;
+}
+
+void base_try_restore(BaseTry *held) { try_top = held; }
+
 void *base_realloc(void *ptr, size_t size) {
   if (size == 0) size = 1;
   void *p = alloc_fn(alloc_ud, ptr, size);
+  if (!p && try_top) {
+    try_top->bytes = size;
+    longjmp(try_top->jb, 1);
+  }
   if (!p) PANIC("out of memory (%zu bytes)", size);
   return p;
 }

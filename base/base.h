@@ -8,6 +8,7 @@
 #ifndef FLEXC_BASE_H
 #define FLEXC_BASE_H
 
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -20,12 +21,35 @@ typedef void *(*base_AllocFn)(void *ud, void *ptr, size_t size);
 
 /* Replace the allocator used by every module (default: libc realloc/free). */
 void base_set_alloc(base_AllocFn fn, void *ud);
-/* Allocate, resize or free through the installed allocator. Aborts with a
- * message on exhaustion: there is no sensible recovery inside a pass. */
+/* Allocate, resize or free through the installed allocator. On exhaustion
+ * it jumps to the innermost BaseTry of this thread (the library's entry
+ * points install one and return FLEX_ERR_NOMEM), and aborts with a message
+ * only where none is installed (the command-line tools' own code). */
 void *base_realloc(void *ptr, size_t size);
 void *base_alloc(size_t size);     /* zeroed */
 void base_free(void *ptr);
 char *base_strdup(const char *s);
+
+/* Recovery from memory exhaustion (Lua's model): an entry point pushes a
+ * BaseTry, calls setjmp on its buffer, and pops it on every way out.
+ *
+ *   BaseTry t;
+ *   base_try_push(&t);
+ *   if (setjmp(t.jb)) { base_try_pop(&t); ...free what is known...; return NOMEM; }
+ *   ...
+ *   base_try_pop(&t);
+ *
+ * Code that holds a lock or runs a once-initialiser suspends recovery
+ * (base_try_hold / base_try_restore) so that no jump leaves a lock held. */
+typedef struct BaseTry {
+  jmp_buf jb;            /* where an exhausted allocation jumps */
+  struct BaseTry *prev;  /* the enclosing one */
+  size_t bytes;          /* the request that failed */
+} BaseTry;
+void base_try_push(BaseTry *t);
+void base_try_pop(BaseTry *t);
+BaseTry *base_try_hold(void);
+void base_try_restore(BaseTry *held);
 
 /* ---- arena -------------------------------------------------------------- */
 

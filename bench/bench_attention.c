@@ -1,19 +1,30 @@
 /* bench_attention: forward and backward TFLOP/s of the CUDA backend, and the
  * cold compile time a user waits for before the first launch.
  *
- *   bench_attention [--quick] [--dtype bf16|fp16|fp32]
+ *   bench_attention [--quick] [--dtype bf16|fp16|fp32] [--L N] [--E N]
  *
  * Shapes B=4, H=16, L=S in {4096, 8192}, E in {64, 128} (--quick: 8192/128
- * only), inputs in --dtype (default bf16), variants `noop` (no mask) and
- * `causal` (samples/causal.score with the BlockMask that interval analysis
- * builds, as FlexAttention's create_block_mask does). FLOPs follow
- * FlashAttention: forward 4*B*H*L*S*E, halved for causal; backward 2.5x.
- * Each call is synchronised and timed with a monotonic clock (the driver
- * loader has no event API); the median of the timed calls after warm-up is
- * reported. "compile" is the first call minus the median: NVRTC with the
- * disk cache off (FLEXC_CACHE_DIR=off); a row whose kernels an earlier row
- * already compiled shows about 0. Prints a markdown table; exits 77 when
- * there is no CUDA device. Run from the repository root.
+ * only; --L, --E: one of each), inputs in --dtype (default bf16), variants
+ * `noop` (no mask) and `causal` (samples/causal.score with the BlockMask
+ * that interval analysis builds, as FlexAttention's create_block_mask
+ * does). FLOPs follow FlashAttention: forward 4*B*H*L*S*E, halved for
+ * causal; backward 2.5x. Tensors are allocated once per shape and reused by
+ * every call.
+ *
+ * Two times per call, medians of TIMED calls after WARMUP:
+ *   kernel  CUDA events recorded on the stream before and after the call:
+ *           the device's span of everything the call enqueued (kernels,
+ *           fills; the backward's preprocess, main and convert kernels)
+ *   call    host wall clock from the call to its completion (synchronised):
+ *           kernel plus validation, cache lookup, launch and the runtime's
+ *           own per-call workspace allocation (the backward's dQ
+ *           accumulator), which the runtime does not yet pool
+ * TFLOP/s come from the kernel time. "compile" is the first call minus the
+ * median call: NVRTC with the disk cache off (FLEXC_CACHE_DIR=off); a row
+ * whose kernels an earlier row already compiled shows about 0. Tile shapes
+ * follow FLEXC_TILES when set (bench/run_gpu.sh sweeps them). Prints a
+ * markdown table; exits 77 when there is no CUDA device. Run from the
+ * repository root.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +32,7 @@
 #include <time.h>
 
 #include "runtime/blockmask.h"
-#include "runtime/driver.h"
+#include "cuda/driver.h"
 #include "runtime/npy.h"
 #include "runtime/rt.h"
 
@@ -108,7 +119,7 @@ static void mask_init(DevMask *dm, const flex_kernel *k, int L) {
   RtMaskShape shape = {1, 1, L, L, 128, 128};
   RtBlockMask bm;
   char err[256];
-  if (rt_block_mask_build(&bm, k->mod, &env, &shape, RT_MASK_ANALYSIS, NULL, err, sizeof err)) {
+  if (rt_block_mask_build(&bm, k->mod, &env, &shape, RT_MASK_ANALYSIS, NULL)) {
     fprintf(stderr, "bench_attention: block mask: %s\n", err);
     exit(1);
   }
@@ -140,23 +151,36 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* First-call and median milliseconds of forward (bwd false) or backward.
+/* Call times of forward (bwd false) or backward: the first call's wall
+ * milliseconds, and the median kernel (event) and call (wall) times.
  * Returns false after printing the failure. */
-static bool time_calls(flex_kernel *k, const flex_args *a, bool bwd, double *first, double *med) {
-  double t[WARMUP + TIMED];
+static bool time_calls(flex_kernel *k, const flex_args *a, bool bwd, double *first, double *kern,
+                       double *call) {
+  double t[WARMUP + TIMED], e[WARMUP + TIMED];
+  RtCuEvent e0, e1;
+  if (rt_drv_event_create(&e0) || rt_drv_event_create(&e1)) die("cuEventCreate");
   for (int i = 0; i < WARMUP + TIMED; i++) {
     double t0 = now_ms();
-    flex_status st = bwd ? flex_backward(k, a) : flex_forward(k, a);
+    flex_status st = rt_drv_event_record(e0, NULL);
+    if (!st) st = bwd ? flex_backward(k, a) : flex_forward(k, a);
+    if (!st) st = rt_drv_event_record(e1, NULL);
+    float ms = 0;
+    if (!st) st = rt_drv_event_elapsed(&ms, e0, e1);
     if (!st) st = rt_drv_sync(NULL);
     if (st) {
       fprintf(stderr, "bench_attention: %s: %s\n", bwd ? "backward" : "forward", flex_last_error());
       return false;
     }
     t[i] = now_ms() - t0;
+    e[i] = ms;
   }
-  qsort(t + WARMUP, TIMED, sizeof(double), cmp_double);
+  rt_drv_event_destroy(e0);
+  rt_drv_event_destroy(e1);
   *first = t[0];
-  *med = t[WARMUP + TIMED / 2];
+  qsort(t + WARMUP, TIMED, sizeof(double), cmp_double);
+  qsort(e + WARMUP, TIMED, sizeof(double), cmp_double);
+  *call = t[WARMUP + TIMED / 2];
+  *kern = e[WARMUP + TIMED / 2];
   return true;
 }
 
@@ -169,19 +193,19 @@ static int bench_row(const char *variant, flex_kernel *k, const DevMask *dm, Pro
   a.q = &p->q.t, a.k = &p->k.t, a.v = &p->v.t, a.out = &p->out.t, a.lse = &p->lse.t;
   a.dout = &p->dout.t, a.dq = &p->dq.t, a.dk = &p->dk.t, a.dv = &p->dv.t;
   a.block_mask = dm ? &dm->m : NULL;
-  double ff, fm, bf, bmed;
+  double ff, fk, fc, bf, bk, bc;
   double flops = 4.0 * p->B * p->H * (double)p->L * p->L * p->E * (causal ? 0.5 : 1.0);
   printf("| %s | %d | %d | %d | %d | flexc ", variant, p->B, p->H, p->L, p->E);
-  if (!time_calls(k, &a, false, &ff, &fm)) {
-    printf("| failed | failed | | |\n");
+  if (!time_calls(k, &a, false, &ff, &fk, &fc)) {
+    printf("| failed | failed | | | | | | |\n");
     return 1;
   }
-  if (!time_calls(k, &a, true, &bf, &bmed)) {
-    printf("| %.0f | failed | %.0f | |\n", flops / fm / 1e9, ff - fm);
+  if (!time_calls(k, &a, true, &bf, &bk, &bc)) {
+    printf("| %.0f | failed | %.3f | %.3f | | | %.0f | |\n", flops / fk / 1e9, fk, fc, ff - fc);
     return 1;
   }
-  printf("| %.0f | %.0f | %.0f | %.0f |\n", flops / fm / 1e9, 2.5 * flops / bmed / 1e9, ff - fm,
-         bf - bmed);
+  printf("| %.0f | %.0f | %.3f | %.3f | %.3f | %.3f | %.0f | %.0f |\n", flops / fk / 1e9,
+         2.5 * flops / bk / 1e9, fk, fc, bk, bc, ff - fc, bf - bc);
   fflush(stdout);
   return 0;
 }
@@ -190,15 +214,18 @@ static const char noop_src[] = "score identity(s, b, h, q, kv) { return s; }\n";
 
 int main(int argc, char **argv) {
   bool quick = false;
+  int only_L = 0, only_E = 0;
   DLDataType dt = rt_dtype(kDLBfloat, 16);
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) quick = true;
+    else if (!strcmp(argv[i], "--L") && i + 1 < argc) only_L = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--E") && i + 1 < argc) only_E = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
       const char *d = argv[++i];
       dt = !strcmp(d, "fp32") ? rt_dtype(kDLFloat, 32)
          : !strcmp(d, "fp16") ? rt_dtype(kDLFloat, 16) : rt_dtype(kDLBfloat, 16);
     } else {
-      fprintf(stderr, "usage: bench_attention [--quick] [--dtype bf16|fp16|fp32]\n");
+      fprintf(stderr, "usage: bench_attention [--quick] [--dtype bf16|fp16|fp32] [--L N] [--E N]\n");
       return 2;
     }
   }
@@ -214,15 +241,19 @@ int main(int argc, char **argv) {
   if (flex_kernel_from_source(&noop, "noop.score", noop_src, strlen(noop_src), NULL))
     die("noop kernel");
   if (flex_kernel_load(&causal, "samples/causal.score", NULL)) die("samples/causal.score");
-  printf("# %s, flexc cuda backend, %s inputs\n", name, rt_dtype_name(dt));
-  printf("| variant | B | H | L | E | impl | fwd TF/s | bwd TF/s | fwd compile ms | bwd compile ms |\n"
-         "|---|---|---|---|---|---|---|---|---|---|\n");
+  const char *tiles = getenv("FLEXC_TILES");
+  printf("# %s, flexc cuda backend, %s inputs, tiles %s\n", name, rt_dtype_name(dt),
+         tiles && *tiles ? tiles : "from the table");
+  printf("| variant | B | H | L | E | impl | fwd TF/s | bwd TF/s | fwd kernel ms | fwd call ms "
+         "| bwd kernel ms | bwd call ms | fwd compile ms | bwd compile ms |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   uint64_t x = (uint64_t)time(NULL) | 1;
   int fails = 0;
   for (int li = quick ? 1 : 0; li < 2; li++)
     for (int ei = quick ? 1 : 0; ei < 2; ei++) {
       Problem p;
       int L = li ? 8192 : 4096, E = ei ? 128 : 64;
+      if ((only_L && L != only_L) || (only_E && E != only_E)) continue;
       problem_init(&p, 4, 16, L, E, dt, &x);
       DevMask dm;
       mask_init(&dm, causal, L);

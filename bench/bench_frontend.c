@@ -29,10 +29,10 @@ static bool compile_once(const Source *src, double *fe_us, double *ir_us) {
   d.src = src;
   double t0 = now_us();
   Program *p = fe_parse(&a, src, &d);
-  bool ok = !d.errors && !fe_check(&a, p, &d);
+  bool ok = !d.errors && !fe_check(&a, p, &d) && !ir_check_values(&a, p, &d);
   double t1 = now_us();
   Decl *k = ok ? fe_pick_kernel(&a, p, NULL, &d) : NULL;
-  IrModule *m = k ? ir_lower(&a, p, k, &d) : NULL;
+  IrModule *m = k ? ir_lower(&a, p, k) : NULL;
   if (m) ir_compile(m, false, NULL);
   double t2 = now_us();
   *fe_us = t1 - t0;

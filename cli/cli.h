@@ -23,4 +23,25 @@ bool cli_load_kernel(flex_kernel **k, const char *file, const char *kernel);
 /* Create a directory and its parents; true when it exists afterwards. */
 bool cli_make_dir(const char *path);
 
+/* ---- inputs (inputs.c): what run and mask both read ---- */
+
+/* NAME=VALUE into its halves (the string is modified); false if malformed. */
+bool cli_split_eq(char *s, char **name, char **value);
+/* A --param NAME=VALUE (arg is modified); 0, or the exit status after the message. */
+int cli_param(char *arg, flex_param *out);
+/* A .npy file read as `to` (its dtype family checked, values converted,
+ * ints range-checked); NULL after printing why. `role` names it ("q",
+ * "buffer 'x'"). */
+DLTensor *cli_read_npy(const char *path, const char *role, DLDataType to);
+/* A failed call's message (flex_last_error()) as "flexc: error: ...", with
+ * the option that passes a missing buffer or param. */
+void cli_call_error(const char *msg);
+/* "float32", "int64", ... */
+const char *cli_dtype_name(DLDataType t);
+/* The --buffer files (names[i] from paths[i]) as host tensors in their
+ * declared dtypes, and the flex_buffer entries for them (grad NULL).
+ * Returns 0, or 1 after printing why. */
+int cli_read_buffers(const flex_kernel_info *info, int n, const char *const *names,
+                     const char *const *paths, DLTensor **tensors, flex_buffer *bufs);
+
 #endif

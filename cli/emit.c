@@ -2,25 +2,22 @@
  *
  *   flexc emit FILE --target cuda|ptx|cubin --arch sm_80|sm_86|sm_89|sm_90|sm_90a
  *              --head-dim E [--head-dim-v EV] --dtype fp16|bf16|fp32
- *              [--kernel K] [--forward-only] [--fast-math] [-o OUT] [--resource-usage]
+ *              [--kernel K] [--forward-only] [--fast-math] [--dropout] [-o OUT] [--resource-usage]
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-#include "codegen/codegen.h"
-#include "runtime/nvrtc.h"
-#include "runtime/rt.h"
 
 /* Parsed command line. */
 typedef struct EmitArgs {
-  const char *file, *target, *kernel, *out; /* as given */
-  CgArch arch;                              /* --arch */
-  CgDtype dtype;                            /* --dtype */
-  int E, EV;                                /* --head-dim, --head-dim-v (0: E) */
-  bool forward_only, resources, fast_math;  /* flags */
+  const char *file, *kernel, *out; /* as given */
+  flex_emit_options o;             /* what to make */
+  bool have_target;                /* --target given */
 } EmitArgs;
+
+static const char *const archs[] = {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"};
 
 static int parse_int(const char *s, int *out) {
   char *end;
@@ -31,39 +28,51 @@ static int parse_int(const char *s, int *out) {
 }
 
 static int parse_args(int argc, char **argv, EmitArgs *a) {
-  bool have_arch = false, have_dtype = false;
+  bool have_dtype = false;
+  flex_emit_options *o = &a->o;
   for (int i = 1; i < argc; i++) {
-    const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(o, "--forward-only")) a->forward_only = true;
-    else if (!strcmp(o, "--resource-usage")) a->resources = true;
-    else if (!strcmp(o, "--fast-math")) a->fast_math = true;
-    else if (o[0] == '-' && o[1] && !v) return cli_usage_error("%s needs a value", o);
-    else if (!strcmp(o, "--target")) a->target = argv[++i];
-    else if (!strcmp(o, "--kernel")) a->kernel = argv[++i];
-    else if (!strcmp(o, "-o")) a->out = argv[++i];
-    else if (!strcmp(o, "--arch")) {
-      if (!cg_arch_parse(argv[++i], &a->arch))
+    const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(f, "--forward-only")) o->forward_only = true;
+    else if (!strcmp(f, "--resource-usage")) o->resource_usage = true;
+    else if (!strcmp(f, "--fast-math")) o->fast_math = true;
+    else if (!strcmp(f, "--dropout")) o->dropout = true;
+    else if (f[0] == '-' && f[1] && !v) return cli_usage_error("%s needs a value", f);
+    else if (!strcmp(f, "--target")) {
+      static const char *const targets[] = {"cuda", "ptx", "cubin"};
+      int t = 0;
+      while (t < 3 && strcmp(v, targets[t])) t++;
+      if (t == 3) return cli_usage_error("unknown --target '%s' (cuda, ptx, cubin)", v);
+      o->target = (flex_target)t;
+      a->have_target = true;
+      i++;
+    } else if (!strcmp(f, "--kernel")) a->kernel = argv[++i];
+    else if (!strcmp(f, "-o")) a->out = argv[++i];
+    else if (!strcmp(f, "--arch")) {
+      size_t k = 0;
+      while (k < sizeof archs / sizeof *archs && strcmp(v, archs[k])) k++;
+      if (k == sizeof archs / sizeof *archs)
         return cli_usage_error("unknown --arch '%s' (sm_80, sm_86, sm_89, sm_90, sm_90a)", v);
-      have_arch = true;
-    } else if (!strcmp(o, "--dtype")) {
-      if (!cg_dtype_parse(argv[++i], &a->dtype))
-        return cli_usage_error("unknown --dtype '%s' (fp16, bf16, fp32)", v);
+      o->arch = archs[k];
+      i++;
+    } else if (!strcmp(f, "--dtype")) {
+      if (!strcmp(v, "fp16")) o->dtype = (DLDataType){kDLFloat, 16, 1};
+      else if (!strcmp(v, "bf16")) o->dtype = (DLDataType){kDLBfloat, 16, 1};
+      else if (!strcmp(v, "fp32")) o->dtype = (DLDataType){kDLFloat, 32, 1};
+      else return cli_usage_error("unknown --dtype '%s' (fp16, bf16, fp32)", v);
       have_dtype = true;
-    } else if (!strcmp(o, "--head-dim") || !strcmp(o, "--head-dim-v")) {
-      if (!parse_int(argv[++i], !strcmp(o, "--head-dim") ? &a->E : &a->EV))
-        return cli_usage_error("%s wants an integer in 1..256, got '%s'", o, v);
-    } else if (o[0] == '-') return cli_usage_error("unknown option '%s'", o);
+      i++;
+    } else if (!strcmp(f, "--head-dim") || !strcmp(f, "--head-dim-v")) {
+      if (!parse_int(argv[++i], !strcmp(f, "--head-dim") ? &o->head_dim : &o->head_dim_v))
+        return cli_usage_error("%s wants an integer in 1..256, got '%s'", f, v);
+    } else if (f[0] == '-') return cli_usage_error("unknown option '%s'", f);
     else if (a->file) return cli_usage_error("emit takes one FILE");
-    else a->file = o;
+    else a->file = f;
   }
   if (!a->file) return cli_usage_error("emit needs a FILE");
-  if (!a->target) return cli_usage_error("emit needs --target cuda|ptx|cubin");
-  if (strcmp(a->target, "cuda") && strcmp(a->target, "ptx") && strcmp(a->target, "cubin"))
-    return cli_usage_error("unknown --target '%s' (cuda, ptx, cubin)", a->target);
-  if (!have_arch) return cli_usage_error("emit needs --arch");
+  if (!a->have_target) return cli_usage_error("emit needs --target cuda|ptx|cubin");
+  if (!o->arch) return cli_usage_error("emit needs --arch");
   if (!have_dtype) return cli_usage_error("emit needs --dtype");
-  if (!a->E) return cli_usage_error("emit needs --head-dim");
-  if (!a->EV) a->EV = a->E;
+  if (!o->head_dim) return cli_usage_error("emit needs --head-dim");
   return 0;
 }
 
@@ -78,22 +87,6 @@ static int write_out(const char *path, const char *data, size_t len) {
   return 0;
 }
 
-/* Registers, spills, shared memory (static + the launch's dynamic) and stack per kernel. */
-static void print_resources(const char *log, const CgOptions *o) {
-  RtPtxasInfo info[8];
-  int n = rt_ptxas_parse(log, info, 8);
-  for (int i = 0; i < n; i++) {
-    size_t dyn = 0;
-    if (!strcmp(info[i].name, "flex_fwd")) dyn = cg_launch_fwd(o, 1, 1, 1).smem;
-    if (!strcmp(info[i].name, "flex_bwd")) dyn = cg_launch_bwd(o, 1, 1, 1).smem;
-    fprintf(stderr,
-            "%s: %d registers, %d bytes spill stores, %d bytes spill loads, "
-            "shared memory %d bytes static + %zu bytes dynamic, %d bytes stack\n",
-            info[i].name, info[i].registers, info[i].spill_stores, info[i].spill_loads,
-            info[i].smem, dyn, info[i].stack);
-  }
-}
-
 int cli_emit(int argc, char **argv) {
   EmitArgs a;
   memset(&a, 0, sizeof a);
@@ -101,42 +94,17 @@ int cli_emit(int argc, char **argv) {
   if (rc) return rc;
   flex_kernel *k;
   if (!cli_load_kernel(&k, a.file, a.kernel)) return 1;
-  CgOptions o;
-  char err[256];
-  if (!cg_options_init(&o, k->mod, a.dtype, a.E, a.EV, a.arch, !a.forward_only, err, sizeof err)) {
-    fprintf(stderr, "flexc: error: %s\n", err);
-    flex_kernel_free(k);
-    return 1;
-  }
-  o.fast_math = a.fast_math;
-  Buf src = {0};
-  cg_emit_cuda(&src, k->mod, &o);
-  rc = 0;
-  if (!strcmp(a.target, "cuda")) {
-    rc = write_out(a.out, src.data, src.len);
+  char *out = NULL, *report = NULL;
+  size_t len = 0;
+  if (flex_emit(k, &a.o, &out, &len, &report)) {
+    fprintf(stderr, "flexc: error: %s\n", flex_last_error());
+    rc = 1;
   } else {
-    RtNvrtcResult res;
-    bool cubin = !strcmp(a.target, "cubin");
-    flex_status st = rt_nvrtc_compile(&res, src.data, cg_arch_name(a.arch),
-                                      cubin || a.resources ? RT_NVRTC_CUBIN : RT_NVRTC_PTX,
-                                      a.resources);
-    if (st != FLEX_OK) {
-      fprintf(stderr, "flexc: error: %s\n", flex_last_error());
-      rc = 1;
-    } else {
-      if (a.resources) print_resources(res.log.data ? res.log.data : "", &o);
-      bool have = cubin || !a.resources; /* the first compile made the target itself */
-      if (have) rc = write_out(a.out, res.image.data, res.image.len);
-      rt_nvrtc_free(&res);
-      if (!have) { /* PTX with --resource-usage: the report came from a cubin build */
-        st = rt_nvrtc_compile(&res, src.data, cg_arch_name(a.arch), RT_NVRTC_PTX, false);
-        if (st == FLEX_OK) rc = write_out(a.out, res.image.data, res.image.len);
-        else rc = 1, fprintf(stderr, "flexc: error: %s\n", flex_last_error());
-        rt_nvrtc_free(&res);
-      }
-    }
+    if (report) fputs(report, stderr);
+    rc = write_out(a.out, out, len);
   }
-  buf_free(&src);
+  flex_free(out);
+  flex_free(report);
   flex_kernel_free(k);
   return rc;
 }

@@ -15,8 +15,11 @@ static const struct {
   const char *help;  /* every option, for `flexc COMMAND --help` */
 } commands[] = {
     {"check", cli_check, "check FILE...                      report diagnostics only",
-     "flexc check FILE...\n"
-     "  Parse and check each .score file; diagnostics on stderr, nothing on success.\n"},
+     "flexc check [--explain [--kernel K] [--shape B,H,Q_LEN,KV_LEN]] FILE...\n"
+     "  Parse and check each .score file; diagnostics on stderr, nothing on success.\n"
+     "  --explain: per kernel, whether its mask is decided by interval analysis or\n"
+     "  needs a BlockMask built element by element on every call, which buffer read\n"
+     "  prevents the analysis, and the cost (at --shape, in evaluations).\n"},
     {"ir", cli_ir, "ir FILE [--kernel K] [--grad] [--after PASS]   print the IR",
      "flexc ir FILE [--kernel K] [--grad] [--after lower|fold|cse|dce|autodiff]\n"
      "  Print the IR of the kernel's score and mask functions (--grad: and the joint\n"
@@ -24,16 +27,30 @@ static const struct {
     {"run", cli_run, "run FILE --q Q.npy --k K.npy --v V.npy ... --out DIR   run attention",
      "flexc run FILE [--kernel K] --q Q.npy --k K.npy --v V.npy [--dout DO.npy]\n"
      "          [--dlse DLSE.npy] [--buffer NAME=F.npy]... [--param NAME=VALUE]...\n"
-     "          [--scale X] [--dtype fp32|fp16|bf16] [--backend reference|emu|cuda]\n"
-     "          [--check-bounds] [--fast-math] --out DIR\n"
+     "          [--scale X] [--dtype fp32|fp16|bf16] [--backend reference|emu|cuda|cpu]\n"
+     "          [--check-bounds] [--trust-sorted] [--fast-math]\n"
+     "          [--dropout P --seed S [--offset O]]\n"
+     "          [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
+     "          [--page-table PT.npy --kv-lens KL.npy] --out DIR\n"
      "  Forward (and with --dout, backward) attention; writes out.npy, lse.npy and\n"
      "  dq.npy dk.npy dv.npy d_NAME.npy into DIR. --fast-math: hardware\n"
-     "  approximations of exp, log, tanh, sigmoid, sin, cos, pow (emu and cuda).\n"},
+     "  approximations of exp, log, tanh, sigmoid, sin, cos, pow (emu and cuda).\n"
+     "  `sorted` buffers are verified on every run; --trust-sorted skips that\n"
+     "  (only for buffers the caller has verified: an unsorted one gives wrong results).\n"
+     "  --dropout P --seed S [--offset O]: drop attention weights with probability P\n"
+     "  in [0, 1) by Philox4x32-10 bits (seed and offset: unsigned 64-bit); the\n"
+     "  backward uses the same bits.\n"
+     "  --cu-seqlens-q/-kv: a packed batch (int32 [B+1] offsets); q, k, v, dout are\n"
+     "  (total length, heads, head dim), lse.npy is (H, TOTAL_Q).\n"
+     "  --page-table/--kv-lens: a paged key/value cache (int32 [B, MAX_PAGES] and\n"
+     "  [B]); k and v are pools (pages, page size 16..256, heads, head dim); q is\n"
+     "  padded, or packed with --cu-seqlens-q alone; forward only.\n"},
     {"emit", cli_emit, "emit FILE --target cuda|ptx|cubin --arch SM --head-dim E --dtype T   emit kernels",
      "flexc emit FILE --target cuda|ptx|cubin --arch sm_80|sm_86|sm_89|sm_90|sm_90a\n"
      "           --head-dim E [--head-dim-v EV] --dtype fp16|bf16|fp32 [--kernel K]\n"
-     "           [--forward-only] [--fast-math] [--resource-usage] [-o OUT]\n"
+     "           [--forward-only] [--fast-math] [--dropout] [--resource-usage] [-o OUT]\n"
      "  The kernel's generated CUDA, or its PTX or cubin through NVRTC.\n"
+     "  --dropout: the kernels a call with dropout runs (FLEX_DROPOUT).\n"
      "  --resource-usage: registers, spills, shared memory and stack per kernel.\n"},
     {"mask", cli_mask, "mask FILE --shape B,H,Q_LEN,KV_LEN ...   block sparsity of a mask",
      "flexc mask FILE [--kernel K] --shape B,H,Q_LEN,KV_LEN [--block-size M,N]\n"

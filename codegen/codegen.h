@@ -48,14 +48,19 @@ typedef struct CgOptions {
   CgMaskMode mask_mode; /* block walk and mask evaluation */
   bool has_mask;       /* the kernel has a mask function */
   bool mask_builder;   /* also emit the BlockMask builder entries (kernels/flex_blockmask.cuh) */
+  bool sorted_check;   /* some buffer is `sorted`: also emit flex_sorted_check (kernels/flex_sorted.cuh) */
   bool backward;       /* emit the backward entries (needs m->joint) */
   bool grad_buffers;   /* some buffer is `grad`: the joint has ACCUMs */
   bool score_identity; /* the score returns s unchanged: skip the call */
   bool ds_is_dt;       /* d score/d s == 1 and no ACCUMs: skip the joint call */
   bool check_bounds;   /* checked run: buffer accesses tested, first failure recorded in p.bounds */
   bool fast_math;      /* opt-in: hardware approximations for exp, log, tanh, sigmoid, sin, cos, pow */
+  bool paged;          /* forward reads K/V through a page table (FlexParams.pages); false: the
+                          kernels are exactly the unpaged ones */
+  bool out_f32;        /* O is fp32 whatever the input dtype: flex_fwd writes it, flex_bwd_pre reads it */
+  bool dropout;        /* dropout on (p > 0): FLEX_DROPOUT defined, the kernels draw Philox bits */
   CgTiles fwd;         /* forward tiles */
-  CgTiles bwd;         /* backward main tiles (block_m == block_n) */
+  CgTiles bwd;         /* backward main tiles */
   const char *source;  /* the .score file's name, for the header comment */
 } CgOptions;
 
@@ -66,6 +71,34 @@ bool cg_module_fits(const IrModule *m, char *err, size_t errlen);
  * false with a message in `err` (size errlen) for unsupported options. */
 bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int EV, CgArch arch,
                      bool backward, char *err, size_t errlen);
+/* Pick the tiles again after a field that decides them changed (dropout),
+ * FLEXC_TILES applied as cg_options_init does. */
+bool cg_options_retile(CgOptions *o, char *err, size_t errlen);
+
+/* One row of the tile table (codegen/kernel.c): the first row that matches
+ * (arch in [lo, hi], dtype, padded head dim up to max_dim, and for `plain`
+ * rows an identity score) gives the
+ * forward and backward shapes. The forward's head dim is EV (its O
+ * accumulators; fp32: the larger of E and EV), the backward's the larger
+ * of E and EV (its dK/dV accumulators). */
+typedef struct CgTileRow {
+  CgArch lo, hi;     /* architectures */
+  int dtype;         /* CgDtype, or -1 for fp16 and bf16 */
+  int max_dim;       /* padded head dim at most this */
+  bool plain;        /* only kernels whose score is the identity (fewer live registers) */
+  CgTiles fwd, bwd;  /* block_m x block_n, threads */
+} CgTileRow;
+
+/* The tile table and its length (every row is run on the emulator by
+ * check_emu_kernels --tiles). */
+const CgTileRow *cg_tile_table(int *n);
+
+/* Override the tiles of `o` (after cg_options_init) with `spec`:
+ * "fwd=MxNxW,bwd=MxNxW" (either part may be left out), block_m x block_n
+ * with W warps. False with a message in err when the spec is malformed or a
+ * shape cannot instantiate its kernel; `o` is then unchanged.
+ * cg_options_init applies $FLEXC_TILES this way. */
+bool cg_tiles_apply(CgOptions *o, const char *spec, char *err, size_t errlen);
 
 /* A binary32 value (v rounded to float) as the shortest CUDA literal that
  * reads back to the same float: `0.1f`, `(-2.5f)`, `INFINITY`, NaN as
@@ -94,6 +127,9 @@ CgLaunch cg_launch_bwd_dq(const CgOptions *o, int B, int H, int q_len);   /* fle
  * (one thread per row or column of blocks). Bm, Hm: the mask's stored extents. */
 CgLaunch cg_launch_mask_build(const CgOptions *o, int Bm, int Hm, int nq);
 CgLaunch cg_launch_mask_lists(const CgOptions *o, int Bm, int Hm, int nq, int nkv);
+/* The `sorted` check (sorted_check): flex_sorted_check scans one 1-D
+ * buffer of n elements, a grid-stride loop of at most 1024 CTAs. */
+CgLaunch cg_launch_sorted_check(const CgOptions *o, int64_t n);
 /* Block sizes of a BlockMask every kernel of `o` can walk (multiples of the
  * forward and backward tiles): what the builder uses. */
 void cg_mask_blocks(const CgOptions *o, int *block_q, int *block_kv);

@@ -81,22 +81,10 @@ static void put_operand(Buf *out, const IrModule *m, const IrFunc *f, int i) {
       else buf_printf(out, in->imm.i < 0 ? "(%d)" : "%d", in->imm.i);
     } else cg_float_literal(out, in->imm.f);
     return;
-  case IR_ARG: buf_puts(out, ir_arg_name((IrArg)in->aux)); return;
+  case IR_ARG: buf_puts(out, in->aux == ARG_B ? "(b + p.b0)" : ir_arg_name((IrArg)in->aux)); return;
   case IR_PARAM: put_name(out, m->params[in->aux].id); return;
   case IR_SIZE: put_name(out, m->sizes[in->aux].id); return;
   default: buf_printf(out, "t%d", i); return;
-  }
-}
-
-/* Integer ops that must wrap are spelled with helpers, not C operators. */
-static const char *wrapping_spelling(IrOp op) {
-  switch (op) {
-  case IR_ADD_I: return "flex_iadd(%0, %1)";
-  case IR_SUB_I: return "flex_isub(%0, %1)";
-  case IR_MUL_I: return "flex_imul(%0, %1)";
-  case IR_NEG_I: return "flex_ineg(%0)";
-  case IR_ABS_I: return "flex_iabs(%0)";
-  default: return ir_ops[op].cuda;
   }
 }
 
@@ -230,7 +218,7 @@ static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool c
   if (in->op == IR_LOAD) {
     put_load(out, m, f, in);
   } else {
-    for (const char *c = wrapping_spelling((IrOp)in->op); *c; c++) {
+    for (const char *c = ir_ops[in->op].cuda; *c; c++) {
       if (c[0] == '%' && c[1] >= '0' && c[1] <= '2') {
         put_operand(out, m, f, in->args[c[1] - '0']);
         c++;
@@ -335,32 +323,6 @@ static void put_iv(Buf *out, const IrFunc *f, const IrInst *in, int k) {
   else buf_printf(out, "t%d", in->args[k]);
 }
 
-/* The spelling of an abstract integer or boolean op, or NULL (the top). */
-static const char *iv_fn(IrOp op) {
-  switch (op) {
-  case IR_ADD_I: return "flex_iv_add";
-  case IR_SUB_I: return "flex_iv_sub";
-  case IR_MUL_I: return "flex_iv_mul";
-  case IR_DIV_I: return "flex_iv_div";
-  case IR_MOD_I: return "flex_iv_mod";
-  case IR_MIN_I: return "flex_iv_imin";
-  case IR_MAX_I: return "flex_iv_imax";
-  case IR_NEG_I: return "flex_iv_neg";
-  case IR_ABS_I: return "flex_iv_iabs";
-  case IR_B2I: return "flex_iv_b2i";
-  case IR_LT_I: return "flex_iv_lt";
-  case IR_LE_I: return "flex_iv_le";
-  case IR_EQ_I: return "flex_iv_eq";
-  case IR_NE_I: return "flex_iv_ne";
-  case IR_EQ_B: return "flex_ivb_eq";
-  case IR_NE_B: return "flex_ivb_ne";
-  case IR_NOT: return "flex_ivb_not";
-  case IR_AND: return "flex_ivb_and";
-  case IR_OR: return "flex_ivb_or";
-  default: return NULL;
-  }
-}
-
 /* Element x (an int64 expression) of a buffer, in the language's type. */
 static void put_elem(Buf *out, const IrModule *m, int slot, const char *x) {
   const IrBuffer *bf = &m->buffers[slot];
@@ -428,7 +390,7 @@ static void put_iv_inst(Buf *out, const IrModule *m, const IrFunc *f, int i) {
     return;
   }
   buf_printf(out, "  const %s t%d = ", ty, i);
-  const char *fn = iv_fn((IrOp)in->op);
+  const char *fn = ir_ops[in->op].iv; /* NULL: the top */
   switch (in->op) {
   case IR_CONST:
     if (k == 'B') buf_printf(out, "flex_ivb_point(%s)", in->imm.b ? "true" : "false");
@@ -436,7 +398,8 @@ static void put_iv_inst(Buf *out, const IrModule *m, const IrFunc *f, int i) {
     break;
   case IR_ARG:
     if (in->aux >= ARG_B && in->aux <= ARG_KV)
-      buf_printf(out, "flex_iv_int(%s0, %s1)", argn[in->aux], argn[in->aux]);
+      buf_printf(out, in->aux == ARG_B ? "flex_iv_int(%s0 + p.b0, %s1 + p.b0)" : "flex_iv_int(%s0, %s1)",
+                 argn[in->aux], argn[in->aux]);
     else buf_puts(out, k == 'I' ? "flex_iv_top()" : "flex_ivb_top()");
     break;
   case IR_PARAM: case IR_SIZE:

@@ -1,12 +1,14 @@
 /* kernel.c: kernel instantiation and launch geometry.
  *
- * cg_options_init() picks tiles per dtype, head dim and arch;
+ * cg_options_init() picks tiles from the tile table (per arch, dtype, head
+ * dim and direction; FLEXC_TILES or cg_tiles_apply() override them);
  * cg_emit_cuda() writes the translation unit: header comment, template
  * includes, the device functions, and one extern "C" entry per kernel that
  * instantiates a template body. The cg_launch_*() functions give the grid,
  * block and dynamic shared memory both the CUDA backend and the emulator use.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "codegen/codegen.h"
@@ -78,27 +80,100 @@ static bool has_accum(const IrFunc *f) {
   return false;
 }
 
+/* The tile table (CgTileRow in codegen.h says how a row is matched). Every
+ * row runs on the emulator against the reference (check_emu_kernels
+ * --tiles, CTest check_tiles), as does every shape of bench/tile_sweep.txt. */
+static const CgTileRow tile_table[] = {
+    /* fp32 SIMT (128 threads, 128 / BM threads per row): fp32-accurate, no TF32. */
+    {CG_SM80, CG_SM90A, CG_FP32, 128, false, {32, 32, 128}, {32, 32, 128}},
+    {CG_SM80, CG_SM90A, CG_FP32, 256, false, {16, 16, 128}, {16, 16, 128}},
+    /* Tensor cores. Forward: 4 warps of 32 query rows (two m16 tiles, so
+     * each K/V fragment feeds two mma); O takes EV registers per thread and
+     * S BN / 2. At EV = 128, 128 x 64 fits 255 registers with an identity
+     * score (kernel_model: no local memory) but a score function spills,
+     * so those get 128 x 32, and so does dropout (its Philox rounds
+     * need registers too). Backward: 4 warps, 64 query rows, BN keys by
+     * (EP + EVP) * BN / 128 dK/dV accumulators per thread. */
+    {CG_SM80, CG_SM90A, -1, 32, false, {128, 64, 128}, {64, 64, 128}},
+    {CG_SM80, CG_SM90A, -1, 64, false, {128, 64, 128}, {64, 32, 128}},
+    {CG_SM80, CG_SM90A, -1, 128, true, {128, 64, 128}, {64, 32, 128}},
+    {CG_SM80, CG_SM90A, -1, 128, false, {128, 32, 128}, {64, 32, 128}},
+    {CG_SM80, CG_SM90A, -1, 256, false, {64, 32, 128}, {64, 16, 128}},
+};
+
+const CgTileRow *cg_tile_table(int *n) {
+  *n = (int)(sizeof tile_table / sizeof *tile_table);
+  return tile_table;
+}
+
+static const CgTileRow *tile_row(const CgOptions *o, int dim) {
+  for (size_t i = 0; i < sizeof tile_table / sizeof *tile_table; i++) {
+    const CgTileRow *r = &tile_table[i];
+    bool dt = r->dtype < 0 ? o->dtype != CG_FP32 : (int)o->dtype == r->dtype;
+    if (o->arch >= r->lo && o->arch <= r->hi && dt && dim <= r->max_dim &&
+        (!r->plain || (o->score_identity && !o->dropout)))
+      return r;
+  }
+  return &tile_table[sizeof tile_table / sizeof *tile_table - 1];
+}
+
 static void pick_tiles(CgOptions *o) {
   int big = o->head_dim_pad > o->head_dim_v_pad ? o->head_dim_pad : o->head_dim_v_pad;
+  o->fwd = tile_row(o, o->dtype == CG_FP32 ? big : o->head_dim_v_pad)->fwd;
+  o->bwd = tile_row(o, big)->bwd;
+  /* A head dim above 128 on an arch with less shared memory: narrower K/V tiles. */
   size_t limit = cg_arch_smem_limit(o->arch);
-  if (o->dtype == CG_FP32) {
-    /* fp32 SIMT: keys and output columns split over 128 / BM threads per row. */
-    o->fwd.block_m = o->fwd.block_n = big <= 128 ? 32 : 16;
-  } else {
-    /* 4 warps x 16 rows; the O accumulator takes EVP / 2 registers per thread. */
-    o->fwd.block_m = 64;
-    o->fwd.block_n = o->head_dim_v_pad <= 128 ? 64 : 32;
-    while (o->fwd.block_n > 16 && smem_fwd(o) > limit) o->fwd.block_n /= 2;
+  while (o->dtype != CG_FP32 && o->fwd.block_n > 16 && smem_fwd(o) > limit) o->fwd.block_n /= 2;
+}
+
+/* Whether a shape can instantiate its template (see the static_asserts of
+ * kernels/flex_fwd.cuh and flex_bwd.cuh); why not in err. */
+static bool tiles_valid(const CgOptions *o, const CgTiles *t, bool bwd, char *err, size_t errlen) {
+  int bm = t->block_m, bn = t->block_n, w = t->threads / 32;
+  bool pow2 = bm > 0 && bn > 0 && !(bm & (bm - 1)) && !(bn & (bn - 1));
+  const char *why = NULL;
+  if (!pow2 || t->threads % 32) why = "block sizes must be powers of two and threads whole warps";
+  else if (o->dtype == CG_FP32) {
+    if (t->threads != 128) why = "the fp32 kernels run 128 threads";
+    else if (bm < 16 || bm > 128 || bn < 16 || bn > 128) why = "fp32 blocks are 16 to 128";
+    else if (bwd && bm != bn) why = "the fp32 backward needs block_m == block_n";
+    else if (bwd && bn > 32) why = "the fp32 backward keeps dK, dV in registers: block_n <= 32";
+  } else if (!bwd) {
+    if (w < 1 || w > 8 || bm % (16 * w) || bm / (16 * w) > 2)
+      why = "forward: block_m is 16 or 32 rows per warp, 1 to 8 warps";
+    else if (bn < 16 || bn > 128) why = "forward: block_n is 16 to 128";
+  } else if (t->threads != 128 || bm != 64 || (bn != 16 && bn != 32 && bn != 64)) {
+    why = "backward: 64 x 16, 32 or 64 with 4 warps";
   }
-  o->fwd.threads = 128;
-  /* dK and dV live in registers: EP / TPR + EVP / TPR floats per thread. */
-  o->bwd.block_m = o->bwd.block_n = big <= 128 ? 32 : 16;
-  if (o->dtype != CG_FP32) {
-    /* Tensor cores: 64 query rows; (EP + EVP) * BN / 128 dK/dV accumulators per thread. */
-    o->bwd.block_m = 64;
-    o->bwd.block_n = big <= 32 ? 64 : big <= 128 ? 32 : 16;
+  if (why) snprintf(err, errlen, "%s tiles %dx%dx%d: %s", bwd ? "bwd" : "fwd", bm, bn, w, why);
+  return !why;
+}
+
+bool cg_tiles_apply(CgOptions *o, const char *spec, char *err, size_t errlen) {
+  CgTiles t[2] = {o->fwd, o->bwd};
+  const char *s = spec;
+  while (*s) {
+    int bwd, bm, bn, w, n = 0;
+    if (!strncmp(s, "fwd=", 4)) bwd = 0;
+    else if (!strncmp(s, "bwd=", 4)) bwd = 1;
+    else break;
+    if (sscanf(s + 4, "%dx%dx%d%n", &bm, &bn, &w, &n) != 3 || w < 1 || w > 32) break;
+    t[bwd].block_m = bm, t[bwd].block_n = bn, t[bwd].threads = 32 * w;
+    s += 4 + n;
+    if (*s == ',' && s[1]) s++;
+    else if (*s) break;
   }
-  o->bwd.threads = 128;
+  if (*s || !*spec) {
+    snprintf(err, errlen, "bad tile override '%s' (want fwd=MxNxWARPS,bwd=MxNxWARPS)", spec);
+    return false;
+  }
+  CgOptions n = *o;
+  n.fwd = t[0], n.bwd = t[1];
+  if (!tiles_valid(&n, &n.fwd, false, err, errlen) ||
+      (o->backward && !tiles_valid(&n, &n.bwd, true, err, errlen)))
+    return false;
+  *o = n;
+  return true;
 }
 
 bool cg_module_fits(const IrModule *m, char *err, size_t errlen) {
@@ -134,11 +209,22 @@ bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int 
   o->mask_mode = !o->has_mask ? CG_MASK_NONE
                  : ir_interval_device_decidable(m) ? CG_MASK_IMPLICIT : CG_MASK_DENSE;
   o->backward = backward;
-  for (int i = 0; i < m->nbuffers; i++) o->grad_buffers |= m->buffers[i].grad;
+  for (int i = 0; i < m->nbuffers; i++) {
+    o->grad_buffers |= m->buffers[i].grad;
+    o->sorted_check |= m->buffers[i].sorted;
+  }
   o->score_identity = m->score_is_identity || returns_arg(m->score, ARG_S);
   o->ds_is_dt = backward && returns_arg(m->joint, ARG_DT) && !has_accum(m->joint);
   o->source = m->prog && m->prog->src ? m->prog->src->path : NULL;
+  return cg_options_retile(o, err, errlen);
+}
+
+bool cg_options_retile(CgOptions *o, char *err, size_t errlen) {
   pick_tiles(o);
+  const char *tiles = getenv("FLEXC_TILES");
+  if (tiles && *tiles && !cg_tiles_apply(o, tiles, err, errlen)) return false;
+  CgArch arch = o->arch;
+  int E = o->head_dim, EV = o->head_dim_v;
   if (smem_fwd(o) > cg_arch_smem_limit(arch) || smem_bwd(o) > cg_arch_smem_limit(arch)) {
     snprintf(err, errlen, "no tile shape fits %s shared memory for E=%d, EV=%d", cg_arch_name(arch),
              E, EV);
@@ -178,6 +264,12 @@ CgLaunch cg_launch_mask_lists(const CgOptions *o, int Bm, int Hm, int nq, int nk
   return launch(cdiv(nq + nkv, 128), Hm, Bm, 128, 0);
 }
 
+CgLaunch cg_launch_sorted_check(const CgOptions *o, int64_t n) {
+  (void)o;
+  int64_t blocks = (n - 1 + 255) / 256; /* one thread per pair (i-1, i) */
+  return launch((unsigned)(blocks < 1 ? 1 : blocks > 1024 ? 1024 : blocks), 1, 1, 256, 0);
+}
+
 static int imax(int a, int b) { return a > b ? a : b; }
 
 /* Tiles are powers of two, so the larger of two is a multiple of both. */
@@ -212,21 +304,24 @@ static void entry(Buf *out, const char *name, int threads, const char *body) {
 static void emit_entries(Buf *out, const CgOptions *o) {
   char body[256];
   const char *el = elem_type(o->dtype), *mm = mask_mode(o->mask_mode);
+  const char *oel = o->out_f32 ? "FlexF32" : el; /* O's element type */
   const char *sid = o->score_identity ? "true" : "false";
   int EP = o->head_dim_pad, EVP = o->head_dim_v_pad;
+  const char *paged = o->paged ? ", true" : ""; /* the PAGED argument (default false) */
   if (o->dtype == CG_FP32)
-    snprintf(body, sizeof body, "flex_fwd_simt<%d, %d, %d, %d, %s, %s>", EP, EVP, o->fwd.block_m,
-             o->fwd.block_n, mm, sid);
+    snprintf(body, sizeof body, "flex_fwd_simt<%d, %d, %d, %d, %s, %s%s>", EP, EVP, o->fwd.block_m,
+             o->fwd.block_n, mm, sid, paged);
   else
-    snprintf(body, sizeof body, "flex_fwd_tc<%s, %d, %d, %d, %d, %s, %s>", el, EP, EVP,
-             o->fwd.block_m, o->fwd.block_n, mm, sid);
+    snprintf(body, sizeof body, "flex_fwd_tc<%s, %s, %d, %d, %d, %d, %d, %s, %s%s>", el, oel, EP,
+             EVP, o->fwd.block_m, o->fwd.block_n, o->fwd.threads / 32, mm, sid, paged);
   entry(out, "flex_fwd", o->fwd.threads, body);
   if (o->mask_builder) {
     entry(out, "flex_mask_build", 128, "flex_mask_build_body");
     entry(out, "flex_mask_lists", 128, "flex_mask_lists_body");
   }
+  if (o->sorted_check) entry(out, "flex_sorted_check", 256, "flex_sorted_check_body");
   if (!o->backward) return;
-  snprintf(body, sizeof body, "flex_bwd_pre<%s>", el);
+  snprintf(body, sizeof body, "flex_bwd_pre<%s, %s>", el, oel);
   entry(out, "flex_bwd_pre", 128, body);
   snprintf(body, sizeof body, "%s<%s, %d, %d, %d, %d, %s, %s, %s>",
            o->dtype == CG_FP32 ? "flex_bwd_main" : "flex_bwd_tc", el, EP, EVP,
@@ -239,9 +334,10 @@ static void emit_entries(Buf *out, const CgOptions *o) {
 void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o) {
   buf_printf(out,
              "/* Generated by flexc %s from %s, kernel %s: do not edit.\n"
-             " * dtype %s, head dims E=%d EV=%d (padded %d, %d), %s, mask %s%s%s.\n"
-             " * forward tile %dx%d, backward tile %dx%d, %d threads per CTA%s.\n */\n",
+             " * dtype %s%s, head dims E=%d EV=%d (padded %d, %d), %s, mask %s%s%s.\n"
+             " * forward tile %dx%d, backward tile %dx%d, %d threads per CTA%s%s%s.\n */\n",
              FLEXC_VERSION, o->source ? o->source : "<source>", m->kernel, cg_dtype_name(o->dtype),
+             o->out_f32 && o->dtype != CG_FP32 ? " (O in fp32)" : "",
              o->head_dim, o->head_dim_v, o->head_dim_pad, o->head_dim_v_pad, cg_arch_name(o->arch),
              o->mask_mode == CG_MASK_NONE       ? "none"
              : o->mask_mode == CG_MASK_LISTS    ? "block lists"
@@ -249,8 +345,11 @@ void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o) {
                                                 : "dense",
              o->score_identity ? ", identity score" : "", o->ds_is_dt ? ", ds = dt" : "",
              o->fwd.block_m, o->fwd.block_n, o->bwd.block_m, o->bwd.block_n, o->fwd.threads,
-             o->fast_math ? ", fast math (approximate exp, log, tanh, sigmoid, sin, cos, pow)" : "");
+             o->fast_math ? ", fast math (approximate exp, log, tanh, sigmoid, sin, cos, pow)" : "",
+             o->dropout ? ", dropout (Philox4x32-10, kernels/philox.cuh)" : "",
+             o->paged ? ", K/V paged" : "");
   if (o->fast_math) buf_puts(out, "#define FLEX_FAST_MATH 1\n");
+  if (o->dropout) buf_puts(out, "#define FLEX_DROPOUT 1\n");
   buf_puts(out, "#include \"common.cuh\"\n");
   if (o->has_mask) buf_puts(out, "#include \"interval.cuh\"\n");
   if (o->mask_mode == CG_MASK_IMPLICIT)
@@ -259,6 +358,7 @@ void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o) {
   buf_puts(out, "\n");
   cg_emit_funcs(out, m, o);
   if (o->mask_builder) buf_puts(out, "#include \"flex_blockmask.cuh\"\n");
+  if (o->sorted_check) buf_puts(out, "#include \"flex_sorted.cuh\"\n");
   buf_puts(out, "#include \"flex_fwd.cuh\"\n");
   if (o->backward) buf_puts(out, "#include \"flex_bwd.cuh\"\n");
   buf_puts(out, "\n");

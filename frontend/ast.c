@@ -29,7 +29,8 @@ Type dtype_value_type(DType t) {
 }
 
 const char *size_name(SizeName s) {
-  static const char *const names[] = {"B", "H", "HKV", "Q_LEN", "KV_LEN"};
+  static const char *const names[] = {"B", "H", "HKV", "Q_LEN", "KV_LEN",
+                                      "TOTAL_Q", "TOTAL_KV", "Q_START", "KV_START"};
   return (unsigned)s < SZ_COUNT ? names[s] : "?";
 }
 
@@ -38,8 +39,9 @@ static const char *const builtin_names[BI_COUNT] = {
     [BI_CLAMP] = "clamp", [BI_EXP] = "exp", [BI_EXP2] = "exp2", [BI_LOG] = "log",
     [BI_LOG2] = "log2", [BI_SQRT] = "sqrt", [BI_RSQRT] = "rsqrt", [BI_TANH] = "tanh",
     [BI_SIGMOID] = "sigmoid", [BI_SIN] = "sin", [BI_COS] = "cos", [BI_FLOOR] = "floor",
-    [BI_CEIL] = "ceil", [BI_POW] = "pow", [BI_WHERE] = "where", [BI_FLOAT] = "float",
-    [BI_INT] = "int",
+    [BI_CEIL] = "ceil", [BI_ERF] = "erf", [BI_POW] = "pow", [BI_FLOORDIV] = "floordiv",
+    [BI_FLOORMOD] = "floormod", [BI_WHERE] = "where", [BI_FLOAT] = "float", [BI_INT] = "int",
+    [BI_SUM] = "sum",
 };
 
 const char *builtin_name(Builtin b) { return (unsigned)b < BI_COUNT ? builtin_names[b] : "?"; }
@@ -51,9 +53,24 @@ Builtin builtin_lookup(const char *name) {
 }
 
 const char *astop_spelling(AstOp op) {
-  static const char *const sp[] = {"-", "!", "+", "-", "*", "/", "%", "<",
-                                   "<=", ">", ">=", "==", "!=", "&&", "||"};
-  return (unsigned)op <= AOP_OR ? sp[op] : "?";
+  static const char *const sp[AOP_COUNT] = {
+      [AOP_NEG] = "-",  [AOP_NOT] = "!",   [AOP_BNOT] = "~", [AOP_ADD] = "+", [AOP_SUB] = "-",
+      [AOP_MUL] = "*",  [AOP_DIV] = "/",   [AOP_MOD] = "%",  [AOP_LT] = "<",  [AOP_LE] = "<=",
+      [AOP_GT] = ">",   [AOP_GE] = ">=",   [AOP_EQ] = "==",  [AOP_NE] = "!=", [AOP_AND] = "&&",
+      [AOP_OR] = "||",  [AOP_BAND] = "&",  [AOP_BOR] = "|",  [AOP_BXOR] = "^", [AOP_SHL] = "<<",
+      [AOP_SHR] = ">>"};
+  return (unsigned)op < AOP_COUNT ? sp[op] : "?";
+}
+
+bool fe_is_fn(const Decl *d) { return d->kind == D_SCORE || d->kind == D_MASK || d->kind == D_FUNC; }
+
+Type fe_param_type(const Decl *fn, int i) {
+  if (fn->kind == D_FUNC) return fn->fn.ptypes[i];
+  return fn->kind == D_SCORE && i == 0 ? TY_FLOAT : TY_INT;
+}
+
+Type fe_return_type(const Decl *fn) {
+  return fn->kind == D_FUNC ? fn->fn.rtype : fn->kind == D_SCORE ? TY_FLOAT : TY_BOOL;
 }
 
 Decl *prog_find(const Program *p, const char *id) {
@@ -407,8 +424,27 @@ void fe_decl_fn(Parser *ps, DeclKind kind, const char *id, Loc idloc, NameList *
   bool broken = ps->last_syntax_error > whole.start; /* the return may have been skipped */
   if (!d->fn.ret && !broken) {
     Loc end = {whole.end - 1, whole.end};
-    diag_error(ps->d, end, "%s '%s' has no 'return'", kind == D_SCORE ? "score" : "mask", id);
+    diag_error(ps->d, end, "%s '%s' has no 'return'",
+               kind == D_SCORE ? "score" : kind == D_MASK ? "mask" : "function", id);
   }
+}
+
+static Type fe_type(int ty) { return ty == FE_TY_INT ? TY_INT : ty == FE_TY_FLOAT ? TY_FLOAT : TY_BOOL; }
+
+NameList *fe_tnames(Parser *ps, NameList *l, int ty, const char *id, Loc loc) {
+  l = fe_names(ps, l, id, loc);
+  int n = l->n - 1;
+  Type t = fe_type(ty);
+  ARENA_PUSH(ps->a, l->types, n, l->tcap, t);
+  return l;
+}
+
+void fe_decl_helper(Parser *ps, int rty, const char *id, Loc idloc, NameList *params, Body *body,
+                    Loc whole) {
+  fe_decl_fn(ps, D_FUNC, id, idloc, params, body, whole);
+  Decl *d = ps->prog->decls[ps->prog->ndecls - 1];
+  d->fn.ptypes = params ? params->types : NULL;
+  d->fn.rtype = fe_type(rty);
 }
 
 void fe_decl_kernel(Parser *ps, const char *id, Loc idloc, KItems *k, Loc whole) {
@@ -450,4 +486,82 @@ Program *fe_parse(Arena *a, const Source *src, Diags *d) {
    * so that one run reports every error it can find. */
   if (d->errors > before) fe_check_rest(a, p, d, &ps.lost);
   return p;
+}
+
+const char *fe_reserved(Parser *ps, const char *word, Loc loc) {
+  diag_error(ps->d, loc, "'%s' is a reserved word; it cannot name a parameter or a let", word);
+  return word;
+}
+
+/* ---- Python spellings ------------------------------------------------------ */
+
+void fe_py(Parser *ps, FePy what, Loc loc) {
+  static const char *const msg[] = {
+      [FE_PY_AND] = "'and' is spelled '&&' in .score",
+      [FE_PY_OR] = "'or' is spelled '||' in .score",
+      [FE_PY_NOT] = "'not' is spelled '!' in .score",
+      [FE_PY_IF_EXPR] = "Python's 'a if c else b' is written 'c ? a : b' (or 'where(c, a, b)') in .score",
+      [FE_PY_IF] = "there is no 'if' statement in .score: pick a value with 'c ? a : b' or 'where(c, a, b)'",
+      [FE_PY_ELIF] = "there is no 'elif' in .score: chain 'c1 ? a : c2 ? b : c'",
+      [FE_PY_ELSE] = "there is no 'else' in .score: pick a value with 'c ? a : b' or 'where(c, a, b)'",
+      [FE_PY_TRUE] = "'True' is spelled 'true' in .score",
+      [FE_PY_FALSE] = "'False' is spelled 'false' in .score",
+      [FE_PY_NONE] = "there is no 'None' in .score: a score masks an element by returning -inf, a mask by returning false",
+      [FE_PY_DEF] = "there is no 'def' in .score: declare 'score NAME(s, b, h, q, kv) { ... }', 'mask NAME(b, h, q, kv) { ... }' or a helper such as 'float NAME(float x) { ... }'",
+      [FE_PY_LAMBDA] = "there is no 'lambda' in .score: declare a helper such as 'float NAME(float x) { return ...; }'",
+      [FE_PY_POW] = "'**' is not an operator in .score: write 'pow(a, b)'",
+      [FE_PY_FLOORDIV] = "'//' starts a comment in .score: for floor division write 'floordiv(a, b)'",
+      [FE_PY_INDEX] = "a buffer with several dimensions is indexed 't[i, j]' in .score, not 't[i][j]'",
+      [FE_PY_KWARG] = "there are no keyword arguments in .score: pass every argument by position",
+  };
+  diag_error(ps->d, loc, "%s", msg[what]);
+}
+
+Expr *fe_call2(Parser *ps, const char *id, Expr *a, Expr *b, Loc loc) {
+  ExprList *l = fe_exprs(ps, fe_exprs(ps, NULL, a), b);
+  return fe_call(ps, id, loc, l, loc);
+}
+
+/* A receiver that names a Python module: its functions are builtins here. */
+static bool py_module(const Expr *e) {
+  static const char *const mods[] = {"math", "torch", "np", "numpy", "F", "tl"};
+  if (e->kind != EX_NAME) return false;
+  for (size_t i = 0; i < sizeof mods / sizeof mods[0]; i++)
+    if (!strcmp(e->name.id, mods[i])) return true;
+  return false;
+}
+
+Expr *fe_method(Parser *ps, Expr *recv, const char *name, Loc nloc, ExprList *args, Loc loc) {
+  uint32_t rl = recv->loc.end - recv->loc.start;
+  const char *rt = ps->src->text + recv->loc.start;
+  if (py_module(recv)) {
+    diag_error(ps->d, loc, "'%s.%s' is written '%s' in .score (builtins belong to no module)",
+               recv->name.id, name, name);
+    return fe_call(ps, name, nloc, args, loc);
+  }
+  diag_error(ps->d, loc, "there are no methods in .score: write '%s(%.*s%s)' for '%.*s.%s(...)'", name,
+             rl > 30 ? 30 : (int)rl, rt, args ? ", ..." : "", rl > 30 ? 30 : (int)rl, rt, name);
+  ExprList *l = fe_exprs(ps, NULL, recv);
+  for (int i = 0; args && i < args->n; i++) l = fe_exprs(ps, l, args->v[i]);
+  return fe_call(ps, name, nloc, l, loc);
+}
+
+Expr *fe_attr(Parser *ps, Expr *recv, const char *name, Loc nloc, Loc loc) {
+  if (py_module(recv))
+    diag_error(ps->d, loc, "'%s.%s' is written '%s' in .score (no modules)", recv->name.id, name, name);
+  else
+    diag_error(ps->d, loc, "values have no attributes in .score ('.%s')", name);
+  return fe_name(ps, name, nloc);
+}
+
+Expr *fe_reindex(Parser *ps, Expr *t, ExprList *args, Loc loc) {
+  fe_py(ps, FE_PY_INDEX, loc);
+  if (t->kind != EX_INDEX) return t;
+  ExprList l = {t->index.args, t->index.nargs, t->index.nargs};
+  ExprList *m = &l;
+  for (int i = 0; args && i < args->n; i++) m = fe_exprs(ps, m, args->v[i]);
+  t->index.args = m->v;
+  t->index.nargs = m->n;
+  t->loc = loc;
+  return t;
 }

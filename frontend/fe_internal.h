@@ -20,8 +20,9 @@ typedef struct ExprList {
 typedef struct NameList {
   const char **v; /* the names */
   Loc *locs;      /* where each is written */
+  Type *types;    /* a helper's parameter types (NULL for score and mask) */
   int n;          /* used */
-  int cap, lcap;  /* allocated (names, locations) */
+  int cap, lcap, tcap; /* allocated (names, locations, types) */
 } NameList;
 
 /* A buffer's dimensions as written. */
@@ -101,6 +102,8 @@ Expr *fe_index(Parser *ps, const char *id, Loc id_loc, ExprList *args, Loc loc);
 Expr *fe_paren(Parser *ps, Expr *e, Loc loc);
 ExprList *fe_exprs(Parser *ps, ExprList *l, Expr *e);
 NameList *fe_names(Parser *ps, NameList *l, const char *id, Loc loc);
+/* A typed parameter `TYPE NAME` of a helper (ty: FE_TY_*). */
+NameList *fe_tnames(Parser *ps, NameList *l, int ty, const char *id, Loc loc);
 DimList *fe_dim_lit(Parser *ps, DimList *l, int64_t v, Loc loc);
 DimList *fe_dim_name(Parser *ps, DimList *l, const char *id, Loc loc);
 BufFlags fe_flag(Parser *ps, BufFlags f, bool sorted, Loc loc);
@@ -116,16 +119,48 @@ void fe_decl_buffer(Parser *ps, const char *id, Loc idloc, const char *dtype, Lo
                     DimList *dims, BufFlags f, Loc whole);
 void fe_decl_fn(Parser *ps, DeclKind kind, const char *id, Loc idloc, NameList *params,
                 Body *body, Loc whole);
+/* `int|float|bool NAME(TYPE a, ...) { BODY }` (rty: FE_TY_*). */
+void fe_decl_helper(Parser *ps, int rty, const char *id, Loc idloc, NameList *params, Body *body,
+                    Loc whole);
 void fe_decl_kernel(Parser *ps, const char *id, Loc idloc, KItems *k, Loc whole);
 /* A declaration has ended: errors after this belong to the next one. */
 void fe_decl_done(Parser *ps);
 /* A declaration skipped whole by error recovery: remember its names. */
 void fe_decl_lost(Parser *ps, Loc whole);
 
+/* Python spellings (fe_py): each an error that names the .score spelling. */
+typedef enum FePy {
+  FE_PY_AND, FE_PY_OR, FE_PY_NOT, FE_PY_IF_EXPR, FE_PY_IF, FE_PY_ELIF, FE_PY_ELSE, FE_PY_TRUE,
+  FE_PY_FALSE, FE_PY_NONE, FE_PY_DEF, FE_PY_LAMBDA, FE_PY_POW, FE_PY_FLOORDIV, FE_PY_INDEX,
+  FE_PY_KWARG,
+} FePy;
+/* A reserved word where a name is declared: reported; returns the word. */
+const char *fe_reserved(Parser *ps, const char *word, Loc loc);
+/* Report the Python spelling `what` at `loc`. */
+void fe_py(Parser *ps, FePy what, Loc loc);
+/* `recv.name(args)`: a method call or a module function (math.exp, torch.where),
+ * reported; read as name(recv, args...) or name(args...). */
+Expr *fe_method(Parser *ps, Expr *recv, const char *name, Loc nloc, ExprList *args, Loc loc);
+/* `recv.name` (math.pi): reported; read as the name. */
+Expr *fe_attr(Parser *ps, Expr *recv, const char *name, Loc nloc, Loc loc);
+/* `t[i][j]`: reported; read as t[i, j]. */
+Expr *fe_reindex(Parser *ps, Expr *t, ExprList *args, Loc loc);
+/* A call with two arguments (a ** b as pow(a, b), a // b as floordiv(a, b)). */
+Expr *fe_call2(Parser *ps, const char *id, Expr *a, Expr *b, Loc loc);
+
 /* Parameter type keywords for fe_decl_param. */
 enum { FE_TY_INT, FE_TY_FLOAT, FE_TY_BOOL };
 
-/* ---- sema (sema.c) ---- */
+/* ---- sema (sema.c) and the call graph (callgraph.c) ---- */
+/* A call from one function to another, as sema meets it. */
+typedef struct FeCall {
+  Decl *from, *to; /* caller, callee */
+  Loc loc;         /* the callee's name at the call */
+} FeCall;
+/* Recursion, call chains too deep and bodies too large once inlined, from
+ * every call of the program (in source order); reports to `d`. */
+void fe_check_calls(Arena *a, const Program *p, Diags *d, const FeCall *calls, int ncalls);
+
 /* fe_check() after syntax errors: skips the broken declarations and reports
  * no unknown names that a lost declaration may have defined. */
 int fe_check_rest(Arena *a, Program *p, Diags *d, const FeLost *lost);

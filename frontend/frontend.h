@@ -67,7 +67,10 @@ const char *dtype_name(DType t);  /* "f32", ... */
 Type dtype_value_type(DType t);   /* the language type a load yields */
 
 /* Predefined integer sizes, bound at launch. */
-typedef enum SizeName { SZ_B, SZ_H, SZ_HKV, SZ_Q_LEN, SZ_KV_LEN, SZ_COUNT } SizeName;
+/* TOTAL_Q .. KV_START: packed batches (DSL.md); Q_LEN, KV_LEN, 0, 0 in an ordinary call */
+typedef enum SizeName {
+  SZ_B, SZ_H, SZ_HKV, SZ_Q_LEN, SZ_KV_LEN, SZ_TOTAL_Q, SZ_TOTAL_KV, SZ_Q_START, SZ_KV_START, SZ_COUNT
+} SizeName;
 const char *size_name(SizeName s); /* "B", "H", ... */
 
 /* Builtin functions. Overloads are resolved by sema into Expr.type and the
@@ -76,9 +79,11 @@ typedef enum Builtin {
   BI_NONE,
   BI_ABS, BI_MIN, BI_MAX, BI_CLAMP,               /* int or float */
   BI_EXP, BI_EXP2, BI_LOG, BI_LOG2, BI_SQRT, BI_RSQRT, BI_TANH, BI_SIGMOID,
-  BI_SIN, BI_COS, BI_FLOOR, BI_CEIL, BI_POW,      /* float only */
+  BI_SIN, BI_COS, BI_FLOOR, BI_CEIL, BI_ERF, BI_POW, /* float only */
+  BI_FLOORDIV, BI_FLOORMOD,                       /* int only */
   BI_WHERE,                                       /* any type */
   BI_FLOAT, BI_INT,                               /* conversions float(x), int(x) */
+  BI_SUM,                                         /* sum(i, LO, HI, EXPR) */
   BI_COUNT
 } Builtin;
 const char *builtin_name(Builtin b);
@@ -86,10 +91,12 @@ Builtin builtin_lookup(const char *name); /* BI_NONE if not a builtin */
 
 /* Unary and binary operators. */
 typedef enum AstOp {
-  AOP_NEG, AOP_NOT,                                      /* unary */
+  AOP_NEG, AOP_NOT, AOP_BNOT,                            /* unary: - ! ~ */
   AOP_ADD, AOP_SUB, AOP_MUL, AOP_DIV, AOP_MOD,
   AOP_LT, AOP_LE, AOP_GT, AOP_GE, AOP_EQ, AOP_NE,
   AOP_AND, AOP_OR,
+  AOP_BAND, AOP_BOR, AOP_BXOR, AOP_SHL, AOP_SHR,        /* & | ^ << >> */
+  AOP_COUNT
 } AstOp;
 const char *astop_spelling(AstOp op); /* "-", "!", "+", ... */
 
@@ -122,6 +129,7 @@ typedef enum RefKind {
   REF_INF,   /* the float constant inf */
   REF_PI,    /* the float constant pi (rounded to binary32) */
   REF_MASK,  /* inside a kernel's mask expression: decl (a mask function) */
+  REF_SUM,   /* the index of an enclosing sum(i, LO, HI, EXPR): sum (the call) */
 } RefKind;
 
 struct Expr {
@@ -141,6 +149,7 @@ struct Expr {
       Decl *decl;      /* REF_PARAM, REF_CONST, REF_SYM, REF_MASK */
       int dim;         /* REF_SYM: which dimension of decl */
       SizeName size;   /* REF_SIZE */
+      Expr *sum;       /* REF_SUM: the sum(...) call that binds it */
     } name;
     struct {
       AstOp op;
@@ -156,8 +165,9 @@ struct Expr {
       Expr **args;
       int nargs;
       Builtin builtin; /* set by sema: BI_NONE for a user function */
-      Decl *fn;        /* set by sema: the score or mask function called */
+      Decl *fn;        /* set by sema: the score, mask or helper function called */
       Type argtype;    /* set by sema: common operand type for overloaded builtins */
+      int32_t sum_lo, sum_hi; /* BI_SUM: the bounds, set by ir_check_values */
     } call;
     struct {
       const char *id;  /* the buffer's name */
@@ -182,7 +192,7 @@ typedef enum DimKind { DIM_LIT, DIM_CONST, DIM_SIZE, DIM_SYM } DimKind;
 typedef struct Dim {
   DimKind kind;
   Loc loc;
-  int32_t value;  /* DIM_LIT; DIM_CONST after lowering evaluates it */
+  int32_t value;  /* DIM_LIT; DIM_CONST once ir_check_values evaluates it */
   const char *id; /* DIM_CONST, DIM_SIZE, DIM_SYM: as written */
   Decl *cdecl;    /* DIM_CONST: the const (set by sema) */
   SizeName size;  /* DIM_SIZE */
@@ -195,6 +205,7 @@ typedef enum DeclKind {
   D_BUFFER, /* buffer */
   D_SCORE,  /* fn */
   D_MASK,   /* fn */
+  D_FUNC,   /* fn: a typed helper, int|float|bool NAME(TYPE a, ...) */
   D_KERNEL, /* kernel */
 } DeclKind;
 
@@ -213,6 +224,7 @@ struct Decl {
     } param;
     struct {
       Expr *value;     /* the defining expression (constexpr) */
+      Expr *folded;    /* its value as a literal, set by ir_check_values */
     } cnst;
     struct {
       DType dtype;
@@ -224,6 +236,8 @@ struct Decl {
     struct {
       const char **params; /* parameter names (5 for score, 4 for mask) */
       Loc *param_locs;
+      Type *ptypes;        /* D_FUNC: parameter types (score, mask: fe_param_type) */
+      Type rtype;          /* D_FUNC: the return type */
       int nparams;
       Let **lets;
       int nlets;
@@ -249,6 +263,12 @@ typedef struct Program {
 
 /* Look up a top-level declaration by name (NULL if none). */
 Decl *prog_find(const Program *p, const char *id);
+/* The type of parameter i of a score, mask or helper function, and what it
+ * returns (score: float, int, int, int, int -> float; mask: int x4 -> bool). */
+Type fe_param_type(const Decl *fn, int i);
+Type fe_return_type(const Decl *fn);
+/* Whether d is a function (score, mask or helper). */
+bool fe_is_fn(const Decl *d);
 
 /* ---- entry points ------------------------------------------------------- */
 

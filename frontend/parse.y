@@ -68,11 +68,16 @@ static Loc span(Loc a, Loc b) { Loc l = {a.start, b.end}; return l; }
 %token <id> IDENT "identifier"
 %token <ival> INTLIT "integer"
 %token <fval> FLOATLIT "number"
-%token EQ "'=='" NE "'!='" LE "'<='" GE "'>='" AND "'&&'" OR "'||'"
+%token EQ "'=='" NE "'!='" LE "'<='" GE "'>='" AND "'&&'" OR "'||'" SHL "'<<'" SHR "'>>'"
+/* Python spellings, each an error naming the .score spelling (fe_py) */
+%token PY_AND "'and'" PY_OR "'or'" PY_NOT "'not'" PY_IF "'if'" PY_ELIF "'elif'" PY_ELSE "'else'"
+%token PY_TRUE "'True'" PY_FALSE "'False'" PY_NONE "'None'" PY_DEF "'def'" PY_LAMBDA "'lambda'"
+%token PY_POW "'**'" PY_FLOORDIV "'//'" PY_INF "'float(\"inf\")'"
 
-%type <expr> expr primary opt_default
+%type <expr> expr primary opt_default index
+%type <id> name binder member
 %type <exprs> args opt_args
-%type <names> params opt_params
+%type <names> params opt_params tparams opt_tparams
 %type <dims> dims
 %type <flags> flags
 %type <body> body
@@ -81,14 +86,19 @@ static Loc span(Loc a, Loc b) { Loc l = {a.start, b.end}; return l; }
 %type <id> dtype
 
 /* C precedence, loosest first; `?:` groups to the right. */
-%right '?' ':'
-%left OR
-%left AND
+%right '?' ':' PY_IF PY_ELSE
+%left OR PY_OR
+%left AND PY_AND
+%left '|'
+%left '^'
+%left '&'
 %left EQ NE
 %left '<' LE '>' GE
+%left SHL SHR
 %left '+' '-'
-%left '*' '/' '%'
-%precedence UNARY
+%left '*' '/' '%' PY_FLOORDIV
+%precedence UNARY PY_NOT
+%right PY_POW
 
 %%
 
@@ -98,7 +108,8 @@ file
   | file decl  { fe_decl_done(ps); }
   ;
 
-/* decl := param | const | buffer | score | mask | kernel
+/* decl := param | const | buffer | score | mask | helper | kernel
+ * helper := ptype identifier '(' [ ptype identifier (',' ptype identifier)* ] ')' '{' body '}'
  * A broken declaration is skipped up to its ';' or '}'. */
 decl
   : PARAM ptype IDENT opt_default ';'  { fe_decl_param(ps, $2, @2, $3, @3, $4, @$); }
@@ -106,6 +117,7 @@ decl
   | BUFFER IDENT ':' dtype '[' dims ']' flags ';' { fe_decl_buffer(ps, $2, @2, $4, @4, $6, $8, @$); }
   | SCORE IDENT '(' opt_params ')' '{' body '}' { fe_decl_fn(ps, D_SCORE, $2, @2, $4, $7, @$); }
   | MASK IDENT '(' opt_params ')' '{' body '}'  { fe_decl_fn(ps, D_MASK, $2, @2, $4, $7, @$); }
+  | ptype IDENT '(' opt_tparams ')' '{' body '}' { fe_decl_helper(ps, $1, $2, @2, $4, $7, @$); }
   | KERNEL IDENT '{' kitems '}'        { fe_decl_kernel(ps, $2, @2, $4, @$); }
   | error ';'                          { fe_decl_lost(ps, @$); }
   | error '}'                          { fe_decl_lost(ps, @$); }
@@ -151,8 +163,16 @@ opt_params
   | params  { $$ = $1; }
   ;
 params
-  : IDENT             { $$ = fe_names(ps, NULL, $1, @1); }
-  | params ',' IDENT  { $$ = fe_names(ps, $1, $3, @3); }
+  : binder            { $$ = fe_names(ps, NULL, $1, @1); }
+  | params ',' binder { $$ = fe_names(ps, $1, $3, @3); }
+  ;
+opt_tparams
+  : %empty   { $$ = NULL; }
+  | tparams  { $$ = $1; }
+  ;
+tparams
+  : ptype binder             { $$ = fe_tnames(ps, NULL, $1, $2, @2); }
+  | tparams ',' ptype binder { $$ = fe_tnames(ps, $1, $3, $4, @4); }
   ;
 
 /* body := stmt*    stmt := 'let' identifier '=' expr ';' | 'return' expr ';'
@@ -160,9 +180,9 @@ params
  * `identifier '=' expr ';'` is parsed only to say that names are immutable) */
 body
   : %empty                          { $$ = NULL; }
-  | body LET IDENT '=' expr ';'     { $$ = fe_body_let(ps, $1, $3, @3, $5); }
+  | body LET binder '=' expr ';'    { $$ = fe_body_let(ps, $1, $3, @3, $5); }
   | body RETURN expr ';'            { $$ = fe_body_return(ps, $1, $3, @2); }
-  | body IDENT '=' expr ';'         { $$ = fe_body_assign(ps, $1, $2, @2); }
+  | body name '=' expr ';'          { $$ = fe_body_assign(ps, $1, $2, @2); }
   | body error ';'                  { $$ = $1; }
   ;
 
@@ -174,17 +194,22 @@ kitems
   | kitems error ';'              { $$ = $1; }
   ;
 
-/* expr := expr '?' expr ':' expr | expr binop expr | ('-' | '!') expr | primary */
+/* expr := expr '?' expr ':' expr | expr binop expr | ('-' | '!' | '~') expr | primary */
 expr
   : expr '?' expr ':' expr      { $$ = fe_cond(ps, $1, $3, $5, @$); }
   | expr OR expr                { $$ = fe_binary(ps, AOP_OR, $1, $3, @$); }
   | expr AND expr               { $$ = fe_binary(ps, AOP_AND, $1, $3, @$); }
+  | expr '|' expr               { $$ = fe_binary(ps, AOP_BOR, $1, $3, @$); }
+  | expr '^' expr               { $$ = fe_binary(ps, AOP_BXOR, $1, $3, @$); }
+  | expr '&' expr               { $$ = fe_binary(ps, AOP_BAND, $1, $3, @$); }
   | expr EQ expr                { $$ = fe_binary(ps, AOP_EQ, $1, $3, @$); }
   | expr NE expr                { $$ = fe_binary(ps, AOP_NE, $1, $3, @$); }
   | expr '<' expr               { $$ = fe_binary(ps, AOP_LT, $1, $3, @$); }
   | expr LE expr                { $$ = fe_binary(ps, AOP_LE, $1, $3, @$); }
   | expr '>' expr               { $$ = fe_binary(ps, AOP_GT, $1, $3, @$); }
   | expr GE expr                { $$ = fe_binary(ps, AOP_GE, $1, $3, @$); }
+  | expr SHL expr               { $$ = fe_binary(ps, AOP_SHL, $1, $3, @$); }
+  | expr SHR expr               { $$ = fe_binary(ps, AOP_SHR, $1, $3, @$); }
   | expr '+' expr               { $$ = fe_binary(ps, AOP_ADD, $1, $3, @$); }
   | expr '-' expr               { $$ = fe_binary(ps, AOP_SUB, $1, $3, @$); }
   | expr '*' expr               { $$ = fe_binary(ps, AOP_MUL, $1, $3, @$); }
@@ -192,6 +217,14 @@ expr
   | expr '%' expr               { $$ = fe_binary(ps, AOP_MOD, $1, $3, @$); }
   | '-' expr %prec UNARY        { $$ = fe_unary(ps, AOP_NEG, $2, @$); }
   | '!' expr %prec UNARY        { $$ = fe_unary(ps, AOP_NOT, $2, @$); }
+  | '~' expr %prec UNARY        { $$ = fe_unary(ps, AOP_BNOT, $2, @$); }
+  /* Python spellings: reported, then read as what they mean */
+  | expr PY_OR expr             { fe_py(ps, FE_PY_OR, @2); $$ = fe_binary(ps, AOP_OR, $1, $3, @$); }
+  | expr PY_AND expr            { fe_py(ps, FE_PY_AND, @2); $$ = fe_binary(ps, AOP_AND, $1, $3, @$); }
+  | PY_NOT expr                 { fe_py(ps, FE_PY_NOT, @1); $$ = fe_unary(ps, AOP_NOT, $2, @$); }
+  | expr PY_POW expr            { fe_py(ps, FE_PY_POW, @2); $$ = fe_call2(ps, "pow", $1, $3, @$); }
+  | expr PY_FLOORDIV expr       { fe_py(ps, FE_PY_FLOORDIV, @2); $$ = fe_call2(ps, "floordiv", $1, $3, @$); }
+  | expr PY_IF expr PY_ELSE expr { fe_py(ps, FE_PY_IF_EXPR, @2); $$ = fe_cond(ps, $3, $1, $5, @$); }
   | primary                     { $$ = $1; }
   ;
 
@@ -203,12 +236,59 @@ primary
   | FLOATLIT                    { $$ = fe_float_lit(ps, $1, @1); }
   | TRUE                        { $$ = fe_bool_lit(ps, true, @1); }
   | FALSE                       { $$ = fe_bool_lit(ps, false, @1); }
-  | IDENT                       { $$ = fe_name(ps, $1, @1); }
-  | IDENT '(' opt_args ')'      { $$ = fe_call(ps, $1, @1, $3, @$); }
+  | name                        { $$ = fe_name(ps, $1, @1); }
+  | name '(' opt_args ')'       { $$ = fe_call(ps, $1, @1, $3, @$); }
   | INT '(' opt_args ')'        { $$ = fe_call(ps, "int", @1, $3, @$); }
   | FLOAT '(' opt_args ')'      { $$ = fe_call(ps, "float", @1, $3, @$); }
-  | IDENT '[' args ']'          { $$ = fe_index(ps, $1, @1, $3, @$); }
+  | index                       { $$ = $1; }
   | '(' expr ')'                { $$ = fe_paren(ps, $2, @$); }
+  | PY_TRUE                     { fe_py(ps, FE_PY_TRUE, @1); $$ = fe_bool_lit(ps, true, @1); }
+  | PY_FALSE                    { fe_py(ps, FE_PY_FALSE, @1); $$ = fe_bool_lit(ps, false, @1); }
+  | PY_NONE                     { fe_py(ps, FE_PY_NONE, @1); $$ = fe_float_lit(ps, 0.0, @1); }
+  | PY_INF                      { $$ = fe_name(ps, "inf", @1); /* reported by the scanner */ }
+  | primary '.' member '(' opt_args ')' { $$ = fe_method(ps, $1, $3, @3, $5, @$); }
+  | primary '.' member          { $$ = fe_attr(ps, $1, $3, @3, @$); }
+  ;
+
+/* index := identifier '[' args ']'   (t[i][j] is reported and read as t[i, j]) */
+index
+  : name '[' args ']'           { $$ = fe_index(ps, $1, @1, $3, @$); }
+  | index '[' args ']'          { $$ = fe_reindex(ps, $1, $3, @$); }
+  ;
+
+/* name := identifier | 'score' | 'mask' | 'grad' | 'sorted'
+ * (those four are keywords only where a declaration, a kernel binding or a
+ * buffer attribute is expected) */
+name
+  : IDENT   { $$ = $1; }
+  | SCORE   { $$ = "score"; }
+  | MASK    { $$ = "mask"; }
+  | GRAD    { $$ = "grad"; }
+  | SORTED  { $$ = "sorted"; }
+  ;
+
+/* member := name | 'int' | 'float'   (x.float(), reported as a method call) */
+member
+  : name    { $$ = $1; }
+  | INT     { $$ = "int"; }
+  | FLOAT   { $$ = "float"; }
+  ;
+
+/* binder := name, where a parameter or a let is named; a reserved word
+ * there is reported as one (and read as a name) */
+binder
+  : name    { $$ = $1; }
+  | PARAM   { $$ = fe_reserved(ps, "param", @1); }
+  | CONST   { $$ = fe_reserved(ps, "const", @1); }
+  | BUFFER  { $$ = fe_reserved(ps, "buffer", @1); }
+  | KERNEL  { $$ = fe_reserved(ps, "kernel", @1); }
+  | LET     { $$ = fe_reserved(ps, "let", @1); }
+  | RETURN  { $$ = fe_reserved(ps, "return", @1); }
+  | TRUE    { $$ = fe_reserved(ps, "true", @1); }
+  | FALSE   { $$ = fe_reserved(ps, "false", @1); }
+  | INT     { $$ = fe_reserved(ps, "int", @1); }
+  | FLOAT   { $$ = fe_reserved(ps, "float", @1); }
+  | BOOL    { $$ = fe_reserved(ps, "bool", @1); }
   ;
 
 /* args := expr (',' expr)* */
@@ -219,6 +299,8 @@ opt_args
 args
   : expr           { $$ = fe_exprs(ps, NULL, $1); }
   | args ',' expr  { $$ = fe_exprs(ps, $1, $3); }
+  | name '=' expr  { fe_py(ps, FE_PY_KWARG, @1); $$ = fe_exprs(ps, NULL, $3); }
+  | args ',' name '=' expr { fe_py(ps, FE_PY_KWARG, @3); $$ = fe_exprs(ps, $1, $5); }
   ;
 
 %%
@@ -239,10 +321,33 @@ static bool is_char(yysymbol_kind_t k, char c) {
 static bool starts_expr(yysymbol_kind_t k) {
   switch (k) {
   case YYSYMBOL_INTLIT: case YYSYMBOL_FLOATLIT: case YYSYMBOL_IDENT: case YYSYMBOL_TRUE:
-  case YYSYMBOL_FALSE: case YYSYMBOL_INT: case YYSYMBOL_FLOAT:
+  case YYSYMBOL_FALSE: case YYSYMBOL_INT: case YYSYMBOL_FLOAT: case YYSYMBOL_SCORE:
+  case YYSYMBOL_MASK: case YYSYMBOL_GRAD: case YYSYMBOL_SORTED:
     return true;
   default:
-    return is_char(k, '(') || is_char(k, '-') || is_char(k, '!');
+    return is_char(k, '(') || is_char(k, '-') || is_char(k, '!') || is_char(k, '~');
+  }
+}
+
+/* The Python spelling a token is (its message), or -1. Python tokens are
+ * never listed as expected. */
+static int py_token(yysymbol_kind_t k) {
+  switch (k) {
+  case YYSYMBOL_PY_AND: return FE_PY_AND;
+  case YYSYMBOL_PY_OR: return FE_PY_OR;
+  case YYSYMBOL_PY_NOT: return FE_PY_NOT;
+  case YYSYMBOL_PY_IF: return FE_PY_IF;
+  case YYSYMBOL_PY_ELIF: return FE_PY_ELIF;
+  case YYSYMBOL_PY_ELSE: return FE_PY_ELSE;
+  case YYSYMBOL_PY_TRUE: return FE_PY_TRUE;
+  case YYSYMBOL_PY_FALSE: return FE_PY_FALSE;
+  case YYSYMBOL_PY_NONE: return FE_PY_NONE;
+  case YYSYMBOL_PY_DEF: return FE_PY_DEF;
+  case YYSYMBOL_PY_LAMBDA: return FE_PY_LAMBDA;
+  case YYSYMBOL_PY_POW: return FE_PY_POW;
+  case YYSYMBOL_PY_FLOORDIV: return FE_PY_FLOORDIV;
+  case YYSYMBOL_PY_INF: return -2; /* the scanner reported it */
+  default: return -1;
   }
 }
 
@@ -261,8 +366,13 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, Pars
   yysymbol_kind_t look = yypcontext_token(ctx);
   Loc loc = *yypcontext_location(ctx);
   ps->last_syntax_error = loc.start + 1;
-  yysymbol_kind_t exp[16];
-  int n = yypcontext_expected_tokens(ctx, exp, 16);
+  int py = py_token(look);
+  if (py != -1) { /* a Python word where it cannot even be read as meant */
+    if (py >= 0) fe_py(ps, (FePy)py, loc);
+    return 0;
+  }
+  yysymbol_kind_t exp[YYNTOKENS];
+  int n = yypcontext_expected_tokens(ctx, exp, YYNTOKENS);
   const Bracket *br = open_bracket(ps, look);
   static const char closer[] = {['('] = ')', ['['] = ']', ['{'] = '}'};
   for (int i = 0; br && i < n; i++) {
@@ -275,11 +385,12 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, Pars
       return 0;
     }
   }
-  const char *what[16];
+  const char *what[YYNTOKENS];
   int shown = 0;
   bool said_expr = false, any_expr = false;
   for (int i = 0; i < n; i++) any_expr = any_expr || exp[i] == YYSYMBOL_INTLIT;
   for (int i = 0; i < n; i++) {
+    if (py_token(exp[i]) != -1) continue;
     if (!any_expr || !starts_expr(exp[i])) what[shown++] = tok_name(exp[i]);
     else if (!said_expr) what[shown++] = "an expression";
     said_expr = said_expr || starts_expr(exp[i]);

@@ -1,7 +1,7 @@
 /* sema.c: fe_check(): name resolution and type checking.
  *
  * Names resolve in this order: let bindings, function parameters, top-level
- * declarations, predefined names (B H HKV Q_LEN KV_LEN inf pi), then the
+ * declarations, predefined names (B H HKV Q_LEN KV_LEN TOTAL_Q TOTAL_KV Q_START KV_START inf pi), then the
  * free size symbols that buffer dimensions introduce. A let or parameter may
  * not shadow any of them. Every checked Expr gets its type, constexpr_ flag
  * and referent; an int returned from a score is wrapped in float(). */
@@ -18,12 +18,6 @@ typedef struct Sym {
   Loc loc;        /* where it was first written */
 } Sym;
 
-/* A call from one function to another (for the recursion check). */
-typedef struct Edge {
-  Decl *from, *to; /* caller, callee */
-  Loc loc;         /* the callee's name at the call */
-} Edge;
-
 /* Checker state for one program. */
 typedef struct Sema {
   Arena *a;
@@ -33,9 +27,11 @@ typedef struct Sema {
   int nvis;         /* lets of fn visible so far */
   bool too_deep;    /* nesting error already reported for this expression */
   int *cstate;      /* per decl position: 0 unchecked, 1 checking, 2 done */
+  Expr **sums;      /* the sum(...) calls whose index is in scope, innermost last */
+  int nsums, sumcap;
   Sym *syms;        /* size symbols */
   int nsyms, symcap;
-  Edge *edges;      /* calls between functions */
+  FeCall *edges;    /* calls between functions (callgraph.c checks them) */
   int nedges, edgecap;
   const FeLost *lost; /* after syntax errors: what they took away (NULL: nothing) */
 } Sema;
@@ -44,7 +40,7 @@ static Type check_expr(Sema *s, Expr *e, int depth);
 
 static const char *kind_name(DeclKind k) {
   static const char *const n[] = {"param", "const", "buffer", "score function",
-                                  "mask function", "kernel"};
+                                  "mask function", "function", "kernel"};
   return n[k];
 }
 
@@ -98,6 +94,14 @@ static Type promote(Type a, Type b) { return a == TY_FLOAT || b == TY_FLOAT ? TY
  * names already in scope. */
 static void check_fresh(Sema *s, const char *id, Loc loc, int nparams, int nlets) {
   Decl *fn = s->fn;
+  for (int i = 0; i < s->nsums; i++) {
+    const Expr *ix = s->sums[i]->call.args[0];
+    if (!strcmp(ix->name.id, id)) {
+      diag_error(s->d, loc, "'%s' is already defined", id);
+      diag_note(s->d, ix->loc, "'%s' was first defined here", id);
+      return;
+    }
+  }
   for (int i = 0; i < nlets; i++)
     if (!strcmp(fn->fn.lets[i]->id, id)) {
       diag_error(s->d, loc, "'%s' is already defined", id);
@@ -160,13 +164,15 @@ static Type check_const(Sema *s, Decl *c) {
   if (s->cstate[pos] == 2) return c->cnst.value->type;
   s->cstate[pos] = 1;
   Decl *fn = s->fn;
-  int nvis = s->nvis;
+  int nvis = s->nvis, nsums = s->nsums;
   bool deep = s->too_deep;
   s->fn = NULL;
+  s->nsums = 0;
   s->too_deep = false;
   Type t = check_expr(s, c->cnst.value, 0);
   s->fn = fn;
   s->nvis = nvis;
+  s->nsums = nsums;
   s->too_deep = deep;
   if (s->cstate[pos] == 2) return TY_ERROR; /* a cycle was reported inside */
   s->cstate[pos] = 2;
@@ -181,11 +187,107 @@ static Type check_const(Sema *s, Decl *c) {
   return t;
 }
 
+/* ---- "did you mean" ----------------------------------------------------------- */
+
+/* What an unknown name could have meant. */
+typedef enum Want { W_VALUE, W_FUNCTION, W_BUFFER, W_MASK, W_SCORE } Want;
+
+/* Edit distance of a and b (insertions, deletions, substitutions), or
+ * more than `cap` when it exceeds it. */
+static int edit_distance(const char *a, const char *b, int cap) {
+  int la = (int)strlen(a), lb = (int)strlen(b);
+  if (la > 64 || lb > 64 || abs(la - lb) > cap) return cap + 1;
+  int row[65];
+  for (int j = 0; j <= lb; j++) row[j] = j;
+  for (int i = 1; i <= la; i++) {
+    int diag = row[0], best = row[0] = i;
+    for (int j = 1; j <= lb; j++) {
+      int up = row[j];
+      int v = diag + (a[i - 1] != b[j - 1]);
+      if (up + 1 < v) v = up + 1;
+      if (row[j - 1] + 1 < v) v = row[j - 1] + 1;
+      row[j] = v;
+      diag = up;
+      if (v < best) best = v;
+    }
+    if (best > cap) return cap + 1;
+  }
+  return row[lb];
+}
+
+typedef struct Guess {
+  const char *id; /* the best candidate so far (NULL: none) */
+  int d;          /* its distance */
+  int cap;        /* the largest distance that still counts as a typo */
+} Guess;
+
+static void consider(Guess *g, const char *id, const char *cand) {
+  if (!strcmp(id, cand)) return;
+  int d = edit_distance(id, cand, g->cap);
+  if (d <= g->cap && (!g->id || d < g->d)) g->id = cand, g->d = d;
+}
+
+/* Spellings from Python and PyTorch, with what .score writes instead. */
+static const char *alias_of(const char *id) {
+  static const char *const al[][2] = {
+      {"clip", "clamp"}, {"minimum", "min"}, {"maximum", "max"}, {"power", "pow"},
+      {"fmin", "min"}, {"fmax", "max"}, {"clamp_min", "max"}, {"clamp_max", "min"},
+      {"relu", "max(x, 0.0)"}, {"square", "x * x"}, {"log1p", "log(1.0 + x)"},
+      {"expm1", "exp(x) - 1.0"}, {"softplus", "log(1.0 + exp(x))"},
+      {"gelu", "0.5 * x * (1.0 + erf(x / sqrt(2.0)))"}, {"trunc", "int"}, {"select", "where"},
+      {"fmod", "x % y"}, {"remainder", "floormod"}, {"floor_divide", "floordiv"},
+      {"bitwise_and", "a & b"}, {"bitwise_or", "a | b"}, {"bitwise_xor", "a ^ b"},
+      {"logical_and", "a && b"}, {"logical_or", "a || b"}, {"logical_not", "!a"},
+  };
+  for (size_t i = 0; i < sizeof al / sizeof al[0]; i++)
+    if (!strcmp(id, al[i][0])) return al[i][1];
+  return NULL;
+}
+
+/* " (did you mean 'x'?)" for an unknown `id` that is one or two edits from
+ * a name that would fit where it stands, a Python alias's spelling, or "". */
+static const char *did_you_mean(Sema *s, const char *id, Want want) {
+  const char *al = want == W_FUNCTION ? alias_of(id) : NULL;
+  if (al) return arena_printf(s->a, strchr(al, ' ') || strchr(al, '(') || strchr(al, '!')
+                                        ? " (write '%s')" : " (did you mean '%s'?)", al);
+  size_t len = strlen(id);
+  Guess g = {NULL, 0, len <= 3 ? 1 : len <= 6 ? 2 : 3};
+  Decl *fn = s->fn;
+  if (want == W_VALUE) {
+    for (int i = 0; fn && i < s->nvis; i++) consider(&g, id, fn->fn.lets[i]->id);
+    for (int i = 0; i < s->nsums; i++) consider(&g, id, s->sums[i]->call.args[0]->name.id);
+    for (int i = 0; fn && i < fn->fn.nparams; i++) consider(&g, id, fn->fn.params[i]);
+    for (int i = 0; i < SZ_COUNT; i++) consider(&g, id, size_name((SizeName)i));
+    consider(&g, id, "inf");
+    consider(&g, id, "pi");
+    for (int i = 0; i < s->nsyms; i++) consider(&g, id, s->syms[i].id);
+  }
+  if (want == W_FUNCTION)
+    for (int b = BI_NONE + 1; b < BI_COUNT; b++) consider(&g, id, builtin_name((Builtin)b));
+  for (int i = 0; i < s->p->ndecls; i++) {
+    const Decl *d = s->p->decls[i];
+    bool fits = want == W_VALUE    ? d->kind == D_PARAM || d->kind == D_CONST
+                : want == W_FUNCTION ? fe_is_fn(d)
+                : want == W_BUFFER   ? d->kind == D_BUFFER
+                : want == W_MASK     ? d->kind == D_MASK
+                                     : d->kind == D_SCORE;
+    if (fits) consider(&g, id, d->id);
+  }
+  if (!g.id || (size_t)g.d >= len) return "";
+  return arena_printf(s->a, " (did you mean '%s'?)", g.id);
+}
+
 /* ---- names ------------------------------------------------------------------ */
 
 static Type check_name(Sema *s, Expr *e) {
   const char *id = e->name.id;
   Decl *fn = s->fn;
+  for (int i = s->nsums - 1; i >= 0; i--)
+    if (!strcmp(s->sums[i]->call.args[0]->name.id, id)) {
+      e->name.ref = REF_SUM;
+      e->name.sum = s->sums[i];
+      return TY_INT;
+    }
   for (int i = s->nvis - 1; fn && i >= 0; i--)
     if (!strcmp(fn->fn.lets[i]->id, id)) {
       e->name.ref = REF_LET;
@@ -197,7 +299,7 @@ static Type check_name(Sema *s, Expr *e) {
     if (!strcmp(fn->fn.params[i], id)) {
       e->name.ref = REF_ARG;
       e->name.arg = i;
-      return fn->kind == D_SCORE && i == 0 ? TY_FLOAT : TY_INT;
+      return fe_param_type(fn, i);
     }
   Decl *d = prog_find(s->p, id);
   if (d) {
@@ -237,7 +339,7 @@ static Type check_name(Sema *s, Expr *e) {
     e->name.dim = sym->dim;
     return TY_INT;
   }
-  if (!lost_name(s, id)) diag_error(s->d, e->loc, "unknown name '%s'", id);
+  if (!lost_name(s, id)) diag_error(s->d, e->loc, "unknown name '%s'%s", id, did_you_mean(s, id, W_VALUE));
   return TY_ERROR;
 }
 
@@ -245,6 +347,8 @@ static Type check_name(Sema *s, Expr *e) {
  * being called or indexed; NULL when it means nothing. */
 static const char *value_kind(const Sema *s, const char *id) {
   Decl *fn = s->fn;
+  for (int i = 0; i < s->nsums; i++)
+    if (!strcmp(s->sums[i]->call.args[0]->name.id, id)) return "sum index";
   for (int i = 0; fn && i < s->nvis; i++)
     if (!strcmp(fn->fn.lets[i]->id, id)) return "let";
   for (int i = 0; fn && i < fn->fn.nparams; i++)
@@ -253,6 +357,17 @@ static const char *value_kind(const Sema *s, const char *id) {
   for (int i = 0; i < s->nsyms; i++)
     if (!strcmp(s->syms[i].id, id)) return "size symbol";
   return NULL;
+}
+
+/* `id` called or indexed but not a function / buffer (`what`): say what it
+ * is instead, or that it is unknown. */
+static void report_not(Sema *s, const char *id, Loc loc, const char *what) {
+  Decl *d = prog_find(s->p, id);
+  const char *vk = d ? kind_name(d->kind) : value_kind(s, id);
+  if (vk) diag_error(s->d, loc, "'%s' is a %s, not a %s", id, vk, what);
+  else if (!lost_name(s, id))
+    diag_error(s->d, loc, "unknown %s '%s'%s", what, id,
+               did_you_mean(s, id, what[0] == 'f' ? W_FUNCTION : W_BUFFER));
 }
 
 /* ---- operators -------------------------------------------------------------- */
@@ -265,6 +380,12 @@ static Type check_unary(Sema *s, Expr *e, int depth) {
   if (e->op.op == AOP_NOT) {
     if (t == TY_BOOL) return t;
     diag_error(s->d, e->op.a->loc, "operator '!' needs bool, not %s", type_name(t));
+    return TY_ERROR;
+  }
+  if (e->op.op == AOP_BNOT) {
+    if (t == TY_INT) return t;
+    diag_error(s->d, e->op.a->loc, "operator '~' needs int, not %s%s", type_name(t),
+               t == TY_BOOL ? " (for bool, write '!')" : "");
     return TY_ERROR;
   }
   if (is_num(t)) return t;
@@ -287,6 +408,21 @@ static Type check_binary(Sema *s, Expr *e, int depth) {
     }
     e->op.optype = TY_BOOL;
     return TY_BOOL;
+  }
+  if (op == AOP_BAND || op == AOP_BOR || op == AOP_BXOR) {
+    /* two ints (bitwise) or two bools (logic that evaluates both sides) */
+    if (ta == tb && (ta == TY_INT || ta == TY_BOOL)) return e->op.optype = ta;
+    diag_error(s->d, e->loc, "operands of '%s' must be two ints or two bools, not %s and %s", sp,
+               type_name(ta), type_name(tb));
+    return TY_ERROR;
+  }
+  if (op == AOP_SHL || op == AOP_SHR) {
+    Expr *bad = ta != TY_INT ? e->op.a : tb != TY_INT ? e->op.b : NULL;
+    if (bad) {
+      diag_error(s->d, bad->loc, "operator '%s' needs ints, not %s", sp, type_name(bad->type));
+      return TY_ERROR;
+    }
+    return e->op.optype = TY_INT;
   }
   if ((op == AOP_EQ || op == AOP_NE) && ta == TY_BOOL && tb == TY_BOOL) {
     e->op.optype = TY_BOOL;
@@ -336,7 +472,7 @@ static Type check_cond(Sema *s, Expr *e, int depth) {
 
 static int builtin_arity(Builtin b) {
   switch (b) {
-  case BI_MIN: case BI_MAX: case BI_POW: return 2;
+  case BI_MIN: case BI_MAX: case BI_POW: case BI_FLOORDIV: case BI_FLOORMOD: return 2;
   case BI_CLAMP: case BI_WHERE: return 3;
   default: return 1;
   }
@@ -365,8 +501,14 @@ static Type check_builtin(Sema *s, Expr *e, Builtin b) {
     return ok ? t : TY_ERROR;
   }
   bool float_only = b >= BI_EXP && b <= BI_POW;
+  bool int_only = b == BI_FLOORDIV || b == BI_FLOORMOD;
   Type t = float_only ? TY_FLOAT : TY_INT;
   for (int i = 0; i < n; i++) {
+    if (int_only && args[i]->type != TY_INT) {
+      diag_error(s->d, args[i]->loc, "argument %d of '%s' must be int, not %s", i + 1, nm,
+                 type_name(args[i]->type));
+      return TY_ERROR;
+    }
     if (args[i]->type == TY_BOOL) {
       diag_error(s->d, args[i]->loc, "argument %d of '%s' must be %s, not bool", i + 1, nm,
                  float_only ? "float" : "int or float");
@@ -378,52 +520,86 @@ static Type check_builtin(Sema *s, Expr *e, Builtin b) {
   return t;
 }
 
-/* A call of a score or mask function: arity and argument types. */
+/* A call of a score, mask or helper function: arity and argument types (an
+ * int argument promotes to a float parameter; nothing else converts). */
 static Type check_user_call(Sema *s, Expr *e, Decl *f) {
-  int want = f->kind == D_SCORE ? 5 : 4;
+  int want = f->kind == D_SCORE ? 5 : f->kind == D_MASK ? 4 : f->fn.nparams;
   e->call.fn = f;
   if (e->call.nargs != want) {
-    diag_error(s->d, e->loc, "function '%s' takes %d arguments, got %d", f->id, want, e->call.nargs);
+    diag_error(s->d, e->loc, "function '%s' takes %d argument%s, got %d", f->id, want,
+               want == 1 ? "" : "s", e->call.nargs);
     return TY_ERROR;
   }
   bool ok = true;
   for (int i = 0; i < want; i++) {
-    Type t = e->call.args[i]->type;
-    bool score_arg = f->kind == D_SCORE && i == 0;
-    if (t == TY_ERROR || t == TY_INT || (score_arg && t == TY_FLOAT)) continue;
+    Type t = e->call.args[i]->type, want_t = fe_param_type(f, i);
+    if (t == TY_ERROR || t == want_t || (want_t == TY_FLOAT && t == TY_INT)) continue;
     diag_error(s->d, e->call.args[i]->loc, "argument %d of '%s' must be %s, not %s", i + 1, f->id,
-               score_arg ? "float" : "int", type_name(t));
+               type_name(want_t), type_name(t));
     ok = false;
   }
   if (s->fn) {
-    Edge ed = {s->fn, f, e->call.id_loc};
+    FeCall ed = {s->fn, f, e->call.id_loc};
     ARENA_PUSH(s->a, s->edges, s->nedges, s->edgecap, ed);
   }
   if (!ok) return TY_ERROR;
-  return f->kind == D_SCORE ? TY_FLOAT : TY_BOOL;
+  return fe_return_type(f);
+}
+
+/* sum(i, LO, HI, EXPR): i is a new int name seen only in EXPR; LO and HI
+ * are int constants (their values are checked with the other values, by
+ * ir_check_values); the type is EXPR's, int or float. */
+static Type check_sum(Sema *s, Expr *e, int depth) {
+  Expr **a = e->call.args;
+  e->call.builtin = BI_SUM;
+  if (e->call.nargs != 4) {
+    diag_error(s->d, e->loc, "'sum' takes 4 arguments, sum(i, LO, HI, EXPR), got %d", e->call.nargs);
+    return TY_ERROR;
+  }
+  if (a[0]->kind != EX_NAME) {
+    diag_error(s->d, a[0]->loc, "the first argument of 'sum' must be a new name: the index, as in sum(i, 0, 8, EXPR)");
+    return TY_ERROR;
+  }
+  check_fresh(s, a[0]->name.id, a[0]->loc, s->fn ? s->fn->fn.nparams : 0, s->fn ? s->nvis : 0);
+  a[0]->type = TY_INT;
+  bool ok = true;
+  for (int k = 1; k <= 2; k++) {
+    Type t = check_expr(s, a[k], depth + 1);
+    if (t == TY_ERROR) ok = false;
+    else if (t != TY_INT || !a[k]->constexpr_) {
+      diag_error(s->d, a[k]->loc, "the %s bound of 'sum' must be an int constant (literals and consts), not %s",
+                 k == 1 ? "lower" : "upper", t != TY_INT ? type_name(t) : "a run-time value");
+      ok = false;
+    }
+  }
+  ARENA_PUSH(s->a, s->sums, s->nsums, s->sumcap, e);
+  Type t = check_expr(s, a[3], depth + 1);
+  s->nsums--;
+  if (t == TY_BOOL) {
+    diag_error(s->d, a[3]->loc, "the terms of 'sum' must be int or float, not bool");
+    return TY_ERROR;
+  }
+  e->call.argtype = t;
+  return ok ? t : TY_ERROR;
 }
 
 static Type check_call(Sema *s, Expr *e, int depth) {
+  Decl *fd = prog_find(s->p, e->call.id);
+  if (!strcmp(e->call.id, "sum") && !(fd && fe_is_fn(fd))) return check_sum(s, e, depth);
   bool all_const = true;
   for (int i = 0; i < e->call.nargs; i++) {
     check_expr(s, e->call.args[i], depth + 1);
     all_const = all_const && e->call.args[i]->constexpr_;
   }
   Decl *d = prog_find(s->p, e->call.id);
-  if (d && (d->kind == D_SCORE || d->kind == D_MASK)) return check_user_call(s, e, d);
+  if (d && fe_is_fn(d)) return check_user_call(s, e, d);
   Builtin b = builtin_lookup(e->call.id);
   if (b != BI_NONE) {
     e->call.builtin = b;
     e->constexpr_ = all_const;
     return check_builtin(s, e, b);
   }
-  const char *vk = d ? NULL : value_kind(s, e->call.id);
-  if (d)
-    diag_error(s->d, e->call.id_loc, "'%s' is a %s, not a function", d->id, kind_name(d->kind));
-  else if (vk)
-    diag_error(s->d, e->call.id_loc, "'%s' is a %s, not a function", e->call.id, vk);
-  else if (!lost_name(s, e->call.id))
-    diag_error(s->d, e->call.id_loc, "unknown function '%s'", e->call.id);
+  report_not(s, e->call.id, e->call.id_loc, "function");
   return TY_ERROR;
 }
 
@@ -431,13 +607,7 @@ static Type check_index(Sema *s, Expr *e, int depth) {
   for (int i = 0; i < e->index.nargs; i++) check_expr(s, e->index.args[i], depth + 1);
   Decl *d = prog_find(s->p, e->index.id);
   if (!d || d->kind != D_BUFFER) {
-    const char *vk = d ? NULL : value_kind(s, e->index.id);
-    if (d)
-      diag_error(s->d, e->index.id_loc, "'%s' is a %s, not a buffer", d->id, kind_name(d->kind));
-    else if (vk)
-      diag_error(s->d, e->index.id_loc, "'%s' is a %s, not a buffer", e->index.id, vk);
-    else if (!lost_name(s, e->index.id))
-      diag_error(s->d, e->index.id_loc, "unknown buffer '%s'", e->index.id);
+    report_not(s, e->index.id, e->index.id_loc, "buffer");
     return TY_ERROR;
   }
   e->index.buf = d;
@@ -517,7 +687,7 @@ static void check_dims(Sema *s, Decl *b) {
 static void check_fn(Sema *s, Decl *f) {
   bool score = f->kind == D_SCORE;
   int want = score ? 5 : 4;
-  if (f->fn.nparams != want)
+  if (f->kind != D_FUNC && f->fn.nparams != want)
     diag_error(s->d, f->loc, "%s", score
                    ? arena_printf(s->a, "score function must have 5 parameters (s, b, h, q, kv), got %d", f->fn.nparams)
                    : arena_printf(s->a, "mask function must have 4 parameters (b, h, q, kv), got %d", f->fn.nparams));
@@ -533,8 +703,9 @@ static void check_fn(Sema *s, Decl *f) {
   Expr *r = f->fn.ret;
   if (r) {
     Type t = check_root(s, r);
-    if (score && t == TY_INT) {
-      /* An int score is promoted, so lowering always sees a float. */
+    Type rt = fe_return_type(f);
+    if (rt == TY_FLOAT && t == TY_INT) {
+      /* An int result is promoted, so lowering always sees a float. */
       Expr *c = arena_alloc(s->a, sizeof *c);
       Expr **args = arena_alloc(s->a, sizeof *args);
       args[0] = r;
@@ -548,8 +719,11 @@ static void check_fn(Sema *s, Decl *f) {
       f->fn.ret = c;
     } else if (score && t == TY_BOOL) {
       diag_error(s->d, r->loc, "score '%s' must return float, not bool", f->id);
-    } else if (!score && t != TY_BOOL && t != TY_ERROR) {
+    } else if (f->kind == D_MASK && t != TY_BOOL && t != TY_ERROR) {
       diag_error(s->d, r->loc, "mask '%s' must return bool, not %s", f->id, type_name(t));
+    } else if (f->kind == D_FUNC && t != rt && t != TY_ERROR && !(rt == TY_FLOAT && t == TY_INT)) {
+      diag_error(s->d, r->loc, "function '%s' must return %s, not %s%s", f->id, type_name(rt),
+                 type_name(t), rt == TY_INT && t == TY_FLOAT ? " (convert with int(...))" : "");
     }
   }
   s->fn = NULL;
@@ -572,7 +746,7 @@ static bool check_mask_expr(Sema *s, Expr *e, int depth) {
       if (d)
         diag_error(s->d, e->loc, "'%s' is a %s, not a mask", d->id, kind_name(d->kind));
       else if (!lost_name(s, e->name.id))
-        diag_error(s->d, e->loc, "unknown mask '%s'", e->name.id);
+        diag_error(s->d, e->loc, "unknown mask '%s'%s", e->name.id, did_you_mean(s, e->name.id, W_MASK));
       ok = false;
     }
   } else if (e->kind == EX_UNARY && e->op.op == AOP_NOT) {
@@ -599,7 +773,8 @@ static void check_kernel(Sema *s, Decl *k) {
       diag_error(s->d, k->kernel.score_loc, "'%s' is a %s, not a score function", d->id,
                  kind_name(d->kind));
     else if (!lost_name(s, k->kernel.score))
-      diag_error(s->d, k->kernel.score_loc, "unknown score function '%s'", k->kernel.score);
+      diag_error(s->d, k->kernel.score_loc, "unknown score function '%s'%s", k->kernel.score,
+                 did_you_mean(s, k->kernel.score, W_SCORE));
   }
   if (k->kernel.mask) check_mask_expr(s, k->kernel.mask, 0);
 }
@@ -615,225 +790,10 @@ static void check_namespace(Sema *s) {
       diag_note(s->d, first->loc, "'%s' was first defined here", d->id);
     } else if (predefined(d->id)) {
       diag_error(s->d, d->loc, "'%s' is a predefined name and cannot be redefined", d->id);
-    } else if ((d->kind == D_SCORE || d->kind == D_MASK) && builtin_lookup(d->id) != BI_NONE) {
+    } else if (fe_is_fn(d) && builtin_lookup(d->id) != BI_NONE) {
       diag_error(s->d, d->loc, "'%s' is a builtin function; pick another name", d->id);
     }
   }
-}
-
-/* ---- the call graph: recursion and inlining limits --------------------------- */
-
-/* Calls are inlined, so a chain of calls deeper than this, or a function
- * whose inlined body has more expression nodes than FE_MAX_INLINED, is an
- * error (lowering would exhaust its guard, or memory, instead). */
-#define FE_MAX_CALL_DEPTH 200
-#define FE_MAX_INLINED (1 << 20)
-
-/* The functions of a program and the calls between them, by caller. */
-typedef struct CallGraph {
-  Decl **fn;     /* score and mask functions, in source order */
-  Decl **byptr;  /* the same, sorted by address (slot lookup) */
-  int *slotof;   /* slot of byptr[i] */
-  int n;         /* functions */
-  int *first;    /* out[first[v] .. first[v+1]) are v's calls, in source order */
-  Edge **out;    /* every call, grouped by caller */
-  int *to;       /* slot of out[i]->to */
-} CallGraph;
-
-static int cmp_ptr(const void *x, const void *y) {
-  uintptr_t a = (uintptr_t) * (Decl *const *)x, b = (uintptr_t) * (Decl *const *)y;
-  return a < b ? -1 : a > b;
-}
-
-static int slot_of(const CallGraph *g, const Decl *d) {
-  int lo = 0, hi = g->n - 1;
-  while (lo <= hi) {
-    int mid = (lo + hi) / 2;
-    if (g->byptr[mid] == d) return g->slotof[mid];
-    if ((uintptr_t)g->byptr[mid] < (uintptr_t)d) lo = mid + 1;
-    else hi = mid - 1;
-  }
-  PANIC("function '%s' is not in the program", d->id);
-}
-
-static void graph_build(Sema *s, CallGraph *g) {
-  Arena *a = s->a;
-  int nd = s->p->ndecls;
-  g->fn = arena_alloc(a, sizeof(Decl *) * (size_t)(nd + 1));
-  g->n = 0;
-  for (int i = 0; i < nd; i++)
-    if (s->p->decls[i]->kind == D_SCORE || s->p->decls[i]->kind == D_MASK) g->fn[g->n++] = s->p->decls[i];
-  g->byptr = arena_alloc(a, sizeof(Decl *) * (size_t)(g->n + 1));
-  if (g->n) memcpy(g->byptr, g->fn, sizeof(Decl *) * (size_t)g->n);
-  qsort(g->byptr, (size_t)g->n, sizeof(Decl *), cmp_ptr);
-  g->slotof = arena_alloc(a, sizeof(int) * (size_t)(g->n + 1));
-  for (int i = 0; i < g->n; i++) g->slotof[i] = -1;
-  for (int v = 0; v < g->n; v++) { /* slot v of fn[v]: find it in byptr */
-    Decl **hit = bsearch(&g->fn[v], g->byptr, (size_t)g->n, sizeof(Decl *), cmp_ptr);
-    g->slotof[hit - g->byptr] = v;
-  }
-  g->first = arena_alloc(a, sizeof(int) * (size_t)(g->n + 2));
-  memset(g->first, 0, sizeof(int) * (size_t)(g->n + 2));
-  int *from = arena_alloc(a, sizeof(int) * (size_t)(s->nedges + 1));
-  for (int e = 0; e < s->nedges; e++) {
-    from[e] = slot_of(g, s->edges[e].from);
-    g->first[from[e] + 2]++;
-  }
-  for (int v = 0; v < g->n; v++) g->first[v + 2] += g->first[v + 1];
-  g->out = arena_alloc(a, sizeof(Edge *) * (size_t)(s->nedges + 1));
-  g->to = arena_alloc(a, sizeof(int) * (size_t)(s->nedges + 1));
-  for (int e = 0; e < s->nedges; e++) { /* stable counting sort by caller */
-    int at = g->first[from[e] + 1]++;
-    g->out[at] = &s->edges[e];
-    g->to[at] = slot_of(g, s->edges[e].to);
-  }
-}
-
-/* Is there a call path from `root` back to itself? Iterative DFS; on success
- * the path (edges) is left in `path`, its length returned; 0 if none. */
-static int find_cycle(Sema *s, const CallGraph *g, int root, Edge **path, bool *seen) {
-  int *next = arena_alloc(s->a, sizeof(int) * (size_t)(g->n + 1));
-  int *node = arena_alloc(s->a, sizeof(int) * (size_t)(g->n + 1));
-  int top = 0;
-  node[0] = root;
-  next[0] = g->first[root];
-  memset(seen, 0, (size_t)g->n);
-  while (top >= 0) {
-    int e = next[top]++;
-    if (e >= g->first[node[top] + 1]) {
-      top--;
-      continue;
-    }
-    path[top] = g->out[e];
-    if (g->to[e] == root) return top + 1;
-    if (seen[g->to[e]]) continue;
-    seen[g->to[e]] = true;
-    top++;
-    node[top] = g->to[e];
-    next[top] = g->first[node[top]];
-  }
-  return 0;
-}
-
-static void report_recursion(Sema *s, const CallGraph *g) {
-  bool *reported = arena_alloc(s->a, (size_t)g->n + 1);
-  bool *seen = arena_alloc(s->a, (size_t)g->n + 1);
-  Edge **path = arena_alloc(s->a, sizeof(Edge *) * (size_t)(g->n + 1));
-  memset(reported, 0, (size_t)g->n + 1);
-  for (int v = 0; v < g->n; v++) {
-    if (reported[v]) continue;
-    int len = find_cycle(s, g, v, path, seen);
-    if (!len) continue;
-    Buf b = {0};
-    for (int k = 1; k < len; k++) {
-      buf_printf(&b, "%s'%s'", k == 1 ? " (through " : ", ", path[k]->from->id);
-      reported[slot_of(g, path[k]->from)] = true;
-    }
-    if (len > 1) buf_puts(&b, ")");
-    diag_error(s->d, path[0]->loc, "recursion: '%s' calls itself%s", g->fn[v]->id, b.data ? b.data : "");
-    buf_free(&b);
-    reported[v] = true;
-  }
-}
-
-/* Expression nodes of `e`, not counting what its calls inline. Below
- * FE_MAX_DEPTH nothing is counted: such a tree is already an error, and the
- * cap keeps the recursion off the end of the stack. */
-static int64_t expr_nodes(const Expr *e, int depth) {
-  int64_t n = 1;
-  if (depth > FE_MAX_DEPTH) return n;
-  switch (e->kind) {
-  case EX_UNARY: n += expr_nodes(e->op.a, depth + 1); break;
-  case EX_BINARY: n += expr_nodes(e->op.a, depth + 1) + expr_nodes(e->op.b, depth + 1); break;
-  case EX_COND: n += expr_nodes(e->cond.c, depth + 1) + expr_nodes(e->cond.a, depth + 1) + expr_nodes(e->cond.b, depth + 1); break;
-  case EX_CALL:
-    for (int i = 0; i < e->call.nargs; i++) n += expr_nodes(e->call.args[i], depth + 1);
-    break;
-  case EX_INDEX:
-    for (int i = 0; i < e->index.nargs; i++) n += expr_nodes(e->index.args[i], depth + 1);
-    break;
-  default: break;
-  }
-  return n;
-}
-
-static int64_t fn_nodes(const Decl *f) {
-  int64_t n = f->fn.ret ? expr_nodes(f->fn.ret, 0) : 0;
-  for (int i = 0; i < f->fn.nlets; i++) n += expr_nodes(f->fn.lets[i]->value, 0);
-  return n;
-}
-
-/* Longest call chain and inlined size of every function, by an iterative
- * post-order DFS; returns whether a call cycle was met (its edges are left
- * out of both measures; report_recursion names it). */
-static bool measure_calls(Sema *s, const CallGraph *g, int *depth, int64_t *size) {
-  Arena *a = s->a;
-  char *color = arena_alloc(a, (size_t)g->n + 1); /* 0 new, 1 on the stack, 2 done */
-  int *node = arena_alloc(a, sizeof(int) * (size_t)(g->n + 1));
-  int *next = arena_alloc(a, sizeof(int) * (size_t)(g->n + 1));
-  memset(color, 0, (size_t)g->n + 1);
-  bool cycle = false;
-  for (int r = 0; r < g->n; r++) {
-    if (color[r]) continue;
-    int top = 0;
-    node[0] = r;
-    next[0] = g->first[r];
-    color[r] = 1;
-    depth[r] = 0;
-    size[r] = fn_nodes(g->fn[r]);
-    while (top >= 0) {
-      int v = node[top], e = next[top]++;
-      if (e >= g->first[v + 1]) {
-        color[v] = 2;
-        top--;
-        continue;
-      }
-      int w = g->to[e];
-      if (color[w] == 0) {
-        color[w] = 1;
-        depth[w] = 0;
-        size[w] = fn_nodes(g->fn[w]);
-        next[top]--; /* come back to this edge once w is done */
-        top++;
-        node[top] = w;
-        next[top] = g->first[w];
-      } else if (color[w] == 1) {
-        cycle = true;
-      } else {
-        if (depth[w] + 1 > depth[v]) depth[v] = depth[w] + 1;
-        size[v] += size[w];
-        if (size[v] > FE_MAX_INLINED) size[v] = FE_MAX_INLINED + 1;
-      }
-    }
-  }
-  return cycle;
-}
-
-/* Recursion is an error; so are calls that inline too deep or too much.
- * Each limit is reported once, at the first function over it. */
-static void check_calls(Sema *s) {
-  CallGraph g;
-  graph_build(s, &g);
-  int *depth = arena_alloc(s->a, sizeof(int) * (size_t)(g.n + 1));
-  int64_t *size = arena_alloc(s->a, sizeof(int64_t) * (size_t)(g.n + 1));
-  if (measure_calls(s, &g, depth, size)) {
-    report_recursion(s, &g);
-    return;
-  }
-  for (int v = 0; v < g.n; v++)
-    if (depth[v] > FE_MAX_CALL_DEPTH) {
-      diag_error(s->d, g.fn[v]->loc,
-                 "calls nested too deeply: '%s' starts a chain of %d calls (at most %d; calls are inlined)",
-                 g.fn[v]->id, depth[v], FE_MAX_CALL_DEPTH);
-      break;
-    }
-  for (int v = 0; v < g.n; v++)
-    if (size[v] > FE_MAX_INLINED) {
-      diag_error(s->d, g.fn[v]->loc,
-                 "'%s' is too large once its calls are inlined (more than %d expression nodes)",
-                 g.fn[v]->id, FE_MAX_INLINED);
-      break;
-    }
 }
 
 static int check_program(Arena *a, Program *p, Diags *d, const FeLost *lost) {
@@ -847,10 +807,10 @@ static int check_program(Arena *a, Program *p, Diags *d, const FeLost *lost) {
     Decl *x = p->decls[i];
     if (broken(&s, x)) continue;
     if (x->kind == D_CONST) check_const(&s, x);
-    else if (x->kind == D_SCORE || x->kind == D_MASK) check_fn(&s, x);
+    else if (fe_is_fn(x)) check_fn(&s, x);
     else if (x->kind == D_KERNEL && !x->kernel.implicit) check_kernel(&s, x);
   }
-  check_calls(&s);
+  fe_check_calls(a, p, d, s.edges, s.nedges);
   return d->errors - before;
 }
 

@@ -101,7 +101,8 @@ static void rule(Ad *d, int i, int g) {
   case IR_ABS_I: case IR_ADD_I: case IR_SUB_I: case IR_MUL_I: case IR_DIV_I: case IR_MOD_I:
   case IR_MIN_I: case IR_MAX_I: case IR_LT_I: case IR_LE_I: case IR_EQ_I: case IR_NE_I:
   case IR_LT_F: case IR_LE_F: case IR_EQ_F: case IR_NE_F: case IR_EQ_B: case IR_NE_B:
-  case IR_AND: case IR_OR:
+  case IR_AND: case IR_OR: case IR_BNOT: case IR_FLOORDIV: case IR_FLOORMOD: case IR_BAND:
+  case IR_BOR: case IR_BXOR: case IR_SHL: case IR_SHR:
     break;
   case IR_FLOOR: case IR_CEIL: break; /* piecewise constant: derivative 0 */
   case IR_NEG_F: give(d, a, op1(d, IR_NEG_F, g)); break; /* d(-a) = -da */
@@ -121,6 +122,9 @@ static void rule(Ad *d, int i, int g) {
     break;
   case IR_SIGMOID: /* d sig a = sig a (1 - sig a) da */
     give(d, a, mul(d, g, mul(d, i, op2(d, IR_SUB_F, cf(d, 1.0), i))));
+    break;
+  case IR_ERF: /* d erf a = 2/sqrt(pi) e^(-a^2) da */
+    give(d, a, mul(d, g, mul(d, cf(d, 1.12837916709551257390), op1(d, IR_EXP, op1(d, IR_NEG_F, op2(d, IR_MUL_F, a, a))))));
     break;
   case IR_SIN: give(d, a, mul(d, g, op1(d, IR_COS, a))); break;                 /* cos a da */
   case IR_COS: give(d, a, op1(d, IR_NEG_F, mul(d, g, op1(d, IR_SIN, a)))); break; /* -sin a da */

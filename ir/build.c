@@ -18,16 +18,6 @@ int ir_push(Arena *a, IrFunc *f, IrInst in) {
   return f->n - 1;
 }
 
-/* The IrType an ops.def type letter names (T is resolved by the caller). */
-static IrType type_of_letter(char c) {
-  switch (c) {
-  case 'B': return IT_BOOL;
-  case 'I': return IT_I32;
-  case 'F': return IT_F32;
-  default: return IT_VOID;
-  }
-}
-
 static int push_const(Arena *a, IrFunc *f, IrType t, IrVal v) {
   IrInst in;
   memset(&in, 0, sizeof in);
@@ -59,7 +49,7 @@ static int push_op(Arena *a, IrFunc *f, IrOp op, int n, const int *args) {
     CHECK(op == IR_SELECT);
     in.type = f->inst[args[1]].type;
   } else {
-    in.type = (uint8_t)type_of_letter(oi->rtype);
+    in.type = (uint8_t)ir_letter_type(oi->rtype);
   }
   return ir_push(a, f, in);
 }

@@ -10,11 +10,22 @@
 
 #include "ir.h"
 
-/* The pass names, in order, as `--after` spells them. */
-static const char *const pass_names[] = {"lower", "fold", "cse", "dce", "autodiff"};
-enum { NPASSES = sizeof pass_names / sizeof pass_names[0] };
+/* The passes, as `--after` spells them, in pipeline order: the one table
+ * the names, the pipeline and ir_pass_names() come from. */
+#define PASSES(P) P(LOWER, lower) P(FOLD, fold) P(CSE, cse) P(DCE, dce) P(AUTODIFF, autodiff)
+#define PASS_ENUM(E, n) PASS_##E,
+#define PASS_NAME(E, n) #n,
+#define PASS_LISTED(E, n) ", " #n
+enum { PASSES(PASS_ENUM) NPASSES };
+static const char *const pass_names[NPASSES] = {PASSES(PASS_NAME)};
+static const char pass_list[] = PASSES(PASS_LISTED);
 
-const char *ir_pass_names(void) { return "lower, fold, cse, dce, autodiff"; }
+/* The pipeline; with `grad` the second half runs too. */
+static const int pipeline[] = {PASS_LOWER, PASS_FOLD, PASS_CSE, PASS_DCE,
+                               PASS_AUTODIFF, PASS_FOLD, PASS_CSE, PASS_DCE};
+enum { NFORWARD = 4, NPIPELINE = sizeof pipeline / sizeof pipeline[0] };
+
+const char *ir_pass_names(void) { return pass_list + 2; /* past the first ", " */ }
 
 static void verify_all(const IrModule *m) {
 #ifdef FLEXC_VERIFY_IR
@@ -31,29 +42,27 @@ static void each(IrModule *m, void (*pass)(Arena *, IrFunc *)) {
   pass(m->arena, m->score);
   if (m->mask) pass(m->arena, m->mask);
   if (m->joint) pass(m->arena, m->joint);
-  verify_all(m);
 }
 
-/* fold, cse, dce; false when `after` names one of them (stop here). */
-static bool simplify(IrModule *m, const char *after) {
-  static void (*const passes[])(Arena *, IrFunc *) = {ir_fold, ir_cse, ir_dce};
-  for (int i = 0; i < 3; i++) {
-    each(m, passes[i]);
-    if (after && !strcmp(after, pass_names[i + 1])) return false;
+static void run(IrModule *m, int pass) {
+  switch (pass) {
+  case PASS_LOWER: break; /* done by ir_lower */
+  case PASS_FOLD: each(m, ir_fold); break;
+  case PASS_CSE: each(m, ir_cse); break;
+  case PASS_DCE: each(m, ir_dce); break;
+  case PASS_AUTODIFF: ir_autodiff(m); break;
   }
-  return true;
+  verify_all(m);
 }
 
 bool ir_compile(IrModule *m, bool grad, const char *after) {
-  bool known = after == NULL;
-  for (int i = 0; i < NPASSES; i++) known |= after && !strcmp(after, pass_names[i]);
-  if (!known) return false;
-  verify_all(m);
-  if (after && !strcmp(after, "lower")) return true;
-  if (!simplify(m, after) || !grad) return true;
-  ir_autodiff(m);
-  verify_all(m);
-  if (after && !strcmp(after, "autodiff")) return true;
-  simplify(m, NULL);
+  int stop = -1;
+  for (int p = 0; p < NPASSES && after; p++)
+    if (!strcmp(after, pass_names[p])) stop = p;
+  if (after && stop < 0) return false;
+  for (int i = 0; i < (grad ? NPIPELINE : NFORWARD); i++) {
+    run(m, pipeline[i]);
+    if (pipeline[i] == stop) return true; /* after its first run */
+  }
   return true;
 }

@@ -32,30 +32,6 @@ typedef struct Fold {
 
 static int add(Fold *F, IrInst in);
 
-/* ---- evaluation, generated from the EVAL column ---------------------------- */
-
-/* Leaves, loads and effects are never folded; only their EVAL spelling must
- * compile here, so the interpreter's helpers are stood in for. */
-#define ir_load(e, i, v) ((void)(e), (void)(i), (void)(v), ir_vi(0))
-#define ir_accum(e, i, v) ((void)(e), (void)(i), (void)(v), ir_vi(0))
-
-static IrVal eval(const IrInst *in, IrVal a, IrVal b, IrVal c) {
-  IrEnv env_storage;
-  memset(&env_storage, 0, sizeof env_storage);
-  IrEnv *env = &env_storage;
-  const IrVal *vals = NULL;
-  switch ((IrOp)in->op) {
-#define X(op, name, n, r, at, fl, ev, cu) case IR_##op: return (ev);
-#include "ops.def"
-#undef X
-  case IR_NOPS: break;
-  }
-  PANIC("eval: bad op %d", in->op);
-}
-
-#undef ir_load
-#undef ir_accum
-
 /* ---- helpers -------------------------------------------------------------- */
 
 static const IrInst *cst(const Fold *F, int x) {
@@ -127,6 +103,15 @@ static IrOp negated_cmp(IrOp op, bool *swap) {
 
 /* ---- simplification --------------------------------------------------------- */
 
+/* --x is x; |x| of |x| or of -x is |x| (ints and floats alike). */
+static int simplify_sign(Fold *F, const IrInst *in, IrOp neg, IrOp abs) {
+  const IrInst *x = &F->out->inst[in->args[0]];
+  if (in->op == neg && x->op == neg) return x->args[0];
+  if (in->op == abs && x->op == abs) return in->args[0];
+  if (in->op == abs && x->op == neg) return mk1(F, abs, (IrType)in->type, x->args[0], in->loc);
+  return -1;
+}
+
 /* Identities of integer arithmetic (all exact under wrapping). */
 static int simplify_int(Fold *F, const IrInst *in) {
   int x = in->args[0], y = in->args[1];
@@ -157,13 +142,17 @@ static int simplify_int(Fold *F, const IrInst *in) {
     if (is_i(F, y, 1) || is_i(F, y, -1)) return konst(F, t, ir_vi(0), in->loc);
     break;
   case IR_MIN_I: case IR_MAX_I: if (x == y) return x; break;
-  case IR_NEG_I: if (F->out->inst[x].op == IR_NEG_I) return F->out->inst[x].args[0]; break;
-  case IR_ABS_I: {
-    IrOp xo = (IrOp)F->out->inst[x].op;
-    if (xo == IR_ABS_I) return x;
-    if (xo == IR_NEG_I) return mk1(F, IR_ABS_I, t, F->out->inst[x].args[0], in->loc);
+  case IR_BAND:
+    if (is_i(F, y, -1) || x == y) return x;
+    if (is_i(F, y, 0)) return y;
     break;
-  }
+  case IR_BOR: if (is_i(F, y, 0) || x == y) return x; break;
+  case IR_BXOR:
+    if (is_i(F, y, 0)) return x;
+    if (x == y) return konst(F, t, ir_vi(0), in->loc);
+    break;
+  case IR_SHL: case IR_SHR: if (is_i(F, y, 0)) return x; break;
+  case IR_NEG_I: case IR_ABS_I: return simplify_sign(F, in, IR_NEG_I, IR_ABS_I);
   default: break;
   }
   return -1;
@@ -190,13 +179,7 @@ static int simplify_float(Fold *F, const IrInst *in) {
     if (is_f(F, y, -1.0)) return mk1(F, IR_NEG_F, t, x, in->loc);
     break;
   case IR_MIN_F: case IR_MAX_F: if (x == y) return x; break;
-  case IR_NEG_F: if (F->out->inst[x].op == IR_NEG_F) return F->out->inst[x].args[0]; break;
-  case IR_ABS_F: {
-    IrOp xo = (IrOp)F->out->inst[x].op;
-    if (xo == IR_ABS_F) return x;
-    if (xo == IR_NEG_F) return mk1(F, IR_ABS_F, t, F->out->inst[x].args[0], in->loc);
-    break;
-  }
+  case IR_NEG_F: case IR_ABS_F: return simplify_sign(F, in, IR_NEG_F, IR_ABS_F);
   case IR_I2F:
     if (F->out->inst[x].op == IR_B2I) return mk1(F, IR_B2F, t, F->out->inst[x].args[0], in->loc);
     break;
@@ -272,7 +255,7 @@ static int reassociate(Fold *F, const IrInst *in) {
   if (!(oi->flags & OPF_ASSOC) || !cst(F, in->args[1])) return -1;
   const IrInst *xi = &F->out->inst[in->args[0]];
   if (xi->op != in->op || !cst(F, xi->args[1])) return -1;
-  IrVal v = eval(in, cst(F, xi->args[1])->imm, cst(F, in->args[1])->imm, ir_vi(0));
+  IrVal v = ir_op_eval(in, cst(F, xi->args[1])->imm, cst(F, in->args[1])->imm, ir_vi(0));
   int k = konst(F, (IrType)in->type, v, in->loc);
   return mk2(F, (IrOp)in->op, (IrType)in->type, xi->args[0], k, in->loc);
 }
@@ -312,7 +295,7 @@ static int add(Fold *F, IrInst in) {
   if (foldable(F, &in)) {
     IrVal v[3] = {ir_vi(0), ir_vi(0), ir_vi(0)};
     for (int i = 0; i < in.nargs; i++) v[i] = cst(F, in.args[i])->imm;
-    return konst(F, (IrType)in.type, eval(&in, v[0], v[1], v[2]), in.loc);
+    return konst(F, (IrType)in.type, ir_op_eval(&in, v[0], v[1], v[2]), in.loc);
   }
   if (!(ir_ops[in.op].flags & (OPF_LEAF | OPF_EFFECT)) && in.op != IR_LOAD) {
     int r = simplify(F, &in);

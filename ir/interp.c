@@ -138,7 +138,7 @@ IrVal ir_eval(const IrFunc *f, IrEnv *env, IrVal *vals) {
     IrVal c = in->nargs > 2 ? vals[in->args[2]] : none;
     (void)a, (void)b, (void)c;
     switch ((IrOp)in->op) {
-#define X(op, name, n, r, t, fl, ev, cu)                                       \
+#define X(op, name, n, r, t, fl, ev, cu, iv)                                       \
   case IR_##op: vals[i] = (ev); break;
 #include "ops.def"
 #undef X

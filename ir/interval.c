@@ -81,25 +81,6 @@ static IrAbs abs_join(IrType t, IrAbs x, IrAbs y) {
   return abs_int(x.lo < y.lo ? x.lo : y.lo, x.hi > y.hi ? x.hi : y.hi);
 }
 
-/* ---- concrete evaluation of one op (all operands single values) ------------ */
-
-/* The interpreter's semantics, from the same ops.def column. */
-static IrVal point_eval(const IrInst *in, IrVal a, IrVal b, IrVal c) {
-  IrEnv dummy;
-  memset(&dummy, 0, sizeof dummy);
-  IrEnv *env = &dummy;
-  const IrVal *vals = NULL;
-  (void)env, (void)vals, (void)a, (void)b, (void)c;
-  switch ((IrOp)in->op) {
-#define X(op, name, n, r, t, fl, ev, cu)                                       \
-  case IR_##op: return (ev);
-#include "ops.def"
-#undef X
-  default: break;
-  }
-  PANIC("interval: bad op %d", (int)in->op);
-}
-
 /* ---- integer and boolean transfer functions --------------------------------- */
 
 /* The rules live in kernels/interval.cuh, shared with the device classifier. */
@@ -111,31 +92,34 @@ static FlexIvB to_ivb(IrAbs a) { return flex_ivb(a.may_false, a.may_true); }
 static IrAbs from_iv(FlexIvI r) { return abs_int(r.lo, r.hi); }
 static IrAbs from_ivb(FlexIvB r) { return abs_bool(r.may_false, r.may_true); }
 
-static IrAbs tf_int2(IrOp op, IrAbs a, IrAbs b) {
-  FlexIvI x = to_iv(a), y = to_iv(b);
+/* The rule of ops.def's IV column, when the op has one: operands and
+ * result converted by their types (FlexIvI for ints, FlexIvB for bools). */
+#define IV_ARGS_I FlexIvI x = to_iv(a), y = to_iv(b)
+#define IV_ARGS_B FlexIvB x = to_ivb(a), y = to_ivb(b)
+#define IV_ARGS_F int x = 0, y = 0
+#define IV_ARGS_T int x = 0, y = 0
+#define IV_ARGS_V int x = 0, y = 0
+#define IV_FROM(v) _Generic((v), FlexIvI: from_iv, FlexIvB: from_ivb)(v)
+#define IV0 false
+#define IV1(fn) (*out = IV_FROM(fn(x)), true)
+#define IV2(fn) (*out = IV_FROM(fn(x, y)), true)
+static bool tf_shared(IrOp op, IrAbs a, IrAbs b, IrAbs *out) {
   switch (op) {
-  case IR_ADD_I: return from_iv(flex_iv_add(x, y));
-  case IR_SUB_I: return from_iv(flex_iv_sub(x, y));
-  case IR_MUL_I: return from_iv(flex_iv_mul(x, y));
-  case IR_DIV_I: return from_iv(flex_iv_div(x, y));
-  case IR_MOD_I: return from_iv(flex_iv_mod(x, y));
-  case IR_MIN_I: return from_iv(flex_iv_imin(x, y));
-  case IR_MAX_I: return from_iv(flex_iv_imax(x, y));
-  default: return abs_top(IT_I32);
+#define X(o, name, n, r, at, fl, ev, cu, iv)                                   \
+  case IR_##o: {                                                               \
+    IV_ARGS_##at;                                                              \
+    (void)x, (void)y;                                                          \
+    return iv;                                                                 \
   }
-}
-
-/* Comparisons: decided when the ranges are ordered or disjoint. */
-static IrAbs tf_cmp_i(IrOp op, IrAbs a, IrAbs b) {
-  FlexIvI x = to_iv(a), y = to_iv(b);
-  switch (op) {
-  case IR_LT_I: return from_ivb(flex_iv_lt(x, y));
-  case IR_LE_I: return from_ivb(flex_iv_le(x, y));
-  case IR_EQ_I: return from_ivb(flex_iv_eq(x, y));
-  case IR_NE_I: return from_ivb(flex_iv_ne(x, y));
-  default: return abs_top(IT_BOOL);
+#include "ops.def"
+#undef X
+  case IR_NOPS: break;
   }
+  return false;
 }
+#undef IV0
+#undef IV1
+#undef IV2
 
 /* NaN compares false; ordered ranges decide the rest. */
 static IrAbs tf_cmp_f(IrOp op, IrAbs a, IrAbs b) {
@@ -158,9 +142,6 @@ static IrAbs tf_cmp_f(IrOp op, IrAbs a, IrAbs b) {
 
 static IrAbs tf_int1(IrOp op, IrAbs a) {
   switch (op) {
-  case IR_NEG_I: return from_iv(flex_iv_neg(to_iv(a)));
-  case IR_ABS_I: return from_iv(flex_iv_iabs(to_iv(a)));
-  case IR_B2I: return from_iv(flex_iv_b2i(to_ivb(a)));
   case IR_F2I: { /* monotone, saturating; NaN gives 0 */
     IrAbs r = abs_int(ir_f2i(a.flo), ir_f2i(a.fhi));
     return a.nan ? abs_join(IT_I32, r, abs_int(0, 0)) : r;
@@ -182,6 +163,7 @@ static double mono_inc(IrOp op, double x) {
   case IR_SQRT: return sqrt(x);
   case IR_TANH: return tanh(x);
   case IR_SIGMOID: return 1.0 / (1.0 + exp(-x));
+  case IR_ERF: return erf(x);
   case IR_FLOOR: return floor(x);
   case IR_CEIL: return ceil(x);
   default: PANIC("interval: %d is not monotone", (int)op);
@@ -208,7 +190,7 @@ static IrAbs tf_flt1(IrOp op, IrAbs a) {
     if (a.fhi < 0 || a.flo <= 0) return abs_top(IT_F32); /* NaN, or +-inf at zero */
     return abs_flt(1.0 / sqrt(a.fhi), 1.0 / sqrt(a.flo), a.nan);
   }
-  case IR_EXP: case IR_EXP2: case IR_TANH: case IR_SIGMOID: case IR_FLOOR: case IR_CEIL:
+  case IR_EXP: case IR_EXP2: case IR_TANH: case IR_SIGMOID: case IR_ERF: case IR_FLOOR: case IR_CEIL:
     return abs_flt(mono_inc(op, a.flo), mono_inc(op, a.fhi), a.nan);
   case IR_SIN: case IR_COS:
     return abs_flt(-1.0, 1.0, a.nan || isinf(a.flo) || isinf(a.fhi));
@@ -348,23 +330,21 @@ static IrAbs transfer(const IrModule *m, const IrIntervalEnv *env, const IrFunc 
   bool all = true;
   for (int k = 0; k < in->nargs && k < 3; k++)
     all = all && is_point(arg_type(f, in, k), vals[in->args[k]], &pv[k]);
-  if (all) return abs_point(t, point_eval(in, pv[0], in->nargs > 1 ? pv[1] : pv[0],
+  if (all) return abs_point(t, ir_op_eval(in, pv[0], in->nargs > 1 ? pv[1] : pv[0],
                                           in->nargs > 2 ? pv[2] : pv[0]));
+  IrAbs r;
+  if (tf_shared(op, a, b, &r)) return r;
   switch (op) {
-  case IR_NOT: return from_ivb(flex_ivb_not(to_ivb(a)));
-  case IR_AND: return from_ivb(flex_ivb_and(to_ivb(a), to_ivb(b)));
-  case IR_OR: return from_ivb(flex_ivb_or(to_ivb(a), to_ivb(b)));
   case IR_SELECT:
     if (!a.may_false) return b;
     if (!a.may_true) return c;
     return abs_join(t, b, c);
-  case IR_LT_I: case IR_LE_I: case IR_EQ_I: case IR_NE_I: return tf_cmp_i(op, a, b);
   case IR_LT_F: case IR_LE_F: case IR_EQ_F: case IR_NE_F: return tf_cmp_f(op, a, b);
   default: break;
   }
-  if (t == IT_I32) return in->nargs == 2 ? tf_int2(op, a, b) : tf_int1(op, a);
+  if (t == IT_I32) return in->nargs == 1 ? tf_int1(op, a) : abs_top(t);
   if (t == IT_F32) return in->nargs == 2 ? tf_flt2(op, a, b) : tf_flt1(op, a);
-  return abs_top(t); /* eq.b / ne.b over undecided operands */
+  return abs_top(t);
 }
 
 /* Mark the instructions the result depends on. */
@@ -377,19 +357,88 @@ static void mark_live(const IrFunc *f, bool *live) {
   }
 }
 
+/* ---- enumeration of one-argument values ---------------------------------------- */
+
+/* An int or bool value that depends on one argument only (q, say), through
+ * no load and no float, is evaluated at every value of that argument when
+ * its range is small: the exact set, where the per-op rules would lose the
+ * correlation between the operands (`x | (x >> 1)`, the deinterleaving of a
+ * Morton index). Masks too large for the table (ENUM_CELLS) are left to
+ * the per-op rules. */
+enum { ENUM_MAX = 256, ENUM_CELLS = 1 << 16 }; /* values per argument; values x instructions */
+
+typedef struct Enum {
+  unsigned *deps; /* per instruction: the arguments it depends on (bit ARG_*), LOAD_DEP */
+  bool *exact;    /* per instruction: enumerated */
+  IrVal *cv[ARG_COUNT]; /* per argument: range x f->n concrete values, or NULL */
+} Enum;
+#define LOAD_DEP (1u << ARG_COUNT)
+
+static bool enumerable(const IrInst *in) {
+  return in->nargs > 0 && in->op != IR_LOAD && in->type != IT_F32 && in->type != IT_VOID;
+}
+
+/* Try to give value i its exact set over argument `a` (range [lo, hi]). */
+static void enumerate(const IrFunc *f, const IrInst *in, int i, IrArg a, int64_t lo, int64_t hi,
+                      Enum *E, IrAbs *vals) {
+  IrVal pt[3] = {ir_vi(0), ir_vi(0), ir_vi(0)};
+  for (int k = 0; k < in->nargs; k++) { /* each operand: enumerated, the argument, or one value */
+    int o = in->args[k];
+    const IrInst *oi = &f->inst[o];
+    bool arg = oi->op == IR_ARG && oi->aux == (int)a;
+    if (!arg && !E->exact[o] && (E->deps[o] || !is_point((IrType)oi->type, vals[o], &pt[k]))) return;
+  }
+  int64_t n = hi - lo + 1;
+  if (!E->cv[a]) E->cv[a] = base_alloc((size_t)n * (size_t)f->n * sizeof(IrVal));
+  IrAbs r = {0};
+  for (int64_t x = 0; x < n; x++) {
+    IrVal *cv = E->cv[a] + x * f->n, op[3] = {pt[0], pt[1], pt[2]};
+    for (int k = 0; k < in->nargs; k++) {
+      int o = in->args[k];
+      const IrInst *oi = &f->inst[o];
+      op[k] = oi->op == IR_ARG && oi->aux == (int)a ? ir_vi((int32_t)(lo + x)) : E->exact[o] ? cv[o] : pt[k];
+    }
+    cv[i] = ir_op_eval(in, op[0], in->nargs > 1 ? op[1] : op[0], in->nargs > 2 ? op[2] : op[0]);
+    IrAbs p = abs_point((IrType)in->type, cv[i]);
+    r = x ? abs_join((IrType)in->type, r, p) : p;
+  }
+  vals[i] = r;
+  E->exact[i] = true;
+}
+
 IrAbs ir_interval_eval(const IrModule *m, const IrFunc *f, const IrIntervalEnv *env,
                        const IrAbs *args, IrAbs *vals) {
   bool stack[256], *live = f->n <= 256 ? stack : base_alloc((size_t)f->n);
   mark_live(f, live);
-  for (int i = 0; i <= f->ret; i++)
-    if (live[i]) vals[i] = transfer(m, env, f, &f->inst[i], vals, args);
+  Enum E;
+  memset(&E, 0, sizeof E);
+  E.deps = base_alloc((size_t)f->n * sizeof *E.deps);
+  E.exact = base_alloc((size_t)f->n);
+  for (int i = 0; i <= f->ret; i++) {
+    if (!live[i]) continue;
+    const IrInst *in = &f->inst[i];
+    vals[i] = transfer(m, env, f, in, vals, args);
+    unsigned d = in->op == IR_ARG ? 1u << in->aux : in->op == IR_LOAD ? LOAD_DEP : 0;
+    for (int k = 0; k < in->nargs; k++) d |= E.deps[in->args[k]];
+    E.deps[i] = d;
+    E.exact[i] = false;
+    for (int a = ARG_B; a <= ARG_KV; a++) {
+      int64_t lo = args[a].lo, hi = args[a].hi;
+      if (d == 1u << a && enumerable(in) && hi > lo && hi - lo < ENUM_MAX &&
+          (hi - lo + 1) * f->n <= ENUM_CELLS)
+        enumerate(f, in, i, (IrArg)a, lo, hi, &E, vals);
+    }
+  }
+  for (int a = 0; a < ARG_COUNT; a++) base_free(E.cv[a]);
+  base_free(E.deps);
+  base_free(E.exact);
   if (live != stack) base_free(live);
   return vals[f->ret];
 }
 
 /* ---- block classification ------------------------------------------------------ */
 
-static IrTri classify(const IrModule *m, const IrIntervalEnv *env, const int *r, IrAbs *vals) {
+static FlexBlockClass classify(const IrModule *m, const IrIntervalEnv *env, const int *r, IrAbs *vals) {
   IrAbs args[ARG_COUNT];
   for (int k = 0; k < ARG_COUNT; k++) args[k] = abs_top(k == ARG_S || k == ARG_DT ? IT_F32 : IT_I32);
   args[ARG_B] = abs_int(r[0], r[1]);
@@ -397,9 +446,9 @@ static IrTri classify(const IrModule *m, const IrIntervalEnv *env, const int *r,
   args[ARG_Q] = abs_int(r[4], r[5]);
   args[ARG_KV] = abs_int(r[6], r[7]);
   IrAbs v = ir_interval_eval(m, m->mask, env, args, vals);
-  if (!v.may_true) return IR_TRI_EMPTY;
-  if (!v.may_false) return IR_TRI_FULL;
-  return IR_TRI_PARTIAL;
+  if (!v.may_true) return FLEX_BLOCK_EMPTY;
+  if (!v.may_false) return FLEX_BLOCK_FULL;
+  return FLEX_BLOCK_PARTIAL;
 }
 
 /* Bit set of the arguments each live instruction depends on. */
@@ -421,7 +470,8 @@ static int64_t split_divisor(const IrFunc *f, const IrAbs *vals, IrArg arg) {
   for (int i = 0; i <= f->ret && !found; i++) {
     deps_of(f, i, deps);
     const IrInst *in = &f->inst[i];
-    if (!live[i] || (in->op != IR_DIV_I && in->op != IR_MOD_I) || !(deps[in->args[0]] & (1u << arg))) continue;
+    bool div = in->op == IR_DIV_I || in->op == IR_MOD_I || in->op == IR_FLOORDIV || in->op == IR_FLOORMOD;
+    if (!live[i] || !div || !(deps[in->args[0]] & (1u << arg))) continue;
     IrAbs d = vals[in->args[1]];
     if (d.lo == d.hi && (d.lo >= 2 || d.lo <= -2)) found = d.lo < 0 ? -d.lo : d.lo;
   }
@@ -447,36 +497,36 @@ static int pieces(int lo, int hi, int64_t d, int *cut) {
 
 /* A small case split over grid rows, for masks that map q or kv to (x / W,
  * x % W): on each piece the row is one value and the column a plain range. */
-static IrTri split_classify(const IrModule *m, const IrIntervalEnv *env, const int *r,
+static FlexBlockClass split_classify(const IrModule *m, const IrIntervalEnv *env, const int *r,
                             IrAbs *vals) {
   int64_t dq = split_divisor(m->mask, vals, ARG_Q), dk = split_divisor(m->mask, vals, ARG_KV);
-  if (!dq && !dk) return IR_TRI_PARTIAL;
+  if (!dq && !dk) return FLEX_BLOCK_PARTIAL;
   int cq[MAX_PIECES + 1], ck[MAX_PIECES + 1];
   int nq = pieces(r[4], r[5], dq, cq), nk = pieces(r[6], r[7], dk, ck);
-  if (nq == 0 || nk == 0 || nq * nk == 1) return IR_TRI_PARTIAL;
+  if (nq == 0 || nk == 0 || nq * nk == 1) return FLEX_BLOCK_PARTIAL;
   bool any_full = false, any_empty = false;
   for (int i = 0; i < nq; i++)
     for (int j = 0; j < nk; j++) {
       int s[8] = {r[0], r[1], r[2], r[3], cq[i], cq[i + 1] - 1, ck[j], ck[j + 1] - 1};
-      IrTri t = classify(m, env, s, vals);
-      if (t == IR_TRI_PARTIAL) return t;
-      any_full |= t == IR_TRI_FULL;
-      any_empty |= t == IR_TRI_EMPTY;
-      if (any_full && any_empty) return IR_TRI_PARTIAL;
+      FlexBlockClass t = classify(m, env, s, vals);
+      if (t == FLEX_BLOCK_PARTIAL) return t;
+      any_full |= t == FLEX_BLOCK_FULL;
+      any_empty |= t == FLEX_BLOCK_EMPTY;
+      if (any_full && any_empty) return FLEX_BLOCK_PARTIAL;
     }
-  return any_full ? IR_TRI_FULL : IR_TRI_EMPTY;
+  return any_full ? FLEX_BLOCK_FULL : FLEX_BLOCK_EMPTY;
 }
 
-IrTri ir_interval_mask(const IrModule *m, const IrIntervalEnv *env, int b0, int b1, int h0,
+FlexBlockClass ir_interval_mask(const IrModule *m, const IrIntervalEnv *env, int b0, int b1, int h0,
                        int h1, int q0, int q1, int kv0, int kv1) {
-  if (!m->mask) return IR_TRI_FULL;
+  if (!m->mask) return FLEX_BLOCK_FULL;
   CHECK(b0 <= b1 && h0 <= h1 && q0 <= q1 && kv0 <= kv1);
   static const IrIntervalEnv none;
   if (!env) env = &none;
   int r[8] = {b0, b1, h0, h1, q0, q1, kv0, kv1};
   IrAbs stack[128], *vals = m->mask->n <= 128 ? stack : base_alloc((size_t)m->mask->n * sizeof *vals);
-  IrTri t = classify(m, env, r, vals);
-  if (t == IR_TRI_PARTIAL) t = split_classify(m, env, r, vals);
+  FlexBlockClass t = classify(m, env, r, vals);
+  if (t == FLEX_BLOCK_PARTIAL) t = split_classify(m, env, r, vals);
   if (vals != stack) base_free(vals);
   return t;
 }

@@ -22,13 +22,8 @@
 #include <stdint.h>
 
 #include "ir.h"
+#include "../kernels/interval.cuh" /* FlexBlockClass */
 
-/* How a mask classifies a block. */
-typedef enum IrTri {
-  IR_TRI_EMPTY,   /* the mask is false on every element: skip the block */
-  IR_TRI_FULL,    /* true on every element: no per-element mask needed */
-  IR_TRI_PARTIAL, /* mixed, or the analysis could not tell */
-} IrTri;
 
 /* What the analysis reads besides the block's ranges (all may be NULL:
  * the corresponding values are then unknown). */
@@ -55,7 +50,7 @@ IrAbs ir_interval_eval(const IrModule *m, const IrFunc *f, const IrIntervalEnv *
 /* Classify the block b in [b0, b1], h in [h0, h1], q in [q0, q1],
  * kv in [kv0, kv1] (inclusive, non-empty) for m->mask (FULL when there is
  * no mask). Sound: PARTIAL when unsure, never a wrong EMPTY or FULL. */
-IrTri ir_interval_mask(const IrModule *m, const IrIntervalEnv *env, int b0, int b1, int h0,
+FlexBlockClass ir_interval_mask(const IrModule *m, const IrIntervalEnv *env, int b0, int b1, int h0,
                        int h1, int q0, int q1, int kv0, int kv1);
 
 /* Whether the mask depends only on what the analysis handles well (no

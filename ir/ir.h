@@ -1,6 +1,9 @@
 /* ir.h: the SSA IR and its passes, in pipeline order.
  *
- *   ops.def    the one op table (enum, names, printer, folding, interpreter, CUDA)
+ *   ops.def    the one op table (enum, names, printer, folding, interpreter,
+ *              interval rules, CUDA); ops.c its info table and ir_op_eval()
+ *   front.c    ir_front():    parse, check, lower, compile: the one front half
+ *   values.c   ir_check_values(): consts and dimensions evaluated, value errors
  *   lower.c    ir_lower():    AST of one kernel -> IrModule (calls inlined)
  *   fold.c     ir_fold():     exact constant folding + algebraic simplification
  *   cse.c      ir_cse():      common subexpressions
@@ -31,7 +34,7 @@ typedef enum IrType { IT_VOID, IT_BOOL, IT_I32, IT_F32 } IrType;
 const char *ir_type_name(IrType t); /* "void", "bool", "i32", "f32" */
 
 typedef enum IrOp {
-#define X(op, name, n, r, a, fl, ev, cu) IR_##op,
+#define X(op, name, n, r, a, fl, ev, cu, iv) IR_##op,
 #include "ops.def"
 #undef X
   IR_NOPS
@@ -48,8 +51,11 @@ typedef struct IrOpInfo {
   char rtype, atype; /* 'B' 'I' 'F' 'V' 'T' as in ops.def */
   int flags;         /* OPF_* */
   const char *cuda;  /* CUDA spelling with %0 %1 %2 */
+  const char *iv;    /* interval rule of kernels/interval.cuh (flex_iv_add); NULL: none */
 } IrOpInfo;
 extern const IrOpInfo ir_ops[IR_NOPS];
+/* The IrType an ops.def type letter names (B I F; T and V give IT_VOID). */
+IrType ir_letter_type(char c);
 
 /* A scalar value. Floats are carried in binary64 (the interpreter's
  * precision); CONST floats always hold a binary32-representable value. */
@@ -121,7 +127,7 @@ typedef struct IrBuffer {
 } IrBuffer;
 
 /* An integer size known at launch. Slots 0..SZ_COUNT-1 are B H HKV Q_LEN
- * KV_LEN; later slots are free symbols bound from a buffer's shape. */
+ * KV_LEN TOTAL_Q TOTAL_KV Q_START KV_START; later slots are free symbols bound from a buffer's shape. */
 typedef struct IrSize {
   const char *id;
   int buffer, dim;  /* free symbols: where the value comes from; -1 for predefined */
@@ -174,17 +180,22 @@ static inline int32_t ir_f2i(double x) {
 
 /* ---- passes -------------------------------------------------------------- */
 
-/* Lower the kernel `kernel` (a D_KERNEL decl of a checked program) into a new
- * module in `a`. Reports errors that need values (a constant zero divisor, a
- * bad const dimension) to `d`; returns NULL if there were any. */
-IrModule *ir_lower(Arena *a, const Program *p, const Decl *kernel, Diags *d);
-/* Lower one score or mask function standalone (used by `flexc check` to
- * check functions no kernel uses). Returns the error count. */
-int ir_lower_check(Arena *a, const Program *p, const Decl *fn, Diags *d);
-/* ir_lower_check on every score, mask, const and buffer of the file, used by
- * a kernel or not, so that every command rejects the same files. Returns the
- * error count (a repeated error is reported once). */
-int ir_lower_check_all(Arena *a, const Program *p, Diags *d);
+/* sum(i, LO, HI, EXPR) unrolls at most this many terms. */
+#define IR_MAX_SUM 4096
+
+/* The value half of checking (values.c), after fe_check: evaluates every
+ * const (Decl.cnst.folded) and const dimension (Dim.value) of the file and
+ * reports the errors only values reveal (a constant zero divisor, a
+ * dimension that is not positive), in every declaration, used by a kernel
+ * or not. Returns the error count. */
+int ir_check_values(Arena *a, Program *p, Diags *d);
+/* The value of a constant expression of a checked program whose consts are
+ * folded: lowered and folded (ir_fold_eval). False when `e` is not constant
+ * after all (it reads a let, say). Reports nothing. */
+bool ir_const_eval(Arena *a, const Program *p, const Expr *e, IrVal *out);
+/* Lower the kernel `kernel` (a D_KERNEL decl of a program that passed
+ * fe_check and ir_check_values) into a new module in `a`. Never fails. */
+IrModule *ir_lower(Arena *a, const Program *p, const Decl *kernel);
 
 void ir_fold(Arena *a, IrFunc *f);    /* fold + simplify, then drop dead code */
 /* Fold every op, OPF_INEXACT ones included: the value of a `const`, a
@@ -205,6 +216,15 @@ void ir_verify(const IrModule *m, const IrFunc *f);
 bool ir_compile(IrModule *m, bool grad, const char *after);
 /* The pass names `after` accepts, in order: "lower, fold, cse, dce, autodiff". */
 const char *ir_pass_names(void);
+
+/* The front half (front.c): parse, check, pick `kernel` (NULL: the file's
+ * only or implicit one), lower and compile (ir_compile's `grad` and
+ * `after`). NULL with the diagnostics in `d` on any user error. */
+IrModule *ir_front(Arena *a, const Source *src, const char *kernel, bool grad, const char *after,
+                   Diags *d);
+/* The front half for a whole file (`flexc check`): every declaration and
+ * every kernel the file has, used or not. Returns the error count. */
+int ir_front_check(Arena *a, const Source *src, Diags *d);
 
 /* Text form of a function / of the whole module. */
 void ir_print_func(Buf *out, const IrModule *m, const IrFunc *f);
@@ -240,6 +260,10 @@ typedef struct IrEnv {
 /* Evaluate f in binary64 / wrapping i32; returns the value of f->ret. `vals`
  * is scratch space of at least f->n values. */
 IrVal ir_eval(const IrFunc *f, IrEnv *env, IrVal *vals);
+/* The EVAL column of one pure op (no leaf, load or accum) on operand values
+ * a, b, c: the interpreter's semantics, for the folder and the interval
+ * analysis. */
+IrVal ir_op_eval(const IrInst *in, IrVal a, IrVal b, IrVal c);
 /* The message of a failed buffer access, as every checked run words it:
  * "WHAT buffer 'NAME' [i, j] (shape [n, m]) at FILE:LINE:COL" (shape when
  * given, location when src is not NULL). */

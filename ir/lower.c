@@ -6,8 +6,9 @@
  * its arguments in the caller, then the callee's body in a new Frame whose
  * parameters are those values. Lets are lowered once, in order, when their
  * frame is entered (unused ones are left to dead code elimination, but their
- * errors are still reported). Consts become their value, computed by the
- * folder (ir_fold_eval), and so do const buffer dimensions.
+ * values are still checked). Consts and const buffer dimensions become the
+ * values checking computed (ir_check_values): lowering reports nothing, and
+ * whatever it finds wrong is a compiler bug, asserted.
  *
  * Every instruction keeps the Loc of the AST node that produced it; the
  * conversions inserted for promotion keep the Loc of the operand.
@@ -19,48 +20,28 @@
 /* One function body being inlined (or a root: the kernel's score or mask). */
 typedef struct Frame {
   const Decl *fn;  /* the function whose body this is; NULL for a mask root */
-  int args[5];     /* value of each parameter; -1: a root's, created on first use */
+  int *args;       /* value of each parameter; -1: a root's, created on first use */
   IrArg argbase;   /* roots: the IrArg of parameter 0 (ARG_S or ARG_B) */
   int *lets;       /* value of each let, by position */
+  const Expr **sum_of; /* the sums being unrolled here, innermost last ... */
+  int *sum_at;     /* ... and the value of each one's index */
+  int nsums, sumcap, atcap;
   bool constonly;  /* evaluating a constant: anything else makes it not constant */
   int depth;       /* inlining depth (sema rejects recursion; this is a guard) */
 } Frame;
-
-/* A const's value, computed once per lowering. */
-typedef struct ConstVal {
-  const Decl *decl;
-  IrVal v;
-} ConstVal;
 
 /* State of one lowering. */
 typedef struct Lower {
   Arena *a;
   const Program *p;
-  Diags *d;
   IrModule *m;
   IrFunc *f;            /* the function being built */
-  const Decl **bufs;    /* buffer slot -> its declaration */
-  const Decl **params;  /* param slot -> its declaration */
-  uint32_t *reported;   /* start offsets of errors already reported (inlining repeats bodies) */
-  size_t nreported, capreported;
-  ConstVal *consts;     /* consts evaluated so far */
-  size_t nconsts, capconsts;
-  int errors;           /* errors reported by this lowering */
-  bool quiet;           /* don't report module-level errors (ir_lower_check) */
   bool notconst;        /* const evaluation met something that is not constant */
 } Lower;
 
 static int expr(Lower *L, Frame *fr, const Expr *e);
 
 /* ---- helpers -------------------------------------------------------------- */
-
-static void error_at(Lower *L, Loc loc, const char *msg) {
-  for (size_t i = 0; i < L->nreported; i++)
-    if (L->reported[i] == loc.start) return;
-  ARENA_PUSH(L->a, L->reported, L->nreported, L->capreported, loc.start);
-  L->errors++;
-  diag_error(L->d, loc, "%s", msg);
-}
 
 static IrType irtype(Type t) {
   switch (t) {
@@ -119,10 +100,11 @@ static int operand(Lower *L, Frame *fr, const Expr *e, IrType t) {
   return convert(L, expr(L, fr, e), t, e->loc);
 }
 
-static int slot_of(const Decl **decls, int n, const Decl *d) {
-  for (int i = 0; i < n; i++)
-    if (decls[i] == d) return i;
-  PANIC("declaration '%s' has no slot", d->id);
+/* A param's or buffer's slot: its position among the file's declarations
+ * of its kind (Decl.index). */
+static int slot_of(const Decl *d, int n) {
+  CHECK(d->index >= 0 && d->index < n);
+  return d->index;
 }
 
 static int size_slot(const IrModule *m, const char *id) {
@@ -151,22 +133,26 @@ static bool eval_const(Lower *L, const Expr *e, IrVal *out) {
   return ok;
 }
 
-static bool const_value(Lower *L, const Decl *c, IrVal *out) {
-  for (size_t i = 0; i < L->nconsts; i++)
-    if (L->consts[i].decl == c) {
-      *out = L->consts[i].v;
-      return true;
-    }
-  if (!eval_const(L, c->cnst.value, out)) return false;
-  ConstVal cv = {c, *out};
-  ARENA_PUSH(L->a, L->consts, L->nconsts, L->capconsts, cv);
-  return true;
+bool ir_const_eval(Arena *a, const Program *p, const Expr *e, IrVal *out) {
+  Lower L;
+  memset(&L, 0, sizeof L);
+  L.a = a;
+  L.p = p;
+  return eval_const(&L, e, out);
 }
 
 /* Something a constant cannot contain: note it and stand in a zero. */
 static int not_const(Lower *L, IrType t, Loc loc) {
   L->notconst = true;
   return konst(L, t, ir_vi(0), loc);
+}
+
+/* A const's value, as checking folded it. */
+static int const_ref(Lower *L, const Expr *e) {
+  const Expr *v = e->name.decl->cnst.folded;
+  CHECK(v && v->type == e->type);
+  IrVal x = v->kind == EX_INT ? ir_vi(v->ival) : v->kind == EX_FLOAT ? ir_vf(v->fval) : ir_vb(v->bval);
+  return konst(L, irtype(e->type), x, e->loc);
 }
 
 /* ---- names ---------------------------------------------------------------- */
@@ -193,11 +179,7 @@ static int name(Lower *L, Frame *fr, const Expr *e) {
   switch (e->name.ref) {
   case REF_INF: return konst(L, IT_F32, ir_vf(INFINITY), e->loc);
   case REF_PI: return konst(L, IT_F32, ir_vf(3.14159265358979323846), e->loc);
-  case REF_CONST: {
-    IrVal v;
-    if (!const_value(L, e->name.decl, &v)) return not_const(L, t, e->loc);
-    return konst(L, t, v, e->loc);
-  }
+  case REF_CONST: return const_ref(L, e);
   default: break;
   }
   if (fr->constonly) return not_const(L, t, e->loc);
@@ -205,8 +187,12 @@ static int name(Lower *L, Frame *fr, const Expr *e) {
   case REF_ARG: return arg_value(L, fr, e->name.arg, e->loc);
   case REF_LET: return let_value(fr, e->name.let);
   case REF_PARAM:
-    return leaf(L, IR_PARAM, t, slot_of(L->params, L->m->nparams, e->name.decl), e->loc);
+    return leaf(L, IR_PARAM, t, slot_of(e->name.decl, L->m->nparams), e->loc);
   case REF_SIZE: return leaf(L, IR_SIZE, IT_I32, e->name.size, e->loc);
+  case REF_SUM:
+    for (int i = fr->nsums - 1; i >= 0; i--)
+      if (fr->sum_of[i] == e->name.sum) return fr->sum_at[i];
+    PANIC("sum index '%s' outside its sum", e->name.id);
   case REF_SYM: {
     int s = size_slot(L->m, e->name.decl->buffer.dims[e->name.dim].id);
     CHECK(s >= 0);
@@ -235,25 +221,19 @@ static IrOp binop(AstOp op, IrType t, bool *swap) {
   case AOP_NE: return bo ? IR_NE_B : fl ? IR_NE_F : IR_NE_I;
   case AOP_AND: if (bo) return IR_AND; break;
   case AOP_OR: if (bo) return IR_OR; break;
+  case AOP_BAND: return bo ? IR_AND : IR_BAND; /* on bools: logic, both sides evaluated */
+  case AOP_BOR: return bo ? IR_OR : IR_BOR;
+  case AOP_BXOR: return bo ? IR_NE_B : IR_BXOR;
+  case AOP_SHL: if (in) return IR_SHL; break;
+  case AOP_SHR: if (in) return IR_SHR; break;
   default: break;
   }
   PANIC("operator %s on %s", astop_spelling(op), ir_type_name(t));
 }
 
-/* A divisor that is a compile-time constant zero is an error (at run time
- * x / 0 and x % 0 are defined, so only constant ones are caught). */
-static void check_divisor(Lower *L, const Expr *div) {
-  IrVal v;
-  if (!div->constexpr_ || !eval_const(L, div, &v)) return;
-  IrType t = irtype(div->type);
-  if ((t == IT_I32 && v.i == 0) || (t == IT_F32 && v.f == 0.0) || (t == IT_BOOL && !v.b))
-    error_at(L, div->loc, "division by a constant zero");
-}
-
 static int binary(Lower *L, Frame *fr, const Expr *e) {
   AstOp op = e->op.op;
   IrType t = irtype(e->op.optype);
-  if (op == AOP_DIV || op == AOP_MOD) check_divisor(L, e->op.b);
   bool swap;
   IrOp ir = binop(op, t, &swap);
   int x = operand(L, fr, e->op.a, t);
@@ -263,6 +243,7 @@ static int binary(Lower *L, Frame *fr, const Expr *e) {
 
 static int unary(Lower *L, Frame *fr, const Expr *e) {
   if (e->op.op == AOP_NOT) return op1(L, IR_NOT, operand(L, fr, e->op.a, IT_BOOL), e->loc);
+  if (e->op.op == AOP_BNOT) return op1(L, IR_BNOT, operand(L, fr, e->op.a, IT_I32), e->loc);
   CHECK(e->op.op == AOP_NEG);
   IrType t = irtype(e->op.optype == TY_ERROR ? e->type : e->op.optype);
   return op1(L, t == IT_F32 ? IR_NEG_F : IR_NEG_I, operand(L, fr, e->op.a, t), e->loc);
@@ -270,7 +251,7 @@ static int unary(Lower *L, Frame *fr, const Expr *e) {
 
 /* ---- calls ------------------------------------------------------------------- */
 
-static IrOp float_builtin(Builtin b) {
+static IrOp builtin_op(Builtin b) {
   switch (b) {
   case BI_EXP: return IR_EXP;
   case BI_EXP2: return IR_EXP2;
@@ -284,9 +265,29 @@ static IrOp float_builtin(Builtin b) {
   case BI_COS: return IR_COS;
   case BI_FLOOR: return IR_FLOOR;
   case BI_CEIL: return IR_CEIL;
+  case BI_ERF: return IR_ERF;
   case BI_POW: return IR_POW;
+  case BI_FLOORDIV: return IR_FLOORDIV;
+  case BI_FLOORMOD: return IR_FLOORMOD;
   default: return IR_NOPS;
   }
+}
+
+/* sum(i, LO, HI, EXPR): EXPR once per i, added up in index order (0 when
+ * the range is empty); folding and CSE share what the terms share. */
+static int sum(Lower *L, Frame *fr, const Expr *e) {
+  IrType t = irtype(e->type);
+  int acc = -1;
+  ARENA_PUSH(L->a, fr->sum_of, fr->nsums, fr->sumcap, e);
+  int n = fr->nsums - 1;
+  ARENA_PUSH(L->a, fr->sum_at, n, fr->atcap, -1);
+  for (int32_t i = e->call.sum_lo; i < e->call.sum_hi; i++) {
+    fr->sum_at[fr->nsums - 1] = konst(L, IT_I32, ir_vi(i), e->call.args[0]->loc);
+    int v = operand(L, fr, e->call.args[3], t);
+    acc = acc < 0 ? v : op2(L, t == IT_F32 ? IR_ADD_F : IR_ADD_I, acc, v, e->loc);
+  }
+  fr->nsums--;
+  return acc >= 0 ? acc : konst(L, t, t == IT_F32 ? ir_vf(0.0) : ir_vi(0), e->loc);
 }
 
 static int builtin(Lower *L, Frame *fr, const Expr *e) {
@@ -314,12 +315,14 @@ static int builtin(Lower *L, Frame *fr, const Expr *e) {
   }
   case BI_FLOAT: return convert(L, expr(L, fr, a[0]), IT_F32, loc);
   case BI_INT: return convert(L, expr(L, fr, a[0]), IT_I32, loc);
+  case BI_SUM: return sum(L, fr, e);
   default: break;
   }
-  IrOp op = float_builtin(e->call.builtin);
+  IrOp op = builtin_op(e->call.builtin);
   if (op == IR_NOPS) PANIC("builtin %d has no lowering", e->call.builtin);
-  if (ir_ops[op].nargs == 1) return op1(L, op, operand(L, fr, a[0], IT_F32), loc);
-  return op2(L, op, operand(L, fr, a[0], IT_F32), operand(L, fr, a[1], IT_F32), loc);
+  IrType t = ir_letter_type(ir_ops[op].atype);
+  if (ir_ops[op].nargs == 1) return op1(L, op, operand(L, fr, a[0], t), loc);
+  return op2(L, op, operand(L, fr, a[0], t), operand(L, fr, a[1], t), loc);
 }
 
 /* The body of `fn` with its parameters bound to `args` (NULL: a root, whose
@@ -331,30 +334,30 @@ static int body(Lower *L, const Decl *fn, const int *args, int depth) {
   fr.fn = fn;
   fr.depth = depth;
   fr.argbase = fn->kind == D_SCORE ? ARG_S : ARG_B;
-  for (int i = 0; i < 5; i++) fr.args[i] = args && i < fn->fn.nparams ? args[i] : -1;
+  int n = fn->fn.nparams > 5 ? fn->fn.nparams : 5;
+  fr.args = arena_alloc(L->a, sizeof(int) * (size_t)n);
+  for (int i = 0; i < n; i++) fr.args[i] = args && i < fn->fn.nparams ? args[i] : -1;
   fr.lets = arena_alloc(L->a, sizeof(int) * (size_t)(fn->fn.nlets + 1));
   for (int i = 0; i < fn->fn.nlets; i++) fr.lets[i] = -1;
   for (int i = 0; i < fn->fn.nlets; i++) fr.lets[i] = expr(L, &fr, fn->fn.lets[i]->value);
-  return operand(L, &fr, fn->fn.ret, fn->kind == D_SCORE ? IT_F32 : IT_BOOL);
+  return operand(L, &fr, fn->fn.ret, irtype(fe_return_type(fn)));
 }
 
 static int call(Lower *L, Frame *fr, const Expr *e) {
   if (e->call.builtin != BI_NONE) return builtin(L, fr, e);
   if (fr->constonly) return not_const(L, irtype(e->type), e->loc);
   const Decl *fn = e->call.fn;
-  CHECK(fn && e->call.nargs == fn->fn.nparams && fn->fn.nparams <= 5);
-  int args[5];
-  for (int i = 0; i < e->call.nargs; i++) {
-    IrType t = fn->kind == D_SCORE && i == 0 ? IT_F32 : IT_I32;
-    args[i] = operand(L, fr, e->call.args[i], t);
-  }
+  CHECK(fn && e->call.nargs == fn->fn.nparams);
+  int *args = arena_alloc(L->a, sizeof(int) * (size_t)(fn->fn.nparams + 1));
+  for (int i = 0; i < e->call.nargs; i++)
+    args[i] = operand(L, fr, e->call.args[i], irtype(fe_param_type(fn, i)));
   return body(L, fn, args, fr->depth + 1);
 }
 
 static int load(Lower *L, Frame *fr, const Expr *e) {
   IrType t = irtype(e->type);
   if (fr->constonly) return not_const(L, t, e->loc);
-  int slot = slot_of(L->bufs, L->m->nbuffers, e->index.buf);
+  int slot = slot_of(e->index.buf, L->m->nbuffers);
   CHECK(e->index.nargs == L->m->buffers[slot].ndims);
   IrInst in;
   memset(&in, 0, sizeof in);
@@ -390,32 +393,13 @@ static int expr(Lower *L, Frame *fr, const Expr *e) {
 
 /* ---- the module ------------------------------------------------------------- */
 
-static void module_error(Lower *L, Loc loc, const char *msg) {
-  if (!L->quiet) error_at(L, loc, msg);
-  else L->errors++;
-}
-
 /* One buffer dimension: a fixed extent or a size slot. */
-static IrDim lower_dim(Lower *L, const Decl *b, Dim *dim, int j) {
+static IrDim lower_dim(Lower *L, const Dim *dim, int j) {
   IrDim r = {-1, 0};
   IrModule *m = L->m;
   switch (dim->kind) {
   case DIM_LIT: r.fixed = dim->value; break;
-  case DIM_CONST: {
-    IrVal v;
-    bool isint = dim->cdecl && dim->cdecl->cnst.value->type == TY_INT;
-    if (!isint || !const_value(L, dim->cdecl, &v)) {
-      module_error(L, dim->loc, arena_printf(L->a, "dimension '%s' is not an integer constant", dim->id));
-    } else if (v.i <= 0) {
-      module_error(L, dim->loc, arena_printf(L->a, "dimension '%s' of buffer '%s' is %d; it must be positive",
-                                             dim->id, b->id, (int)v.i));
-    } else {
-      dim->value = v.i;
-      r.fixed = v.i;
-    }
-    if (r.fixed < 0) r.fixed = 1;
-    break;
-  }
+  case DIM_CONST: CHECK(dim->value > 0); r.fixed = dim->value; break; /* ir_check_values */
   case DIM_SIZE: r.size = dim->size; break;
   case DIM_SYM: {
     r.size = size_slot(m, dim->id);
@@ -441,12 +425,8 @@ static void add_buffer(Lower *L, const Decl *d) {
   b.sorted = d->buffer.sorted;
   b.loc = d->loc;
   b.ndims = d->buffer.ndims;
-  if (b.ndims > IR_MAXDIMS) {
-    module_error(L, d->loc, arena_printf(L->a, "buffer '%s' has %d dimensions; at most %d are supported",
-                                         d->id, b.ndims, IR_MAXDIMS));
-    b.ndims = IR_MAXDIMS;
-  }
-  for (int j = 0; j < b.ndims; j++) b.dims[j] = lower_dim(L, d, &d->buffer.dims[j], j);
+  CHECK(b.ndims <= IR_MAXDIMS); /* sema */
+  for (int j = 0; j < b.ndims; j++) b.dims[j] = lower_dim(L, &d->buffer.dims[j], j);
   int cap = m->nbuffers;
   ARENA_PUSH(L->a, m->buffers, m->nbuffers, cap, b);
 }
@@ -458,39 +438,27 @@ static IrModule *module_new(Lower *L, const char *kernel) {
   m->arena = L->a;
   m->prog = L->p;
   m->kernel = kernel;
-  int np = 0, nb = 0;
-  for (int i = 0; i < L->p->ndecls; i++) {
-    np += L->p->decls[i]->kind == D_PARAM;
-    nb += L->p->decls[i]->kind == D_BUFFER;
-  }
+  int np = 0;
+  for (int i = 0; i < L->p->ndecls; i++) np += L->p->decls[i]->kind == D_PARAM;
   m->params = arena_alloc(L->a, sizeof(IrParam) * (size_t)(np + 1));
-  L->params = arena_alloc(L->a, sizeof(Decl *) * (size_t)(np + 1));
-  L->bufs = arena_alloc(L->a, sizeof(Decl *) * (size_t)(nb + 1));
   m->sizes = arena_alloc(L->a, sizeof(IrSize) * SZ_COUNT);
   for (int i = 0; i < SZ_COUNT; i++) m->sizes[i] = (IrSize){size_name((SizeName)i), -1, -1};
   m->nsizes = SZ_COUNT;
   for (int i = 0; i < L->p->ndecls; i++) {
     const Decl *d = L->p->decls[i];
     if (d->kind == D_PARAM) {
-      IrParam *pp = &m->params[m->nparams];
-      L->params[m->nparams++] = d;
+      CHECK(d->index == m->nparams);
+      IrParam *pp = &m->params[m->nparams++];
       pp->id = d->id;
       pp->type = d->param.type == TY_FLOAT ? IT_F32 : IT_I32;
       pp->has_default = d->param.has_default;
       pp->def = pp->type == IT_F32 ? ir_vf(d->param.fdefault) : ir_vi(d->param.idefault);
     } else if (d->kind == D_BUFFER) {
-      L->bufs[m->nbuffers] = d;
+      CHECK(d->index == m->nbuffers);
       add_buffer(L, d);
     }
   }
   return m;
-}
-
-static void lower_init(Lower *L, Arena *a, const Program *p, Diags *d) {
-  memset(L, 0, sizeof *L);
-  L->a = a;
-  L->p = p;
-  L->d = d;
 }
 
 /* ---- functions ---------------------------------------------------------------- */
@@ -537,45 +505,21 @@ static IrFunc *mask_func(Lower *L, const Decl *kernel) {
   Frame root;
   memset(&root, 0, sizeof root);
   root.argbase = ARG_B;
-  for (int i = 0; i < 5; i++) root.args[i] = -1;
+  int args[5] = {-1, -1, -1, -1, -1};
+  root.args = args;
   f->ret = mask_expr(L, &root, e);
   return f;
 }
 
-IrModule *ir_lower(Arena *a, const Program *p, const Decl *kernel, Diags *d) {
+IrModule *ir_lower(Arena *a, const Program *p, const Decl *kernel) {
   CHECK(kernel && kernel->kind == D_KERNEL);
   Lower L;
-  lower_init(&L, a, p, d);
+  memset(&L, 0, sizeof L);
+  L.a = a;
+  L.p = p;
   IrModule *m = module_new(&L, kernel->id);
   m->score = score_func(&L, kernel->kernel.score_fn);
   m->score_is_identity = kernel->kernel.score_fn == NULL;
   m->mask = kernel->kernel.mask ? mask_func(&L, kernel) : NULL;
-  return L.errors ? NULL : m;
-}
-
-int ir_lower_check_all(Arena *a, const Program *p, Diags *d) {
-  int before = d->errors;
-  for (int i = 0; i < p->ndecls; i++) {
-    DeclKind k = p->decls[i]->kind;
-    if (k == D_SCORE || k == D_MASK || k == D_CONST || k == D_BUFFER) ir_lower_check(a, p, p->decls[i], d);
-  }
-  return d->errors - before;
-}
-
-int ir_lower_check(Arena *a, const Program *p, const Decl *fn, Diags *d) {
-  Lower L;
-  lower_init(&L, a, p, d);
-  L.quiet = fn->kind != D_BUFFER;
-  module_new(&L, "check");
-  int module_errors = L.errors;
-  L.quiet = false;
-  if (fn->kind == D_SCORE) score_func(&L, fn);
-  else if (fn->kind == D_MASK) {
-    L.f = ir_func_new(a, fn->id, IRF_MASK);
-    L.f->ret = body(&L, fn, NULL, 0);
-  } else if (fn->kind == D_CONST) {
-    IrVal v;
-    const_value(&L, fn, &v);
-  }
-  return fn->kind == D_BUFFER ? L.errors : L.errors - module_errors;
+  return m;
 }

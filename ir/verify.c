@@ -3,17 +3,6 @@
  * the instruction and what is wrong. */
 #include "ir.h"
 
-/* The IrType an ops.def type letter names; T (depends on the instruction)
- * gives IT_VOID. */
-static IrType letter_type(char c) {
-  switch (c) {
-  case 'B': return IT_BOOL;
-  case 'I': return IT_I32;
-  case 'F': return IT_F32;
-  default: return IT_VOID;
-  }
-}
-
 static IrType value_type(DType d) {
   switch (dtype_value_type(d)) {
   case TY_BOOL: return IT_BOOL;
@@ -70,13 +59,13 @@ static void check_operands(const IrFunc *f, int i, const IrInst *in) {
   const IrOpInfo *oi = &ir_ops[in->op];
   if (oi->nargs >= 0 && in->nargs != oi->nargs) FAIL("%d operands, want %d", in->nargs, oi->nargs);
   if (in->nargs > IR_MAXARGS) FAIL("%d operands", in->nargs);
-  IrType rt = letter_type(oi->rtype);
+  IrType rt = ir_letter_type(oi->rtype);
   if (oi->rtype != 'T' && in->type != rt) FAIL("result type %s", ir_type_name((IrType)in->type));
   if (oi->rtype == 'T' && in->type == IT_VOID) FAIL("void result");
   for (int j = 0; j < in->nargs; j++) {
     int x = in->args[j];
     if (x < 0 || x >= i) FAIL("operand %d is %%%d, not an earlier value", j, x);
-    IrType want = oi->atype == 'T' ? (IrType)in->type : letter_type(oi->atype);
+    IrType want = oi->atype == 'T' ? (IrType)in->type : ir_letter_type(oi->atype);
     if (in->op == IR_SELECT && j == 0) want = IT_BOOL;
     if (in->op == IR_ACCUM) want = j == 0 ? IT_F32 : IT_I32;
     if (f->inst[x].type != want)

@@ -6,6 +6,36 @@
 
 #include "arch.cuh"
 #include "params.cuh"
+#include "philox.cuh"
+
+/* Dropout is compiled in only where the generated file defines
+ * FLEX_DROPOUT (CgOptions.dropout, p > 0): without it every use below is
+ * dead code and p = 0 costs nothing. */
+#ifdef FLEX_DROPOUT
+#define FLEX_DROP true
+#else
+#define FLEX_DROP false
+#endif
+
+/* Whether element (qi, kj) of batch b (as the kernel indexes it; functions
+ * and the bits see b + b0) and query head h is kept (DSL.md "Dropout"). */
+__device__ __forceinline__ bool flex_drop_keep(const FlexParams &p, int b, int h, int qi, int kj) {
+  uint32_t w[4];
+  flex_dropout_words(w, p.drop_seed[0], p.drop_seed[1], p.drop_ctr3,
+                     (uint32_t)((b + p.b0) * p.H + h), (uint32_t)qi, (uint32_t)kj >> 2);
+  return flex_dropout_keep(flex_dropout_word(w, (uint32_t)kj & 3), p.drop_p);
+}
+
+/* The same for the two keys kj, kj + 1 of one row, kj even: one Philox call. */
+__device__ __forceinline__ void flex_drop_keep2(const FlexParams &p, int b, int h, int qi, int kj,
+                                                bool keep[2]) {
+  uint32_t w[4];
+  flex_dropout_words(w, p.drop_seed[0], p.drop_seed[1], p.drop_ctr3,
+                     (uint32_t)((b + p.b0) * p.H + h), (uint32_t)qi, (uint32_t)kj >> 2);
+  const bool hi = kj & 2;
+  keep[0] = flex_dropout_keep(hi ? w[2] : w[0], p.drop_p);
+  keep[1] = flex_dropout_keep(hi ? w[3] : w[1], p.drop_p);
+}
 
 #define FLEX_LOG2E 1.4426950408889634f
 #define FLEX_LN2 0.6931471805599453f

@@ -1,6 +1,7 @@
 /* flex_bwd.cuh: the backward kernel bodies.
  *
- * flex_bwd_pre: one thread per query row: D = rowsum(dO * O) - dLSE, and
+ * flex_bwd_pre: one thread per query row: D = rowsum(dO * O) - dLSE (O in
+ *   the input dtype, or fp32 for an fp32 O), and
  *   zeroes the row of the fp32 dQ accumulator.
  * flex_bwd_tc (fp16/bf16) and flex_bwd_main (fp32): one CTA per (key tile
  *   of BN keys, kv head, batch). It walks every query head of its group (so
@@ -23,16 +24,16 @@
 #include "walk.cuh"
 #include "tile.cuh"
 
-/* El: element type. */
-template <class El>
+/* El: element type of dO; OutEl: of O (El, or FlexF32 for an fp32 O). */
+template <class El, class OutEl>
 __device__ __forceinline__ void flex_bwd_pre(const FlexParams &p) {
   typedef typename El::T T;
   const int qi = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, b = blockIdx.z;
   if (qi >= p.q_len) return;
-  const T *o = (const T *)p.out + b * p.so.b + h * p.so.h + qi * p.so.row;
+  const typename OutEl::T *o = (const typename OutEl::T *)p.out + b * p.so.b + h * p.so.h + qi * p.so.row;
   const T *d = (const T *)p.dout + b * p.sdo.b + h * p.sdo.h + qi * p.sdo.row;
   float acc = 0.0f;
-  for (int e = 0; e < p.EV; e++) acc = acc + El::load(o + e) * El::load(d + e);
+  for (int e = 0; e < p.EV; e++) acc = acc + OutEl::load(o + e) * El::load(d + e);
   const int64_t row = (int64_t)(b * p.H + h) * p.q_len + qi;
   if (p.dlse) acc -= flex_gload(p.dlse + b * p.lse_b + h * p.lse_h + qi);
   flex_gstore(p.delta + row, acc);
@@ -64,10 +65,16 @@ __device__ __forceinline__ void flex_bwd_elem(const FlexParams &p, float qk, flo
   if (MASK_MODE != FLEX_MASK_NONE && !full && !flex_mask(p, b, h, qi, kj)) return;
   const float s = qk * p.scale;
   const float t = SCORE_ID ? s : flex_score(p, s, b, h, qi, kj);
+  if (t == -INFINITY) return; /* masked by the score: P = 0 even where LSE is NaN */
   const float pr = exp2f((t - lse) * FLEX_LOG2E);
-  if (!(pr > 0.0f)) return; /* masked by the score (-inf) or underflow: no contribution */
-  const float dt = pr * (dp - delta);
-  *P = pr;
+  /* Underflow: no contribution. A NaN pr (the row's LSE is NaN, or
+   * t = +inf) goes on into the gradients (IEEE). */
+  if (pr == 0.0f) return;
+  /* Dropout: M = keep / (1 - p) on P for dV and on dP (DSL.md). */
+  float M = 1.0f;
+  if (FLEX_DROP) M = flex_drop_keep(p, b, h, qi, kj) ? p.drop_scale : 0.0f;
+  const float dt = pr * (M * dp - delta);
+  *P = pr * M;
   *dS = JOINT ? flex_joint(p, s, b, h, qi, kj, dt) : dt;
 }
 
@@ -225,7 +232,15 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, const ty
     for (int c = 0; c < 4; c++) st[j][c] = dpt[j][c] = 0.0f;
   flex_bwd_mma_rows<El, S::BMW, EP / 16, S::KS>(st, sK, sQ, kr, qc, lane);   /* S^T = K Q^T */
   flex_bwd_mma_rows<El, S::BMW, EVP / 16, S::VS>(dpt, sV, sO, kr, qc, lane); /* dP^T = V dO^T */
-  /* Accumulator element c of tile j: key kr + g + 8 (c / 2), query qc + 8 j + 2 t4 + c % 2. */
+  /* Accumulator element c of tile j: key kr + g + 8 (c / 2), query qc + 8 j + 2 t4 + c % 2.
+   * Only tiles at the sequence ends or partial under the mask test elements. */
+  const bool edge = n0 + BN > p.kv_len || m0 + BM > p.q_len;
+  const bool check = edge || (MASK_MODE != FLEX_MASK_NONE && !full);
+  typename FlexBits<S::BMW / 2>::T live[1] = {~(typename FlexBits<S::BMW / 2>::T)0};
+  if (check)
+    flex_live_bits<MASK_MODE, 1, S::BMW / 8, true>(live, p, b, h, n0 + kr + g, m0 + qc + 2 * t4,
+                                                   full);
+  const float scale_log2 = p.scale * FLEX_LOG2E;
 #pragma unroll
   for (int j = 0; j < S::BMW / 8; j++)
 #pragma unroll
@@ -233,10 +248,26 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, const ty
       const int key = kr + g + 8 * r, qm = qc + 8 * j + 2 * t4;
       float pr[2], ds[2];
 #pragma unroll
-      for (int c = 0; c < 2; c++)
-        flex_bwd_elem<MASK_MODE, SCORE_ID, JOINT>(p, st[j][2 * r + c], dpt[j][2 * r + c],
-                                                  sL[qm + c], sD[qm + c], b, h, m0 + qm + c,
-                                                  n0 + key, full, &pr[c], &ds[c]);
+      for (int c = 0; c < 2; c++) {
+        const int e = 4 * j + 2 * r + c;
+        const float qk = st[j][e & 3], lse2 = sL[qm + c]; /* log2-domain LSE; +inf: no keys */
+        float x = 0.0f;
+        pr[c] = ds[c] = 0.0f;
+        if (live[0] >> e & 1) {
+          /* user code never sees an element that is out of range or masked */
+          const float sv = SCORE_ID ? qk : flex_score(p, qk * p.scale, b, h, m0 + qm + c, n0 + key);
+          /* masked by the score (-inf): P = 0 even where LSE is NaN (DSL.md) */
+          x = sv == -INFINITY ? 0.0f : flex_ex2(fmaf(sv, SCORE_ID ? scale_log2 : FLEX_LOG2E, -lse2));
+        }
+        if (x != 0.0f) { /* 0 where masked or underflowed; a NaN P reaches the gradients */
+          /* Dropout: M = keep / (1 - p) on P for dV and on dP (DSL.md). */
+          float M = 1.0f;
+          if (FLEX_DROP) M = flex_drop_keep(p, b, h, m0 + qm + c, n0 + key) ? p.drop_scale : 0.0f;
+          const float dt = x * (M * dpt[j][e & 3] - sD[qm + c]);
+          pr[c] = x * M;
+          ds[c] = JOINT ? flex_joint(p, qk * p.scale, b, h, m0 + qm + c, n0 + key, dt) : dt;
+        }
+      }
       *(uint32_t *)(sP + key * S::PS + qm) = El::pack(pr[0], pr[1]);
       *(uint32_t *)(sS + key * S::PS + qm) = El::pack(ds[0], ds[1]);
     }
@@ -274,12 +305,19 @@ __device__ __forceinline__ void flex_bwd_tc_dq(const FlexParams &p, const typena
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const int qr = warp * 16;
   if (m0 + qr >= p.q_len) return; /* warp-uniform: these rows do not exist */
+  /* This lane's two rows (g, g + 8) and first column (2 t4): row tests and
+   * addresses once, then constant offsets per element. */
+  const bool ok0 = m0 + qr + g < p.q_len, ok1 = m0 + qr + g + 8 < p.q_len;
+  float *const d0 = dq + (qr + g) * p.E + 2 * t4, *const d1 = d0 + 8 * p.E;
+  const int cols = p.E - 2 * t4; /* columns of this lane below E: offset < cols */
   uint32_t a[BN / 16][4]; /* dS rows qr.. as A fragments, read transposed from sS [key][query] */
 #pragma unroll
   for (int ks = 0; ks < BN / 16; ks++)
     flex_ldmatrix_x4_trans(a[ks], sS + (ks * 16 + (lane & 7) + (lane >> 4) * 8) * S::PS + qr +
                                       ((lane >> 3) & 1) * 8);
-  for (int grp = 0; grp * 16 < p.E; grp++) {
+#pragma unroll
+  for (int grp = 0; grp < EP / 16; grp++) {
+    if (grp * 16 >= p.E) break; /* uniform: E rounds up to EP */
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ks++) {
@@ -293,9 +331,9 @@ __device__ __forceinline__ void flex_bwd_tc_dq(const FlexParams &p, const typena
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
       for (int c = 0; c < 4; c++) {
-        const int row = qr + g + 8 * (c >> 1), col = grp * 16 + nt * 8 + 2 * t4 + (c & 1);
-        if (m0 + row < p.q_len && col < p.E && acc[nt][c] != 0.0f)
-          flex_atomic_add(dq + row * p.E + col, acc[nt][c] * p.scale);
+        const int off = grp * 16 + nt * 8 + (c & 1);
+        if ((c >> 1 ? ok1 : ok0) && off < cols && acc[nt][c] != 0.0f)
+          flex_atomic_add((c >> 1 ? d1 : d0) + off, acc[nt][c] * p.scale);
       }
   }
 }
@@ -359,7 +397,10 @@ __device__ __forceinline__ void flex_bwd_tc(const FlexParams &p) {
       flex_cp_async_commit();
       for (int i = threadIdx.x; i < BM; i += NT) {
         const bool ok = m0 + i < p.q_len;
-        sL[i] = ok ? flex_gload(p.lse + b * p.lse_b + h * p.lse_h + m0 + i) : -INFINITY;
+        /* LSE in the exp2 domain; a row with no keys (or past Q_LEN) gets
+         * +inf, so every P of it is exp2(-inf) = 0. */
+        const float lse = ok ? flex_gload(p.lse + b * p.lse_b + h * p.lse_h + m0 + i) : -INFINITY;
+        sL[i] = lse == -INFINITY ? INFINITY : lse * FLEX_LOG2E;
         sD[i] = ok ? flex_gload(p.delta + rows + m0 + i) : 0.0f;
       }
       flex_cp_async_wait<0>();

@@ -10,7 +10,8 @@
  * flex_fwd_simt (fp32): the same walk and softmax with FMA on fp32 in
  * shared memory: fp32-accurate, no tensor cores, no TF32.
  *
- * Both: scale, then the score function, then the mask (skipped on blocks a
+ * Both: K/V rows through a page table when PAGED (tile.cuh), else rows of
+ * K and V; scale, then the score function, then the mask (skipped on blocks a
  * BlockMask lists as full), keys past KV_LEN are -inf. Fully masked rows
  * give O = 0 and LSE = -inf.
  */
@@ -32,9 +33,31 @@ __device__ __forceinline__ float flex_fwd_logit(const FlexParams &p, float acc, 
   return flex_score(p, acc * p.scale, b, h, qi, kj) * FLEX_LOG2E;
 }
 
+/* Dropout's keep bits of a thread's accumulator fragments: bit 4 j + c of
+ * bits[m] is element c of tile j of m16 tile m, at row row0 + 16 m +
+ * 8 (c / 2) and key col0 + 8 j + c % 2 (col0 even), the layout of
+ * flex_live_bits. One Philox call per row and key pair. */
+template <int RW, int NJ, class Bits>
+__device__ __forceinline__ void flex_drop_bits(Bits bits[RW], const FlexParams &p, int b, int h,
+                                               int row0, int col0) {
+#pragma unroll
+  for (int m = 0; m < RW; m++) {
+    Bits w = 0;
+#pragma unroll 1
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        bool keep[2];
+        flex_drop_keep2(p, b, h, row0 + 16 * m + 8 * r, col0 + 8 * j, keep);
+        w |= (Bits)(keep[0] | keep[1] << 1) << (4 * j + 2 * r);
+      }
+    bits[m] = w;
+  }
+}
+
 /* Online-softmax update of one row: returns the factor old results scale by. */
 __device__ __forceinline__ float flex_softmax_rescale(float &row_max, float tile_max) {
-  const float m_new = fmaxf(row_max, tile_max);
+  const float m_new = flex_max_nan(row_max, tile_max);
   /* A row that has seen only -inf keeps max -inf; use 0 so exp2 gives 0, not NaN. */
   const float m_use = m_new == -INFINITY ? 0.0f : m_new;
   const float corr = exp2f(row_max - m_use);
@@ -42,8 +65,13 @@ __device__ __forceinline__ float flex_softmax_rescale(float &row_max, float tile
   return corr;
 }
 
-/* Final O scale and LSE (natural log) of a row; fully masked rows: 0, -inf. */
+/* Final O scale and LSE (natural log) of a row; fully masked rows: 0, -inf.
+ * A +inf logit (and no NaN) gives LSE +inf and O NaN; a NaN one, NaN. */
 __device__ __forceinline__ float flex_finish_row(float row_max, float row_sum, float *lse) {
+  if (row_max == INFINITY) {
+    *lse = INFINITY;
+    return 1.0f / row_sum; /* NaN: the sum holds exp2(inf - inf) */
+  }
   if (row_sum == 0.0f || row_max == -INFINITY) {
     *lse = -INFINITY;
     return 0.0f;
@@ -54,12 +82,19 @@ __device__ __forceinline__ float flex_finish_row(float row_max, float row_sum, f
 
 /* ---- tensor cores (fp16, bf16) ----------------------------------------- */
 
-/* EP, EVP: head dims padded to multiples of 16. BM = 16 * warps. */
-template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID>
+/* EP, EVP: head dims padded to multiples of 16. NW warps, each owning
+ * RW = BM / (16 NW) m16 tiles of query rows: with RW = 2 every K and V
+ * fragment read from shared memory feeds two mma, which halves the shared
+ * bytes per mma (FlashAttention-2's 128-row tiles with 32 rows per warp). */
+template <class El, class OutEl, int EP, int EVP, int BM, int BN, int NW, int MASK_MODE, bool SCORE_ID,
+          bool PAGED = false>
 __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
   typedef typename El::T T;
-  constexpr int NT = BM / 16 * 32;
+  constexpr int NT = NW * 32, RW = BM / (16 * NW);
+  static_assert(RW >= 1 && BM == 16 * NW * RW, "BM is 16 rows per m16 tile per warp");
+  static_assert(BN % 16 == 0 && BN <= 128, "BN: whole ldmatrix.x4 tiles, 64 live bits per row pair");
   constexpr int QS = EP + 8, KS = EP + 8, VS = EVP + 8; /* smem row pitch, elements */
+  constexpr uint32_t KSTAGE = BN * KS * 2, VSTAGE = BN * VS * 2; /* bytes per pipeline stage */
   T *sQ = (T *)flex_smem;
   T *sK = sQ + BM * QS;           /* [2][BN][KS] */
   T *sV = sK + 2 * BN * KS;       /* [2][BN][VS] */
@@ -67,8 +102,22 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
   const int g = lane / 4, t4 = lane % 4;
   const int m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
   const T *q = (const T *)p.q + b * p.sq.b + h * p.sq.h;
-  const T *k = (const T *)p.k + b * p.sk.b + hk * p.sk.h;
-  const T *v = (const T *)p.v + b * p.sv.b + hk * p.sv.h;
+  /* PAGED: k and v are page pools at this head (sk.b, sv.b: page strides). */
+  const T *k = (const T *)p.k + (PAGED ? 0 : b * p.sk.b) + hk * p.sk.h;
+  const T *v = (const T *)p.v + (PAGED ? 0 : b * p.sv.b) + hk * p.sv.h;
+  const int wr = warp * 16 * RW; /* this warp's first row in the tile */
+  /* 32-bit shared addresses of this lane's ldmatrix rows, computed once:
+   * Q (A operand) at m tile 0 and k step 0; K (B, non-transposed) and V (B,
+   * transposed) at stage 0, n tile 0, k step 0. */
+  const uint32_t aQ = flex_smem_addr(sQ) + ((wr + (lane & 15)) * QS + (lane >> 4) * 8) * 2;
+  const uint32_t aK =
+      flex_smem_addr(sK) + (((lane & 7) + (lane >> 4) * 8) * KS + ((lane >> 3) & 1) * 8) * 2;
+  const uint32_t aV =
+      flex_smem_addr(sV) + (((lane & 7) + ((lane >> 3) & 1) * 8) * VS + (lane >> 4) * 8) * 2;
+  FlexTileCopy<T, BN, EP, KS, NT> copyK;
+  FlexTileCopy<T, BN, EVP, VS, NT> copyV;
+  copyK.init(sK, p.sk.row);
+  copyV.init(sV, p.sv.row);
 
   flex_tile_load<T, BM, EP, NT>(sQ, QS, q, p.sq.row, m0, p.q_len, p.E, p.vec16);
   flex_cp_async_commit();
@@ -77,127 +126,198 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
   walk.init(p, false, MASK_MODE == FLEX_MASK_LISTS, b, h, m0, BN);
   int n0 = 0, n1 = 0;
   bool full = false, full1 = false;
-  bool have = walk.next(n0, full);
-  if (have) {
-    flex_tile_load<T, BN, EP, NT>(sK, KS, k, p.sk.row, n0, p.kv_len, p.E, p.vec16);
-    flex_tile_load<T, BN, EVP, NT>(sV, VS, v, p.sv.row, n0, p.kv_len, p.EV, p.vec16);
-  }
-  flex_cp_async_commit();
 
-  float o[EVP / 8][4];
+  float o[RW][EVP / 8][4];
 #pragma unroll
-  for (int j = 0; j < EVP / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-  const int wr = warp * 16; /* this warp's first row in the tile */
-  int stage = 0;
+  for (int m = 0; m < RW; m++)
+#pragma unroll
+    for (int j = 0; j < EVP / 8; j++) o[m][j][0] = o[m][j][1] = o[m][j][2] = o[m][j][3] = 0.0f;
+  float row_max[RW][2], row_sum[RW][2];
+#pragma unroll
+  for (int m = 0; m < RW; m++)
+    row_max[m][0] = row_max[m][1] = -INFINITY, row_sum[m][0] = row_sum[m][1] = 0.0f;
+  const float scale_log2 = p.scale * FLEX_LOG2E;
+  /* Iteration i loads tile i into stage i % 2 and computes tile i - 1: the
+   * first iteration only loads, so the walk advances at one call site. */
+  int stage = 1;
+  bool have = false;
 
-  while (have) {
+#pragma unroll 1
+  for (;;) {
     const bool have_next = walk.next(n1, full1);
     if (have_next) {
-      T *k1 = sK + (stage ^ 1) * BN * KS, *v1 = sV + (stage ^ 1) * BN * VS;
-      flex_tile_load<T, BN, EP, NT>(k1, KS, k, p.sk.row, n1, p.kv_len, p.E, p.vec16);
-      flex_tile_load<T, BN, EVP, NT>(v1, VS, v, p.sv.row, n1, p.kv_len, p.EV, p.vec16);
+      const int ns = stage ^ 1;
+      if (PAGED) {
+        flex_tile_load_paged<T, BN, EP, NT>(sK + ns * BN * KS, KS, k, p.sk.b, p.sk.row, p.pages,
+                                            p.page_size, n1, p.kv_len, p.E, p.vec16);
+        flex_tile_load_paged<T, BN, EVP, NT>(sV + ns * BN * VS, VS, v, p.sv.b, p.sv.row, p.pages,
+                                             p.page_size, n1, p.kv_len, p.EV, p.vec16);
+      } else {
+        copyK.load(sK + ns * BN * KS, ns * KSTAGE, k, p.sk.row, n1, p.kv_len, p.E, p.vec16);
+        copyV.load(sV + ns * BN * VS, ns * VSTAGE, v, p.sv.row, n1, p.kv_len, p.EV, p.vec16);
+      }
     }
     flex_cp_async_commit();
+    if (!have) {
+      if (!have_next) break;
+      stage ^= 1, n0 = n1, full = full1, have = true;
+      continue;
+    }
     flex_cp_async_wait<1>();
     __syncthreads();
-    const T *cK = sK + stage * BN * KS, *cV = sV + stage * BN * VS;
+    const uint32_t cK = aK + stage * KSTAGE, cV = aV + stage * VSTAGE;
 
-    /* S = Q K^T for this warp's 16 rows x BN keys. */
-    float s[BN / 8][4];
+    /* S = Q K^T for this warp's RW x 16 rows x BN keys. */
+    float s[RW][BN / 8][4];
 #pragma unroll
-    for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int m = 0; m < RW; m++)
+#pragma unroll
+      for (int j = 0; j < BN / 8; j++) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < EP / 16; kk++) {
-      uint32_t a[4];
-      flex_ldmatrix_x4(a, sQ + (wr + (lane & 15)) * QS + kk * 16 + (lane >> 4) * 8);
+      uint32_t a[RW][4];
+#pragma unroll
+      for (int m = 0; m < RW; m++) flex_ldsm_x4(a[m], aQ + (m * 16 * QS + kk * 16) * 2);
 #pragma unroll
       for (int nt = 0; nt < BN / 16; nt++) {
         uint32_t bk[4];
-        flex_ldmatrix_x4(bk, cK + (nt * 16 + (lane & 7) + (lane >> 4) * 8) * KS + kk * 16 +
-                                 ((lane >> 3) & 1) * 8);
-        El::mma(s[2 * nt], a, bk);
-        El::mma(s[2 * nt + 1], a, bk + 2);
+        flex_ldsm_x4(bk, cK + (nt * 16 * KS + kk * 16) * 2);
+#pragma unroll
+        for (int m = 0; m < RW; m++) {
+          El::mma(s[m][2 * nt], a[m], bk);
+          El::mma(s[m][2 * nt + 1], a[m], bk + 2);
+        }
       }
     }
 
-    /* Scale, score, mask; then the online softmax per row (rows g, g + 8). */
-    float tile_max[2] = {-INFINITY, -INFINITY};
+    /* Scale and score; elements out of range or masked are -inf. Only tiles
+     * at the sequence ends or partial under the mask test elements at all. */
+    const bool edge = n0 + BN > p.kv_len || m0 + BM > p.q_len;
+    const bool check = edge || (MASK_MODE != FLEX_MASK_NONE && !full);
+    typename FlexBits<BN / 2>::T live[RW];
 #pragma unroll
-    for (int j = 0; j < BN / 8; j++)
+    for (int m = 0; m < RW; m++) live[m] = ~(typename FlexBits<BN / 2>::T)0;
+    if (check)
+      flex_live_bits<MASK_MODE, RW, BN / 8, false>(live, p, b, h, m0 + wr + g, n0 + 2 * t4, full);
 #pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const int qi = m0 + wr + g + (c >> 1) * 8, kj = n0 + j * 8 + 2 * t4 + (c & 1);
-        s[j][c] = flex_fwd_logit<MASK_MODE, SCORE_ID>(p, s[j][c], b, h, qi, kj, full);
-        tile_max[c >> 1] = fmaxf(tile_max[c >> 1], s[j][c]);
+    for (int m = 0; m < RW; m++)
+#pragma unroll
+      for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          const bool ok = live[m] >> (4 * j + c) & 1;
+          if (SCORE_ID) {
+            s[m][j][c] = ok ? s[m][j][c] * scale_log2 : -INFINITY;
+          } else {
+            const int qi = m0 + wr + 16 * m + g + (c >> 1) * 8, kj = n0 + j * 8 + 2 * t4 + (c & 1);
+            /* user code never sees an element that is out of range or masked */
+            s[m][j][c] = ok ? flex_score(p, s[m][j][c] * p.scale, b, h, qi, kj) * FLEX_LOG2E
+                            : -INFINITY;
+          }
+        }
+
+    /* Online softmax per row (rows g and g + 8 of each m16 tile). */
+#pragma unroll
+    for (int m = 0; m < RW; m++) {
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) tile_max[c >> 1] = flex_max_nan(tile_max[c >> 1], s[m][j][c]);
+      float corr[2], m_use[2];
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        const float m_new = flex_max_nan(row_max[m][r], tile_max[r]);
+        /* A row that has seen only -inf keeps max -inf; use 0 so exp2 gives 0, not NaN. */
+        m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+        corr[r] = flex_ex2(row_max[m][r] - m_use[r]);
+        row_max[m][r] = m_new;
+        row_sum[m][r] *= corr[r];
       }
-    float corr[2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      corr[r] = flex_softmax_rescale(row_max[r], tile_max[r]);
-      row_sum[r] *= corr[r];
+      for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          s[m][j][c] = flex_ex2(s[m][j][c] - m_use[c >> 1]);
+          row_sum[m][c >> 1] += s[m][j][c];
+        }
+#pragma unroll
+      for (int j = 0; j < EVP / 8; j++) {
+        o[m][j][0] *= corr[0], o[m][j][1] *= corr[0];
+        o[m][j][2] *= corr[1], o[m][j][3] *= corr[1];
+      }
     }
-    const float m_use[2] = {row_max[0] == -INFINITY ? 0.0f : row_max[0],
-                            row_max[1] == -INFINITY ? 0.0f : row_max[1]};
+
+    /* Dropout: P's dropped elements are 0 in the PV product only (the row
+     * sums above are of the undropped P); 1 / (1 - p) scales O at the end. */
+    if (FLEX_DROP) {
+      /* The bits first, in a loop that leaves s alone (dynamic shifts, no
+       * spill of the fully unrolled fragments), then one select each. */
+      typename FlexBits<BN / 2>::T kept[RW];
+      flex_drop_bits<RW, BN / 8>(kept, p, b, h, m0 + wr + g, n0 + 2 * t4);
 #pragma unroll
-    for (int j = 0; j < BN / 8; j++)
+      for (int m = 0; m < RW; m++)
 #pragma unroll
-      for (int c = 0; c < 4; c++) {
-        s[j][c] = exp2f(s[j][c] - m_use[c >> 1]);
-        row_sum[c >> 1] += s[j][c];
-      }
+        for (int j = 0; j < BN / 8; j++)
 #pragma unroll
-    for (int j = 0; j < EVP / 8; j++) {
-      o[j][0] *= corr[0], o[j][1] *= corr[0];
-      o[j][2] *= corr[1], o[j][3] *= corr[1];
+          for (int c = 0; c < 4; c++)
+            if (!(kept[m] >> (4 * j + c) & 1)) s[m][j][c] = 0.0f;
     }
 
     /* O += P V: P's accumulator layout is the A fragment of the next mma. */
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ks++) {
-      uint32_t a[4];
-      a[0] = El::pack(s[2 * ks][0], s[2 * ks][1]);
-      a[1] = El::pack(s[2 * ks][2], s[2 * ks][3]);
-      a[2] = El::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-      a[3] = El::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      uint32_t a[RW][4];
+#pragma unroll
+      for (int m = 0; m < RW; m++) {
+        a[m][0] = El::pack(s[m][2 * ks][0], s[m][2 * ks][1]);
+        a[m][1] = El::pack(s[m][2 * ks][2], s[m][2 * ks][3]);
+        a[m][2] = El::pack(s[m][2 * ks + 1][0], s[m][2 * ks + 1][1]);
+        a[m][3] = El::pack(s[m][2 * ks + 1][2], s[m][2 * ks + 1][3]);
+      }
 #pragma unroll
       for (int nv = 0; nv < EVP / 16; nv++) {
         uint32_t bv[4];
-        flex_ldmatrix_x4_trans(bv, cV + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * VS +
-                                       nv * 16 + (lane >> 4) * 8);
-        El::mma(o[2 * nv], a, bv);
-        El::mma(o[2 * nv + 1], a, bv + 2);
+        flex_ldsm_x4_trans(bv, cV + (ks * 16 * VS + nv * 16) * 2);
+#pragma unroll
+        for (int m = 0; m < RW; m++) {
+          El::mma(o[m][2 * nv], a[m], bv);
+          El::mma(o[m][2 * nv + 1], a[m], bv + 2);
+        }
       }
     }
     __syncthreads(); /* the next iteration's loads overwrite the other stage */
+    if (!have_next) break;
     stage ^= 1;
     n0 = n1;
     full = full1;
-    have = have_next;
   }
   flex_cp_async_wait<0>();
 
   /* Normalise and write O and LSE. */
-  T *out = (T *)p.out + b * p.so.b + h * p.so.h;
+  typename OutEl::T *out = (typename OutEl::T *)p.out + b * p.so.b + h * p.so.h;
 #pragma unroll
-  for (int r = 0; r < 2; r++) {
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-    float lse;
-    const float inv = flex_finish_row(row_max[r], row_sum[r], &lse);
-    const int qi = m0 + wr + g + r * 8;
-    if (qi >= p.q_len) continue;
-    if (t4 == 0) flex_gstore(p.lse + b * p.lse_b + h * p.lse_h + qi, lse);
+  for (int m = 0; m < RW; m++)
 #pragma unroll
-    for (int j = 0; j < EVP / 8; j++)
+    for (int r = 0; r < 2; r++) {
+      row_sum[m][r] += __shfl_xor_sync(0xffffffffu, row_sum[m][r], 1);
+      row_sum[m][r] += __shfl_xor_sync(0xffffffffu, row_sum[m][r], 2);
+      float lse;
+      float inv = flex_finish_row(row_max[m][r], row_sum[m][r], &lse);
+      if (FLEX_DROP) inv *= p.drop_scale;
+      const int qi = m0 + wr + 16 * m + g + r * 8;
+      if (qi >= p.q_len) continue;
+      if (t4 == 0) flex_gstore(p.lse + b * p.lse_b + h * p.lse_h + qi, lse);
 #pragma unroll
-      for (int c = 0; c < 2; c++) {
-        const int col = j * 8 + 2 * t4 + c;
-        if (col < p.EV) El::store(out + qi * p.so.row + col, o[j][2 * r + c] * inv);
-      }
-  }
+      for (int j = 0; j < EVP / 8; j++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+          const int col = j * 8 + 2 * t4 + c;
+          if (col < p.EV) OutEl::store(out + qi * p.so.row + col, o[m][j][2 * r + c] * inv);
+        }
+    }
 }
 
 /* ---- fp32 SIMT ---------------------------------------------------------- */
@@ -205,7 +325,7 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
 /* 128 threads; TPR = 128 / BM threads share a query row, each owning the
  * keys tpr + TPR * j of a tile and the output columns tpr + TPR * j. EP and
  * EVP are the head dims padded to multiples of TPR. */
-template <int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID>
+template <int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool PAGED = false>
 __device__ __forceinline__ void flex_fwd_simt(const FlexParams &p) {
   constexpr int NT = 128, TPR = NT / BM;
   constexpr int QS = EP + 1, KS = EP + 1, VS = EVP, PS = BN + 1;
@@ -213,8 +333,8 @@ __device__ __forceinline__ void flex_fwd_simt(const FlexParams &p) {
   const int tid = threadIdx.x, r = tid / TPR, tr = tid % TPR;
   const int m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
   const float *q = (const float *)p.q + b * p.sq.b + h * p.sq.h;
-  const float *k = (const float *)p.k + b * p.sk.b + hk * p.sk.h;
-  const float *v = (const float *)p.v + b * p.sv.b + hk * p.sv.h;
+  const float *k = (const float *)p.k + (PAGED ? 0 : b * p.sk.b) + hk * p.sk.h;
+  const float *v = (const float *)p.v + (PAGED ? 0 : b * p.sv.b) + hk * p.sv.h;
   const int qi = m0 + r;
 
   flex_tile_load_f32<BM, EP, NT>(sQ, QS, q, p.sq.row, m0, p.q_len, p.E);
@@ -227,8 +347,15 @@ __device__ __forceinline__ void flex_fwd_simt(const FlexParams &p) {
   int n0;
   bool full;
   while (walk.next(n0, full)) {
-    flex_tile_load_f32<BN, EP, NT>(sK, KS, k, p.sk.row, n0, p.kv_len, p.E);
-    flex_tile_load_f32<BN, EVP, NT>(sV, VS, v, p.sv.row, n0, p.kv_len, p.EV);
+    if (PAGED) {
+      flex_tile_load_f32_paged<BN, EP, NT>(sK, KS, k, p.sk.b, p.sk.row, p.pages, p.page_size, n0,
+                                           p.kv_len, p.E);
+      flex_tile_load_f32_paged<BN, EVP, NT>(sV, VS, v, p.sv.b, p.sv.row, p.pages, p.page_size, n0,
+                                            p.kv_len, p.EV);
+    } else {
+      flex_tile_load_f32<BN, EP, NT>(sK, KS, k, p.sk.row, n0, p.kv_len, p.E);
+      flex_tile_load_f32<BN, EVP, NT>(sV, VS, v, p.sv.row, n0, p.kv_len, p.EV);
+    }
     __syncthreads();
     float s[BN / TPR], tile_max = -INFINITY;
 #pragma unroll
@@ -238,11 +365,11 @@ __device__ __forceinline__ void flex_fwd_simt(const FlexParams &p) {
 #pragma unroll 8
       for (int e = 0; e < EP; e++) acc = acc + sQ[r * QS + e] * sK[n * KS + e];
       s[j] = flex_fwd_logit<MASK_MODE, SCORE_ID>(p, acc, b, h, qi, n0 + n, full);
-      tile_max = fmaxf(tile_max, s[j]);
+      tile_max = flex_max_nan(tile_max, s[j]);
     }
 #pragma unroll
     for (int off = 1; off < TPR; off *= 2)
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+      tile_max = flex_max_nan(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
     const float corr = flex_softmax_rescale(row_max, tile_max);
     const float m_use = row_max == -INFINITY ? 0.0f : row_max;
     row_sum *= corr;
@@ -250,7 +377,9 @@ __device__ __forceinline__ void flex_fwd_simt(const FlexParams &p) {
     for (int j = 0; j < BN / TPR; j++) {
       const float pj = exp2f(s[j] - m_use);
       row_sum += pj;
-      sP[r * PS + tr + TPR * j] = pj;
+      /* dropout: 0 in the PV product only; 1 / (1 - p) scales O at the end */
+      const bool keep = !FLEX_DROP || flex_drop_keep(p, b, h, qi, n0 + tr + TPR * j);
+      sP[r * PS + tr + TPR * j] = keep ? pj : 0.0f;
     }
     __syncthreads();
 #pragma unroll
@@ -265,7 +394,8 @@ __device__ __forceinline__ void flex_fwd_simt(const FlexParams &p) {
 #pragma unroll
   for (int off = 1; off < TPR; off *= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
   float lse;
-  const float inv = flex_finish_row(row_max, row_sum, &lse);
+  float inv = flex_finish_row(row_max, row_sum, &lse);
+  if (FLEX_DROP) inv *= p.drop_scale;
   if (qi >= p.q_len) return;
   if (tr == 0) flex_gstore(p.lse + b * p.lse_b + h * p.lse_h + qi, lse);
   float *out = (float *)p.out + b * p.so.b + h * p.so.h + qi * p.so.row;

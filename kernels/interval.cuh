@@ -18,19 +18,32 @@
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__) || defined(FLEXC_EMU)
 #define FLEX_IV_FN __device__ __forceinline__
+/* Interval division and remainder are dozens of 64-bit divisions each: one
+ * out-of-line copy per kernel instead of one per use (a NATTEN classifier
+ * has a dozen uses); the classifier runs once per tile, not per element. */
+#ifdef FLEXC_EMU
+#define FLEX_IV_FN_BIG __device__ inline
+#else
+#define FLEX_IV_FN_BIG __device__ __noinline__
+#endif
 #else
 #include <stdbool.h>
 #include <stdint.h>
 #define FLEX_IV_FN static inline
+#define FLEX_IV_FN_BIG static inline
 #endif
 
 #define FLEX_IV_IMIN (-2147483647LL - 1)
 #define FLEX_IV_IMAX 2147483647LL
 
-/* Block classes, as IrTri and the builder's class bytes. */
-#define FLEX_BLOCK_EMPTY 0   /* mask false everywhere: skip */
-#define FLEX_BLOCK_FULL 1    /* mask true everywhere: no per-element test */
-#define FLEX_BLOCK_PARTIAL 2 /* mixed, or undecided: test every element */
+/* How a mask classifies a block: the one enum of the host analysis
+ * (ir/interval.h), the device classifier, the builder's class bytes and
+ * the reference's walk. */
+typedef enum FlexBlockClass {
+  FLEX_BLOCK_EMPTY = 0,   /* mask false everywhere: skip */
+  FLEX_BLOCK_FULL = 1,    /* mask true everywhere: no per-element test */
+  FLEX_BLOCK_PARTIAL = 2, /* mixed, or undecided: test every element */
+} FlexBlockClass;
 
 /* An int range. */
 typedef struct FlexIvI {
@@ -97,13 +110,13 @@ FLEX_IV_FN FlexIvI flex_iv_iabs(FlexIvI a) {
 
 /* Truncating division with a divisor range that excludes zero: each
  * operand alone moves the quotient monotonically, so corners bound it. */
-FLEX_IV_FN FlexIvI flex_iv_div_nz(FlexIvI a, int64_t d0, int64_t d1) {
+FLEX_IV_FN_BIG FlexIvI flex_iv_div_nz(FlexIvI a, int64_t d0, int64_t d1) {
   int64_t c0 = a.lo / d0, c1 = a.lo / d1, c2 = a.hi / d0, c3 = a.hi / d1;
   return flex_iv_int(flex_iv_min(flex_iv_min(c0, c1), flex_iv_min(c2, c3)),
                      flex_iv_max(flex_iv_max(c0, c1), flex_iv_max(c2, c3)));
 }
 /* C division; x / 0 == 0: the divisor splits into negative, zero, positive. */
-FLEX_IV_FN FlexIvI flex_iv_div(FlexIvI a, FlexIvI b) {
+FLEX_IV_FN_BIG FlexIvI flex_iv_div(FlexIvI a, FlexIvI b) {
   bool have = false;
   FlexIvI r = flex_iv_int(0, 0);
   if (b.lo <= -1) {
@@ -120,7 +133,7 @@ FLEX_IV_FN FlexIvI flex_iv_div(FlexIvI a, FlexIvI b) {
 }
 /* C remainder; x % 0 == x. Exact when the dividend range has one quotient
  * and one sign (x % m = x - k*m); else |r| < |m|, |r| <= |x|, sign of x. */
-FLEX_IV_FN FlexIvI flex_iv_mod(FlexIvI a, FlexIvI b) {
+FLEX_IV_FN_BIG FlexIvI flex_iv_mod(FlexIvI a, FlexIvI b) {
   if (b.lo == b.hi && b.lo != 0) {
     int64_t m = flex_iv_abs64(b.lo);
     if (a.lo / m == a.hi / m && (a.lo >= 0 || a.hi <= 0)) return flex_iv_int(a.lo % m, a.hi % m);

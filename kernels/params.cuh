@@ -14,7 +14,7 @@
 
 #define FLEX_MAX_PARAMS 16  /* runtime scalar params per kernel */
 #define FLEX_MAX_BUFFERS 16 /* buffers per kernel */
-#define FLEX_MAX_SIZES 24   /* B H HKV Q_LEN KV_LEN, then free size symbols */
+#define FLEX_MAX_SIZES 24   /* B H HKV Q_LEN KV_LEN TOTAL_Q TOTAL_KV Q_START KV_START, then free symbols */
 
 /* Element strides of a [B, heads, rows, cols] tensor (cols are unit-stride). */
 typedef struct FlexStrides {
@@ -30,11 +30,11 @@ typedef struct FlexBlockList {
   int64_t idx_b, idx_h, idx_r; /* element strides of idx (last dim unit) */
 } FlexBlockList;
 
-/* Everything one launch of flex_fwd, flex_bwd_pre, flex_bwd or flex_bwd_dq
- * reads and writes. Fields a kernel does not use may be left zero. */
+/* Everything one launch of flex_fwd, flex_bwd_pre, flex_bwd, flex_bwd_dq,
+ * the BlockMask builder or flex_sorted_check reads and writes. Fields a kernel does not use may be left zero. */
 typedef struct FlexParams {
   /* ---- outputs ---- */
-  void *out;           /* forward: O [B, H, Q_LEN, EV], input dtype */
+  void *out;           /* forward: O [B, H, Q_LEN, EV], input dtype (fp32 when generated so) */
   float *lse;          /* forward: LSE [B, H, Q_LEN] fp32, natural log */
   void *dq, *dk, *dv;  /* backward: gradients, input dtype, shaped like q, k, v */
   float *dq_acc;       /* backward: fp32 dQ accumulator [B, H, Q_LEN, E], contiguous; zeroed by flex_bwd_pre */
@@ -45,6 +45,8 @@ typedef struct FlexParams {
   const void *dout;        /* backward: dO like out */
   const float *dlse;       /* backward: dLSE [B, H, Q_LEN] fp32 contiguous, or NULL */
   const void *buf[FLEX_MAX_BUFFERS]; /* user buffers by slot, dense row-major in their own dtype */
+  const int32_t *pages;    /* paged K/V (kernels generated paged): this sequence's page table row;
+                              k and v are then page pools, sk.b and sv.b their page strides */
   float pf[FLEX_MAX_PARAMS];   /* float params by slot */
   int32_t pi[FLEX_MAX_PARAMS]; /* int params by slot */
   FlexBlockList kv_list, full_kv_list; /* forward walk: partial and full key blocks per query block */
@@ -55,9 +57,17 @@ typedef struct FlexParams {
   int64_t lse_b, lse_h;            /* element strides of lse (row stride 1); also used for dlse */
   int32_t sizes[FLEX_MAX_SIZES];   /* by IR size slot: B H HKV Q_LEN KV_LEN, then free symbols */
   int32_t B, H, HKV, G, q_len, kv_len, E, EV; /* G = H / HKV */
+  int32_t b0;                      /* functions see batch index b as b + b0 (a packed call's sequence) */
   int32_t block_q, block_kv;       /* block-mask block sizes (multiples of the kernel's tiles) */
   int32_t vec16;                   /* nonzero: q/k/v/dout rows are 16-byte aligned (cp.async path) */
+  int32_t page_size;               /* paged K/V: keys per page (key kv is row kv % page_size of
+                                      page pages[kv / page_size]) */
   float scale;                     /* softmax scale (1/sqrt(E) by default) */
+  /* ---- dropout (DSL.md; read only by kernels generated with FLEX_DROPOUT) ---- */
+  float drop_p;                    /* probability of dropping a weight, in [0, 1) */
+  float drop_scale;                /* 1 / (1 - drop_p): what a kept weight is multiplied by */
+  uint32_t drop_seed[2];           /* Philox key (seed_lo, seed_hi) */
+  uint32_t drop_ctr3;              /* Philox counter word 3: offset_lo + offset_hi, wrapping */
   /* ---- the BlockMask builder (flex_mask_build, flex_mask_lists) ---- */
   unsigned char *mask_cls;         /* class byte per block [mask_B, mask_H, mask_nq, mask_nkv] */
   int32_t *mask_out[8];            /* kv_num, kv_idx, full_kv_num, full_kv_idx, q_num, q_idx, full_q_num, full_q_idx */
@@ -65,6 +75,11 @@ typedef struct FlexParams {
   int32_t mask_nq, mask_nkv;       /* query and key blocks of block_q x block_kv */
   /* ---- checked runs ---- */
   int32_t *bounds;                 /* FLEX_BOUNDS_WORDS: the first failed buffer access; NULL: unchecked */
+  /* ---- the `sorted` check (flex_sorted_check) ---- */
+  uint64_t *sorted_rec;            /* the record: the largest sorted_len - i over the i with buf[i] < buf[i-1] (0: none) */
+  int64_t sorted_len;              /* elements of buf[sorted_slot] (1-D) */
+  int32_t sorted_slot;             /* the buffer checked */
+  int32_t sorted_bytes;            /* its element: 1 (u8, unsigned), 4 (i32) or 8 (i64) */
 } FlexParams;
 
 /* The checked-run record: [0] nonzero once a load failed, [1] its site

@@ -26,8 +26,9 @@
 
 /* An iterator over column tiles; every thread of a CTA walks the same way. */
 struct FlexWalk {
-  const int32_t *idx[2]; /* full list, partial list (block indices) */
-  int n[2];              /* entries in each list */
+  const int32_t *idx0, *idx1; /* full list, partial list (block indices) */
+  int n0, n1;            /* entries in each list (scalars, not arrays: an
+                          * array indexed by `list` would live in local memory) */
   int list, i;           /* current list and entry */
   int c, c_end;          /* next tile start and the end of the current block */
   int tile, block, total; /* tile and block widths, columns in all */
@@ -56,19 +57,20 @@ struct FlexWalk {
     i = 0;
     c = 0;
     c_end = 0;
-    n[0] = n[1] = 0;
-    idx[0] = idx[1] = 0;
+    n0 = n1 = 0;
+    idx0 = idx1 = 0;
 #ifdef FLEX_WALK_IMPLICIT
     if (!lists) implicit_init(p, bwd_side, b_, h_, row);
 #endif
     if (!lists) return;
     const int r = row / block_rows;
-    const FlexBlockList *l2[2] = {&full, &part};
-    for (int k = 0; k < 2; k++) {
-      const FlexBlockList &l = *l2[k];
-      if (!l.num) continue;
-      n[k] = flex_gload(l.num + b_ * l.num_b + h_ * l.num_h + r * l.num_r);
-      idx[k] = l.idx + b_ * l.idx_b + h_ * l.idx_h + r * l.idx_r;
+    if (full.num) {
+      n0 = flex_gload(full.num + b_ * full.num_b + h_ * full.num_h + r * full.num_r);
+      idx0 = full.idx + b_ * full.idx_b + h_ * full.idx_h + r * full.idx_r;
+    }
+    if (part.num) {
+      n1 = flex_gload(part.num + b_ * part.num_b + h_ * part.num_h + r * part.num_r);
+      idx1 = part.idx + b_ * part.idx_b + h_ * part.idx_h + r * part.idx_r;
     }
   }
 
@@ -94,12 +96,12 @@ struct FlexWalk {
     }
     while (c >= c_end) {
       if (list >= 2) return false;
-      if (i >= n[list]) {
+      if (i >= (list ? n1 : n0)) {
         list++;
         i = 0;
         continue;
       }
-      const int blk = flex_gload(idx[list] + i);
+      const int blk = flex_gload((list ? idx1 : idx0) + i);
       i++;
       c = blk * block;
       c_end = min(c + block, total);
@@ -137,31 +139,41 @@ struct FlexWalk {
     r1 = min(row + (bwd ? FLEX_WALK_BWD_ROWS : FLEX_WALK_FWD_ROWS), bwd ? prm->kv_len : prm->q_len) - 1;
     span_end = 0;
     span_full = false;
-    /* Trim empty columns from both ends, coarse spans first. */
+    /* Trim empty columns from both ends, coarse spans first. One classify
+     * call site (a mask is inlined once per site, and NATTEN's is large). */
     int t0 = 0, t1 = (total + tile - 1) / tile;
-    for (int s = SPAN * SPAN; s >= 1 && t0 < t1; s /= SPAN) {
-      while (t0 < t1 && span_class(max(t0, t1 - s), t1) == FLEX_BLOCK_EMPTY) t1 = max(t0, t1 - s);
-      while (t0 < t1 && span_class(t0, min(t1, t0 + s)) == FLEX_BLOCK_EMPTY) t0 = min(t1, t0 + s);
-    }
+#pragma unroll 1
+    for (int s = SPAN * SPAN; s >= 1 && t0 < t1; s /= SPAN)
+#pragma unroll 1
+      for (int from_front = 0; from_front < 2; from_front++)
+#pragma unroll 1
+        while (t0 < t1) {
+          const int lo = from_front ? t0 : max(t0, t1 - s), hi = from_front ? min(t1, t0 + s) : t1;
+          if (span_class(lo, hi) != FLEX_BLOCK_EMPTY) break;
+          if (from_front) t0 = hi;
+          else t1 = lo;
+        }
     c = t0 * tile;
     total = min(total, t1 * tile);
   }
 
-  /* The next live tile: empty spans and tiles are skipped unvisited. */
+  /* The next live tile: empty spans and tiles are skipped unvisited. A span
+   * is classified when c reaches its end, then its tiles one by one unless
+   * it is full; one classify call site, as in implicit_init. */
   __device__ __forceinline__ bool implicit_next(int &col, bool &full) {
+#pragma unroll 1
     while (c < total) {
-      if (c >= span_end) {
-        span_end = min(c + SPAN * tile, total);
-        const int k = classify(c, span_end - 1);
-        if (k == FLEX_BLOCK_EMPTY) {
-          c = span_end;
-          continue;
-        }
+      const bool span = c >= span_end;
+      const int end = min(c + (span ? SPAN : 1) * tile, total);
+      const int k = !span && span_full ? FLEX_BLOCK_FULL : classify(c, end - 1);
+      if (span) {
+        span_end = end;
         span_full = k == FLEX_BLOCK_FULL;
+        if (k == FLEX_BLOCK_EMPTY) c = end;
+        continue;
       }
       const int c0 = c;
-      c += tile;
-      const int k = span_full ? FLEX_BLOCK_FULL : classify(c0, min(c0 + tile, total) - 1);
+      c = end;
       if (k == FLEX_BLOCK_EMPTY) continue;
       col = c0;
       full = k == FLEX_BLOCK_FULL;
@@ -171,5 +183,39 @@ struct FlexWalk {
   }
 #endif
 };
+
+/* Which elements of a thread's mma accumulators are live (row and column in
+ * range, and the mask true unless the tile is `full`), one bit per element:
+ * element 4 j + c of m16 tile m is bit 4 j + c of live[m], at row
+ * r0 + 16 m + 8 (c / 2) and column c0 + 8 j + c % 2 (NJ 8-column groups).
+ * Rows are queries and columns keys unless ROWS_ARE_KEYS. Called only on
+ * tiles at the sequence ends or partial under the mask; the loop is rolled
+ * so the mask is compiled once, not once per element. */
+template <int BITS> struct FlexBits { typedef uint64_t T; }; /* a word of BITS <= 64 bits */
+template <> struct FlexBits<32> { typedef uint32_t T; };
+template <> struct FlexBits<16> { typedef uint32_t T; };
+template <> struct FlexBits<8> { typedef uint32_t T; };
+template <> struct FlexBits<4> { typedef uint32_t T; };
+
+template <int MASK_MODE, int RW, int NJ, bool ROWS_ARE_KEYS>
+__device__ __forceinline__ void flex_live_bits(typename FlexBits<4 * NJ>::T live[RW],
+                                               const FlexParams &p, int b, int h, int r0, int c0,
+                                               bool full) {
+  typedef typename FlexBits<4 * NJ>::T W;
+  static_assert(4 * NJ <= 64, "one 64-bit word per m16 tile");
+#pragma unroll
+  for (int m = 0; m < RW; m++) live[m] = 0;
+#pragma unroll 1
+  for (int i = 0; i < RW * 4 * NJ; i++) {
+    const int m = i / (4 * NJ), e = i % (4 * NJ);
+    const int r = r0 + 16 * m + 8 * (e >> 1 & 1), c = c0 + 8 * (e >> 2) + (e & 1);
+    const int qi = ROWS_ARE_KEYS ? c : r, kj = ROWS_ARE_KEYS ? r : c;
+    const bool ok = qi < p.q_len && kj < p.kv_len &&
+                    (MASK_MODE == FLEX_MASK_NONE || full || flex_mask(p, b, h, qi, kj));
+#pragma unroll
+    for (int mm = 0; mm < RW; mm++)
+      if (mm == m) live[mm] |= (W)ok << e;
+  }
+}
 
 #endif /* FLEX_WALK_CUH */

@@ -1,16 +1,16 @@
-/* api.c: the flex.h entry points.
- *
- * Loading runs the whole front half of the pipeline (parse, check, pick the
- * kernel, lower, optimise, differentiate) once; every diagnostic becomes the
- * message of a FLEX_ERR_INVALID. A call validates its tensors (validate.c)
- * and hands the validated call to the chosen backend.
- */
+/* api.c: the flex.h entry points for calls: the last error, backends,
+ * flex_forward / flex_backward (validate, then the reference or the run
+ * sequence of a device backend), and BlockMasks built for a caller. */
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "rt.h"
+#include "ir/interval.h"
+#include "runtime/backend.h"
+#include "runtime/blockmask.h"
+#include "runtime/rt.h"
+#include "runtime/tensor.h"
 
 /* The message of the thread's last failed call. */
 static _Thread_local char last_error[16384];
@@ -29,104 +29,190 @@ flex_status rt_err(flex_status st, const char *fmt, ...) {
 
 const char *flex_last_error(void) { return last_error; }
 
+/* ---- backends ------------------------------------------------------------------ */
+
+static const char *const backend_names[] = {"reference", "emu", "cuda", "cpu"};
+enum { NBACKENDS = sizeof backend_names / sizeof backend_names[0] };
+
 const char *flex_backend_name(flex_backend b) {
+  return (unsigned)b < NBACKENDS ? backend_names[b] : NULL;
+}
+
+bool flex_backend_parse(const char *name, flex_backend *out) {
+  for (int i = 0; name && i < NBACKENDS; i++)
+    if (!strcmp(name, backend_names[i])) {
+      *out = (flex_backend)i;
+      return true;
+    }
+  return false;
+}
+
+/* The device backend's verbs; NULL for the reference. */
+static const RtBackend *backend_of(flex_backend b) {
   switch (b) {
-  case FLEX_BACKEND_REFERENCE: return "reference";
-  case FLEX_BACKEND_EMU: return "emu";
-  case FLEX_BACKEND_CUDA: return "cuda";
+  case FLEX_BACKEND_EMU: return &rt_emu_backend;
+  case FLEX_BACKEND_CUDA: return &rt_cuda_backend;
+  case FLEX_BACKEND_CPU: return &rt_cpu_backend;
+  case FLEX_BACKEND_REFERENCE: return NULL;
   }
   return NULL;
 }
 
-/* Parse, check, pick, lower and compile k->src; false with the diagnostics
- * in *d on any error. */
-static bool build(flex_kernel *k, const char *kernel, Diags *d) {
-  k->prog = fe_parse(&k->arena, &k->src, d);
-  if (d->errors) return false;
-  if (fe_check(&k->arena, k->prog, d) || d->errors) return false;
-  if (ir_lower_check_all(&k->arena, k->prog, d)) return false;
-  Decl *kd = fe_pick_kernel(&k->arena, k->prog, kernel, d);
-  if (!kd || d->errors) return false;
-  k->mod = ir_lower(&k->arena, k->prog, kd, d);
-  if (!k->mod || d->errors) return false;
-  ir_compile(k->mod, true, NULL);
-  CHECK(k->mod->joint != NULL);
-  return true;
-}
-
-flex_status flex_kernel_from_source(flex_kernel **out, const char *name, const char *text,
-                                    size_t len, const char *kernel) {
-  if (!out) return rt_err(FLEX_ERR_INVALID, "flex_kernel_from_source: out is NULL");
-  *out = NULL;
-  if (!text) return rt_err(FLEX_ERR_INVALID, "flex_kernel_from_source: text is NULL");
-  /* Source positions are 32-bit; a larger length is also a caller's slip
-   * (such as (size_t)-1 for "NUL-terminated"), never a real file. */
-  if (len > INT32_MAX)
-    return rt_err(FLEX_ERR_INVALID,
-                  "%s: error: source of %zu bytes is too large (expected at most %d bytes)",
-                  name ? name : "<source>", len, INT32_MAX);
-  flex_kernel *k = base_alloc(sizeof *k);
-  k->src.path = arena_strndup(&k->arena, name ? name : "<source>", strlen(name ? name : "<source>"));
-  char *copy = arena_alloc(&k->arena, len + 1);
-  memcpy(copy, text, len);
-  copy[len] = 0;
-  k->src.text = copy;
-  k->src.len = len;
-  Diags d;
-  memset(&d, 0, sizeof d);
-  d.src = &k->src;
-  if (!build(k, kernel, &d)) {
-    rt_err(FLEX_ERR_INVALID, "%s", d.text.data ? d.text.data : "invalid kernel source");
-    diag_free(&d);
-    flex_kernel_free(k);
-    return FLEX_ERR_INVALID;
+bool flex_backend_available(flex_backend b) {
+  switch (b) {
+  case FLEX_BACKEND_REFERENCE: return true;
+  case FLEX_BACKEND_EMU: return rt_emu_available();
+  case FLEX_BACKEND_CUDA: {
+    RtRun r;
+    memset(&r, 0, sizeof r);
+    return rt_cuda_backend.open(&r) == FLEX_OK;
   }
-  diag_free(&d);
-  *out = k;
-  return FLEX_OK;
+  case FLEX_BACKEND_CPU: return rt_cpu_available();
+  }
+  rt_err(FLEX_ERR_INVALID, "unknown backend %d", (int)b);
+  return false;
 }
 
-flex_status flex_kernel_load(flex_kernel **out, const char *path, const char *kernel) {
-  if (!out) return rt_err(FLEX_ERR_INVALID, "flex_kernel_load: out is NULL");
-  *out = NULL;
-  if (!path) return rt_err(FLEX_ERR_INVALID, "flex_kernel_load: path is NULL");
-  char *text;
-  size_t len;
-  int e = base_read_file(path, &text, &len);
-  if (e) return rt_err(FLEX_ERR_INVALID, "%s: error: cannot read file: %s", path, strerror(e));
-  flex_status st = flex_kernel_from_source(out, path, text, len, kernel);
-  base_free(text);
-  return st;
+flex_status flex_sync(flex_backend b, void *stream) {
+  if (b != FLEX_BACKEND_CUDA) return flex_backend_name(b) ? FLEX_OK : rt_err(FLEX_ERR_INVALID, "unknown backend %d", (int)b);
+  RtRun r;
+  memset(&r, 0, sizeof r);
+  r.stream = stream;
+  flex_status st = rt_cuda_backend.open(&r);
+  return st ? st : rt_cuda_backend.sync(&r);
 }
 
-void flex_kernel_free(flex_kernel *k) {
-  if (!k) return;
-  arena_free(&k->arena);
-  base_free(k);
+flex_status flex_device_name(flex_backend b, char *out, size_t cap) {
+  if (!out || !cap) return rt_err(FLEX_ERR_INVALID, "flex_device_name: no room for the name");
+  if (b != FLEX_BACKEND_CUDA) {
+    snprintf(out, cap, "host CPU");
+    return FLEX_OK;
+  }
+  RtRun r;
+  memset(&r, 0, sizeof r);
+  flex_status st = rt_cuda_backend.open(&r);
+  return st ? st : rt_cuda_device_name(r.device, out, cap);
 }
+
+/* ---- calls ------------------------------------------------------------------------ */
 
 /* Validate, then run on the chosen backend. */
 static flex_status call(flex_kernel *k, const flex_args *a, bool backward) {
   if (!k) return rt_err(FLEX_ERR_INVALID, "kernel is NULL");
   if (!a) return rt_err(FLEX_ERR_INVALID, "args is NULL");
   if (!flex_backend_name(a->backend))
-    return rt_err(FLEX_ERR_INVALID, "unknown backend %d (expected reference, emu or cuda)",
+    return rt_err(FLEX_ERR_INVALID, "unknown backend %d (expected reference, emu, cuda or cpu)",
                   (int)a->backend);
+  if (a->page_table || a->kv_lens) return rt_paged_call(k, a, backward);
+  if (a->cu_seqlens_q || a->cu_seqlens_kv) return rt_varlen_call(k, a, backward);
+  return rt_call_one(k, a, backward, NULL);
+}
+
+flex_status rt_call_one(const flex_kernel *k, const flex_args *a, bool backward, const RtSeq *seq) {
   Arena arena = {0};
   RtCall c;
-  flex_status st = rt_validate(&c, &arena, k, a, backward);
+  flex_status st = rt_validate(&c, &arena, k, a, backward, seq);
   if (st == FLEX_OK) {
-    switch (a->backend) {
-    case FLEX_BACKEND_REFERENCE:
-      st = backward ? rt_reference_backward(&c) : rt_reference_forward(&c);
-      break;
-    case FLEX_BACKEND_EMU: st = backward ? rt_emu_backward(&c) : rt_emu_forward(&c); break;
-    case FLEX_BACKEND_CUDA: st = backward ? rt_cuda_backward(&c) : rt_cuda_forward(&c); break;
-    }
+    const RtBackend *be = backend_of(a->backend);
+    if (be) st = rt_run(be, &c);
+    else st = backward ? rt_reference_backward(&c) : rt_reference_forward(&c);
   }
   arena_free(&arena);
   return st;
 }
 
-flex_status flex_forward(flex_kernel *k, const flex_args *a) { return call(k, a, false); }
-flex_status flex_backward(flex_kernel *k, const flex_args *a) { return call(k, a, true); }
+flex_status flex_forward(flex_kernel *k, const flex_args *a) { RT_TRY(call(k, a, false)); }
+flex_status flex_backward(flex_kernel *k, const flex_args *a) { RT_TRY(call(k, a, true)); }
+
+/* ---- block masks ---------------------------------------------------------------------- */
+
+/* A BlockMask the runtime built: the public struct, then its tensors. */
+typedef struct OwnedMask {
+  flex_block_mask m;
+  DLTensor *t[8];
+} OwnedMask;
+
+/* An int32 host tensor holding n values of src. */
+static flex_status int_tensor(DLTensor **out, const int32_t *src, int ndim, const int64_t *shape) {
+  flex_status st = flex_tensor_alloc(out, FLEX_BACKEND_REFERENCE, rt_dtype(kDLInt, 32), ndim, shape, NULL);
+  if (!st) memcpy((*out)->data, src, (size_t)rt_numel(*out) * 4);
+  return st;
+}
+
+/* The public form of a built mask. */
+static flex_status publish(const RtBlockMask *bm, flex_block_mask **out) {
+  OwnedMask *o = base_alloc(sizeof *o);
+  o->m.block_q = bm->block_q;
+  o->m.block_kv = bm->block_kv;
+  int32_t *const arr[8] = {bm->kv_num_blocks, bm->kv_indices, bm->full_kv_num_blocks,
+                           bm->full_kv_indices, bm->q_num_blocks, bm->q_indices,
+                           bm->full_q_num_blocks, bm->full_q_indices};
+  const DLTensor **side[8] = {&o->m.kv_num_blocks, &o->m.kv_indices, &o->m.full_kv_num_blocks,
+                              &o->m.full_kv_indices, &o->m.q_num_blocks, &o->m.q_indices,
+                              &o->m.full_q_num_blocks, &o->m.full_q_indices};
+  flex_status st = FLEX_OK;
+  for (int i = 0; i < 8 && !st; i++) {
+    if (!arr[i]) continue;
+    bool qside = i >= 4, idx = i % 2 == 1;
+    int64_t rows = qside ? bm->nkv : bm->nq, cols = qside ? bm->nq : bm->nkv;
+    int64_t shape[4] = {bm->B, bm->H, rows, cols};
+    st = int_tensor(&o->t[i], arr[i], idx ? 4 : 3, shape);
+    *side[i] = o->t[i];
+  }
+  if (st) {
+    flex_block_mask_free(&o->m);
+    return st;
+  }
+  *out = &o->m;
+  return FLEX_OK;
+}
+
+static flex_status do_block_mask_create(flex_block_mask **out, flex_kernel *k, const flex_args *a, int B,
+                                   int H, int q_len, int kv_len, int block_q, int block_kv,
+                                   flex_mask_stats *stats) {
+  if (!out || !k) return rt_err(FLEX_ERR_INVALID, "flex_block_mask_create: NULL argument");
+  *out = NULL;
+  if (B < 1 || H < 1 || q_len < 1 || kv_len < 1 || block_q < 0 || block_kv < 0)
+    return rt_err(FLEX_ERR_INVALID, "flex_block_mask_create: B=%d H=%d Q_LEN=%d KV_LEN=%d with "
+                  "blocks %dx%d (expected sizes >= 1, blocks >= 0)", B, H, q_len, kv_len, block_q,
+                  block_kv);
+  flex_args none;
+  memset(&none, 0, sizeof none);
+  Arena arena = {0};
+  RtCall c;
+  flex_status st = rt_validate_bindings(&c, &arena, k, a ? a : &none, B, H, q_len, kv_len);
+  RtBlockMask bm;
+  RtMaskStats ms;
+  memset(&ms, 0, sizeof ms);
+  if (!st && !(a && a->trust_sorted)) st = rt_check_sorted(&c, c.bufs); /* host views */
+  if (!st) {
+    IrIntervalEnv env = {c.params, c.sizes, c.bufs};
+    RtMaskShape shape = {B, H, q_len, kv_len, block_q, block_kv};
+    st = rt_block_mask_build(&bm, k->mod, &env, &shape, RT_MASK_EVAL, &ms);
+  }
+  if (!st) {
+    st = publish(&bm, out);
+    rt_block_mask_free(&bm);
+  }
+  if (!st && stats) {
+    stats->total = ms.total, stats->full = ms.full, stats->partial = ms.partial;
+    stats->empty = ms.empty, stats->undecided = ms.undecided, stats->refined = ms.refined;
+    stats->evaluated = ms.evaluated, stats->decidable = ms.decidable;
+    stats->implicit = k->mod->mask && ir_interval_device_decidable(k->mod);
+  }
+  arena_free(&arena);
+  return st;
+}
+
+flex_status flex_block_mask_create(flex_block_mask **out, flex_kernel *k, const flex_args *a, int B,
+                                   int H, int q_len, int kv_len, int block_q, int block_kv,
+                                   flex_mask_stats *stats) {
+  RT_TRY(do_block_mask_create(out, k, a, B, H, q_len, kv_len, block_q, block_kv, stats));
+}
+
+void flex_block_mask_free(flex_block_mask *m) {
+  if (!m) return;
+  OwnedMask *o = (OwnedMask *)m;
+  for (int i = 0; i < 8; i++) flex_tensor_free(o->t[i]);
+  base_free(o);
+}

@@ -3,23 +3,18 @@
  * Every builder first fills one byte per block (empty, full, partial), then
  * one routine lays the classes out in PyTorch's order, so the builders can
  * only differ in how they classify. */
-#include "blockmask.h"
+#include "runtime/blockmask.h"
 
+#include "runtime/rt.h"
+
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-enum { C_EMPTY = 0, C_FULL = 1, C_PARTIAL = 2 }; /* a block's class */
-
-static flex_status fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static flex_status fail(char *err, size_t errlen, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  if (err && errlen) vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return FLEX_ERR_INVALID;
-}
 
 /* In int64: a caller's block size may be close to INT_MAX, and a + b - 1
  * must not wrap (a wrapped count of 0 blocks would pass validation). */
@@ -28,13 +23,13 @@ static int ceil_div(int a, int b) { return (int)(((int64_t)a + b - 1) / b); }
 /* A shape is the user's to choose, so a mask too large for this machine is
  * an error with the figures, not an allocation failure: the builder needs
  * one class byte and four int32 index entries per block, plus the counts. */
-static flex_status check_fits(int B, int H, const RtMaskShape *s, char *err, size_t errlen) {
+static flex_status check_fits(int B, int H, const RtMaskShape *s) {
   int bq = s->block_q > 0 ? s->block_q : 128, bkv = s->block_kv > 0 ? s->block_kv : 128;
   double nq = ceil_div(s->q_len, bq), nkv = ceil_div(s->kv_len, bkv);
   double need = (double)B * H * (nq * nkv * 17.0 + (nq + nkv) * 16.0);
   double have = base_physical_memory();
   if (have > 0 && need > have / 2)
-    return fail(err, errlen,
+    return rt_err(FLEX_ERR_INVALID,
                 "block mask: %d x %d (batch x head) masks of %.0f x %.0f blocks of %dx%d need "
                 "%.1f GB, more than half of this machine's %.1f GB; use larger blocks or a "
                 "smaller shape", B, H, nq, nkv, bq, bkv, need / 1e9, have / 1e9);
@@ -86,8 +81,8 @@ static void layout(RtBlockMask *bm, const uint8_t *cls) {
       int np = 0, nf = 0;
       for (int j = 0; j < nkv; j++) {
         int k = c[(size_t)i * nkv + j];
-        if (k == C_FULL && bm->has_full) bm->full_kv_indices[row * nkv + nf++] = j;
-        else if (k != C_EMPTY) bm->kv_indices[row * nkv + np++] = j;
+        if (k == FLEX_BLOCK_FULL && bm->has_full) bm->full_kv_indices[row * nkv + nf++] = j;
+        else if (k != FLEX_BLOCK_EMPTY) bm->kv_indices[row * nkv + np++] = j;
       }
       bm->kv_num_blocks[row] = np;
       if (bm->has_full) bm->full_kv_num_blocks[row] = nf;
@@ -97,8 +92,8 @@ static void layout(RtBlockMask *bm, const uint8_t *cls) {
       int np = 0, nf = 0;
       for (int i = 0; i < nq; i++) {
         int k = c[(size_t)i * nkv + j];
-        if (k == C_FULL && bm->has_full) bm->full_q_indices[col * nq + nf++] = i;
-        else if (k != C_EMPTY) bm->q_indices[col * nq + np++] = i;
+        if (k == FLEX_BLOCK_FULL && bm->has_full) bm->full_q_indices[col * nq + nf++] = i;
+        else if (k != FLEX_BLOCK_EMPTY) bm->q_indices[col * nq + np++] = i;
       }
       bm->q_num_blocks[col] = np;
       if (bm->has_full) bm->full_q_num_blocks[col] = nf;
@@ -138,9 +133,9 @@ static int eval_block(Evaluator *ev, const Rect *r) {
           if (ev->env.failed) return -1;
           if (v) seen_t = true;
           else seen_f = true;
-          if (seen_t && seen_f) return C_PARTIAL;
+          if (seen_t && seen_f) return FLEX_BLOCK_PARTIAL;
         }
-  return seen_t ? C_FULL : C_EMPTY;
+  return seen_t ? FLEX_BLOCK_FULL : FLEX_BLOCK_EMPTY;
 }
 
 /* Block (i, j) of (b, h). A stored extent of 1 while the real one is
@@ -157,36 +152,275 @@ static Rect block_rect(const RtBlockMask *bm, int b, int h, int i, int j) {
   return r;
 }
 
-/* Classify every block by analysis and/or block-wise evaluation. */
+/* ---- the row-vectorised evaluator ------------------------------------------ */
+
+/* The mask over up to LANES consecutive keys of one (b, h, q) row at a
+ * time: one pass over the instructions, each over all lanes, so the
+ * interpreter's dispatch is paid once per instruction and row chunk, not per
+ * element. An instruction that does not depend on kv (transitively) is
+ * computed once per chunk (lane 0) and read with stride 0; one that
+ * depends on kv alone (a load `g[kv]`, say) is computed once per block
+ * column chunk and reused by every row of the block. */
+enum { LANES = 128 };
+
+typedef struct VecEval {
+  const IrFunc *f;
+  IrEnv env;
+  IrVal *lanes;   /* [f->n][LANES] */
+  IrVal *scalar;  /* [f->n]: operands of one lane, for ir_load */
+  const bool *varies; /* [f->n]: depends on kv */
+  const bool *kv_only; /* [f->n]: depends on kv and on none of b, h, q */
+  int64_t count;
+} VecEval;
+
+/* Which instructions of f depend on the kv argument; false when f has an
+ * op the vector path does not take (then the plain interpreter runs). */
+static bool vec_plan(const IrFunc *f, bool *varies, bool *kv_only) {
+  bool *row = base_alloc((size_t)f->n); /* depends on b, h or q */
+  bool ok = true;
+  for (int i = 0; i < f->n && ok; i++) {
+    const IrInst *in = &f->inst[i];
+    if (in->op == IR_ACCUM) ok = false;
+    bool v = in->op == IR_ARG && in->aux == ARG_KV;
+    bool r = in->op == IR_ARG && in->aux != ARG_KV;
+    for (int a = 0; a < in->nargs; a++) v = v || varies[in->args[a]], r = r || row[in->args[a]];
+    varies[i] = v;
+    row[i] = r;
+    kv_only[i] = v && !r;
+  }
+  base_free(row);
+  return ok;
+}
+
+/* Evaluate lanes kv0 .. kv0 + nl - 1 of the current row; the result lanes.
+ * kv_fresh false: the kv-only lanes still hold this chunk's values. */
+static const IrVal *vec_eval(VecEval *ve, int kv0, int nl, bool kv_fresh) {
+  const IrFunc *f = ve->f;
+  IrEnv *env = &ve->env;
+  static const IrVal none = {0};
+  for (int i = 0; i < f->n; i++) {
+    const IrInst *in = &f->inst[i];
+    if (!kv_fresh && ve->kv_only[i]) continue;
+    IrVal *out = ve->lanes + (size_t)i * LANES;
+    int n = ve->varies[i] ? nl : 1;
+    const IrVal *A = in->nargs > 0 ? ve->lanes + (size_t)in->args[0] * LANES : &none;
+    const IrVal *Bv = in->nargs > 1 ? ve->lanes + (size_t)in->args[1] * LANES : &none;
+    const IrVal *C = in->nargs > 2 ? ve->lanes + (size_t)in->args[2] * LANES : &none;
+    int sa = in->nargs > 0 && ve->varies[in->args[0]], sb = in->nargs > 1 && ve->varies[in->args[1]];
+    int sc = in->nargs > 2 && ve->varies[in->args[2]];
+    if (in->op == IR_ARG && in->aux == ARG_KV) {
+      for (int l = 0; l < n; l++) out[l] = ir_vi(kv0 + l);
+      continue;
+    }
+    if (in->op == IR_LOAD) {
+      for (int l = 0; l < n; l++) {
+        for (int d = 0; d < in->nargs; d++) {
+          int a = in->args[d];
+          ve->scalar[a] = ve->lanes[(size_t)a * LANES + (ve->varies[a] ? l : 0)];
+        }
+        out[l] = ir_load(env, in, ve->scalar);
+      }
+      continue;
+    }
+    switch ((IrOp)in->op) {
+#define X(op, name, nargs, r, t, fl, ev, cu, ...)                                          \
+  case IR_##op:                                                                       \
+    for (int l = 0; l < n; l++) {                                                     \
+      IrVal a = A[l * sa], b = Bv[l * sb], c = C[l * sc];                             \
+      const IrVal *vals = ve->scalar;                                                 \
+      (void)a, (void)b, (void)c, (void)vals;                                          \
+      out[l] = (ev);                                                                  \
+    }                                                                                 \
+    break;
+#include "ir/ops.def"
+#undef X
+    default: PANIC("vec_eval: bad op %d", (int)in->op);
+    }
+  }
+  ve->count += nl;
+  return ve->lanes + (size_t)f->ret * LANES;
+}
+
+/* eval_block on the vector path; same result, same failure semantics (a
+ * failing chunk is re-run element by element so that the message names
+ * the same first failing element as the plain interpreter would). */
+static int eval_block_vec(VecEval *ve, Evaluator *ev, const Rect *r) {
+  bool seen_t = false, seen_f = false;
+  bool uniform_ret = !ve->varies[ve->f->ret];
+  for (int kv = r->k0; kv <= r->k1; kv += LANES) { /* chunks outermost: kv-only values reused */
+    int nl = r->k1 - kv + 1 < LANES ? r->k1 - kv + 1 : LANES;
+    bool fresh = true;
+    for (int b = r->b0; b <= r->b1; b++)
+      for (int h = r->h0; h <= r->h1; h++)
+        for (int q = r->q0; q <= r->q1; q++) {
+          ve->env.args[ARG_B] = ir_vi(b);
+          ve->env.args[ARG_H] = ir_vi(h);
+          ve->env.args[ARG_Q] = ir_vi(q);
+          const IrVal *res = vec_eval(ve, kv, nl, fresh);
+          fresh = false;
+          if (ve->env.failed) {
+            /* The plain interpreter over the block names the same first
+             * failing element as before. */
+            return eval_block(ev, r) < 0 ? -1 : FLEX_BLOCK_PARTIAL;
+          }
+          for (int l = 0; l < (uniform_ret ? 1 : nl); l++) {
+            if (res[l].b) seen_t = true;
+            else seen_f = true;
+          }
+          if (seen_t && seen_f) return FLEX_BLOCK_PARTIAL;
+        }
+  }
+  return seen_t ? FLEX_BLOCK_FULL : FLEX_BLOCK_EMPTY;
+}
+
+/* ---- classification, on worker threads -------------------------------------- */
+
+static int cfg_threads = 0;   /* 0: automatic */
+static bool cfg_vector = true;
+
+void rt_block_mask_eval_config(int threads, bool vector) {
+  cfg_threads = threads;
+  cfg_vector = vector;
+}
+
+static int thread_count(void) {
+  if (cfg_threads > 0) return cfg_threads;
+  const char *e = getenv("FLEXC_MASK_THREADS");
+  long n = e ? strtol(e, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 1 ? 1 : n > 64 ? 64 : (int)n;
+}
+
+/* What one worker shares with the others, and its own state. */
+typedef struct Shared {
+  const RtBlockMask *bm;
+  const IrModule *m;
+  const IrIntervalEnv *ienv;
+  RtMaskMode mode;
+  uint8_t *cls;
+  atomic_long next_row;    /* the next row of blocks (b, h, i) to claim */
+  atomic_long fail_row;    /* the lowest row that failed (LONG_MAX: none) */
+  long rows;
+} Shared;
+
+typedef struct Worker {
+  Shared *sh;
+  Evaluator ev;
+  VecEval ve;
+  bool vector;
+  pthread_t tid;
+  int64_t undecided, refined;
+  long failed_row; /* -1: none */
+  char error[sizeof ((IrEnv *)0)->error];
+} Worker;
+
+/* Classify one row of blocks; false when an evaluation failed. */
+static bool classify_row(Worker *w, long row) {
+  Shared *sh = w->sh;
+  const RtBlockMask *bm = sh->bm;
+  int i = (int)(row % bm->nq);
+  long bh = row / bm->nq;
+  int h = (int)(bh % bm->H), b = (int)(bh / bm->H);
+  for (int j = 0; j < bm->nkv; j++) {
+    Rect r = block_rect(bm, b, h, i, j);
+    int c = FLEX_BLOCK_PARTIAL;
+    if (sh->mode != RT_MASK_BLOCKWISE) {
+      FlexBlockClass t = ir_interval_mask(sh->m, sh->ienv, r.b0, r.b1, r.h0, r.h1, r.q0, r.q1, r.k0, r.k1);
+      c = t == FLEX_BLOCK_EMPTY ? FLEX_BLOCK_EMPTY : t == FLEX_BLOCK_FULL ? FLEX_BLOCK_FULL : FLEX_BLOCK_PARTIAL;
+      if (c == FLEX_BLOCK_PARTIAL) w->undecided++;
+    }
+    if (c == FLEX_BLOCK_PARTIAL && sh->mode != RT_MASK_ANALYSIS) {
+      c = w->vector ? eval_block_vec(&w->ve, &w->ev, &r) : eval_block(&w->ev, &r);
+      if (c < 0) {
+        snprintf(w->error, sizeof w->error, "%s", w->ev.env.error);
+        return false;
+      }
+      if (c != FLEX_BLOCK_PARTIAL && sh->mode == RT_MASK_EVAL) w->refined++;
+    }
+    sh->cls[(size_t)row * bm->nkv + j] = (uint8_t)c;
+  }
+  return true;
+}
+
+static void *worker_main(void *arg) {
+  Worker *w = arg;
+  Shared *sh = w->sh;
+  for (;;) {
+    long row = atomic_fetch_add(&sh->next_row, 1);
+    if (row >= sh->rows || row > atomic_load(&sh->fail_row)) break;
+    if (!classify_row(w, row)) {
+      w->failed_row = row;
+      long cur = atomic_load(&sh->fail_row);
+      while (row < cur && !atomic_compare_exchange_weak(&sh->fail_row, &cur, row)) {
+      }
+      break;
+    }
+  }
+  return NULL;
+}
+
+/* Classify every block by analysis and/or block-wise evaluation, rows of
+ * blocks spread over worker threads. Everything the workers use is
+ * allocated here, before they start (an allocation failure must not
+ * unwind from a worker). */
 static flex_status classify_blocks(const RtBlockMask *bm, const IrModule *m,
                                    const IrIntervalEnv *ienv, Evaluator *ev, RtMaskMode mode, uint8_t *cls,
-                                   RtMaskStats *st, char *err, size_t errlen) {
-  size_t n = 0;
-  for (int b = 0; b < bm->B; b++)
-    for (int h = 0; h < bm->H; h++)
-      for (int i = 0; i < bm->nq; i++)
-        for (int j = 0; j < bm->nkv; j++, n++) {
-          Rect r = block_rect(bm, b, h, i, j);
-          int c = C_PARTIAL;
-          if (mode != RT_MASK_BLOCKWISE) {
-            IrTri t = ir_interval_mask(m, ienv, r.b0, r.b1, r.h0, r.h1, r.q0, r.q1, r.k0, r.k1);
-            c = t == IR_TRI_EMPTY ? C_EMPTY : t == IR_TRI_FULL ? C_FULL : C_PARTIAL;
-            if (c == C_PARTIAL) st->undecided++;
-          }
-          if (c == C_PARTIAL && mode != RT_MASK_ANALYSIS) {
-            c = eval_block(ev, &r);
-            if (c < 0) return fail(err, errlen, "%s", ev->env.error);
-            if (c != C_PARTIAL && mode == RT_MASK_EVAL) st->refined++;
-          }
-          cls[n] = (uint8_t)c;
-        }
-  return FLEX_OK;
+                                   RtMaskStats *st) {
+  Shared sh = {.bm = bm, .m = m, .ienv = ienv, .mode = mode, .cls = cls};
+  sh.rows = (long)bm->B * bm->H * bm->nq;
+  atomic_init(&sh.next_row, 0);
+  atomic_init(&sh.fail_row, __LONG_MAX__);
+  int nt = mode == RT_MASK_ANALYSIS ? 1 : thread_count();
+  /* ir_interval_mask allocates for masks over 128 instructions: those stay on this thread. */
+  if (m->mask->n > 128 || sh.rows < 2 || (int64_t)sh.rows * bm->nkv < 64) nt = 1;
+  if (nt > sh.rows) nt = (int)sh.rows;
+  bool *varies = base_alloc((size_t)m->mask->n), *kv_only = base_alloc((size_t)m->mask->n);
+  bool vector = cfg_vector && mode != RT_MASK_ANALYSIS && vec_plan(m->mask, varies, kv_only);
+  Worker *ws = base_alloc(sizeof *ws * (size_t)nt);
+  for (int t = 0; t < nt; t++) {
+    Worker *w = &ws[t];
+    memset(w, 0, sizeof *w);
+    w->sh = &sh;
+    w->failed_row = -1;
+    w->ev = *ev;
+    w->ev.count = 0;
+    w->ev.vals = base_alloc((size_t)m->mask->n * sizeof *w->ev.vals);
+    w->vector = vector;
+    if (vector) {
+      w->ve.f = m->mask;
+      w->ve.env = ev->env;
+      w->ve.lanes = base_alloc((size_t)m->mask->n * LANES * sizeof(IrVal));
+      w->ve.scalar = base_alloc((size_t)m->mask->n * sizeof(IrVal));
+      w->ve.varies = varies;
+      w->ve.kv_only = kv_only;
+    }
+  }
+  int started = 1;
+  for (int t = 1; t < nt; t++, started++)
+    if (pthread_create(&ws[t].tid, NULL, worker_main, &ws[t])) break; /* fewer threads: fine */
+  worker_main(&ws[0]);
+  for (int t = 1; t < started; t++) pthread_join(ws[t].tid, NULL);
+  flex_status rc = FLEX_OK;
+  long fail_row = atomic_load(&sh.fail_row);
+  for (int t = 0; t < nt; t++) {
+    Worker *w = &ws[t];
+    st->undecided += w->undecided;
+    st->refined += w->refined;
+    ev->count += w->ev.count + w->ve.count;
+    if (w->failed_row >= 0 && w->failed_row == fail_row && rc == FLEX_OK)
+      rc = rt_err(FLEX_ERR_INVALID, "%s", w->error);
+    base_free(w->ev.vals);
+    base_free(w->ve.lanes);
+    base_free(w->ve.scalar);
+  }
+  base_free(ws);
+  base_free(varies);
+  base_free(kv_only);
+  return rc;
 }
 
 /* The dense oracle: every element into a B*H*Q*KV byte tensor, then each
  * block reduced from it. For tests only. */
-static flex_status classify_dense(const RtBlockMask *bm, Evaluator *ev, uint8_t *cls,
-                                  char *err, size_t errlen) {
+static flex_status classify_dense(const RtBlockMask *bm, Evaluator *ev, uint8_t *cls) {
   size_t QL = (size_t)bm->q_len, KL = (size_t)bm->kv_len;
   uint8_t *dense = base_alloc((size_t)bm->B * bm->H * QL * KL);
   size_t e = 0;
@@ -198,9 +432,9 @@ static flex_status classify_dense(const RtBlockMask *bm, Evaluator *ev, uint8_t 
           int c = eval_block(ev, &r);
           if (c < 0) {
             base_free(dense);
-            return fail(err, errlen, "%s", ev->env.error);
+            return rt_err(FLEX_ERR_INVALID, "%s", ev->env.error);
           }
-          dense[e] = c == C_FULL;
+          dense[e] = c == FLEX_BLOCK_FULL;
         }
   size_t n = 0;
   for (int bh = 0; bh < bm->B * bm->H; bh++)
@@ -212,15 +446,14 @@ static flex_status classify_dense(const RtBlockMask *bm, Evaluator *ev, uint8_t 
           for (int kv = r.k0; kv <= r.k1; kv++)
             if (dense[((size_t)bh * QL + q) * KL + kv]) t = true;
             else f = true;
-        cls[n] = t && f ? C_PARTIAL : t ? C_FULL : C_EMPTY;
+        cls[n] = t && f ? FLEX_BLOCK_PARTIAL : t ? FLEX_BLOCK_FULL : FLEX_BLOCK_EMPTY;
       }
   base_free(dense);
   return FLEX_OK;
 }
 
 flex_status rt_block_mask_build(RtBlockMask *out, const IrModule *m, const IrIntervalEnv *env,
-                                const RtMaskShape *shape, RtMaskMode mode, RtMaskStats *stats,
-                                char *err, size_t errlen) {
+                                const RtMaskShape *shape, RtMaskMode mode, RtMaskStats *stats) {
   CHECK(shape->B >= 1 && shape->H >= 1 && shape->q_len >= 1 && shape->kv_len >= 1);
   RtMaskStats local;
   RtMaskStats *st = stats ? stats : &local;
@@ -229,14 +462,14 @@ flex_status rt_block_mask_build(RtBlockMask *out, const IrModule *m, const IrInt
   if (!env) env = &none;
   int B = m->mask && ir_interval_uses_arg(m, ARG_B) ? shape->B : 1;
   int H = m->mask && ir_interval_uses_arg(m, ARG_H) ? shape->H : 1;
-  flex_status fit = check_fits(B, H, shape, err, errlen);
+  flex_status fit = check_fits(B, H, shape);
   if (fit) return fit;
   alloc_mask(out, B, H, shape, true);
   size_t nblocks = (size_t)B * H * out->nq * out->nkv;
   uint8_t *cls = base_alloc(nblocks);
   flex_status rc = FLEX_OK;
   if (!m->mask) {
-    memset(cls, C_FULL, nblocks);
+    memset(cls, FLEX_BLOCK_FULL, nblocks);
   } else {
     Evaluator ev;
     memset(&ev, 0, sizeof ev);
@@ -246,8 +479,8 @@ flex_status rt_block_mask_build(RtBlockMask *out, const IrModule *m, const IrInt
     ev.env.bufs = env->bufs;
     ev.env.mod = m;
     ev.vals = base_alloc((size_t)m->mask->n * sizeof *ev.vals);
-    rc = mode == RT_MASK_DENSE ? classify_dense(out, &ev, cls, err, errlen)
-                               : classify_blocks(out, m, env, &ev, mode, cls, st, err, errlen);
+    rc = mode == RT_MASK_DENSE ? classify_dense(out, &ev, cls)
+                               : classify_blocks(out, m, env, &ev, mode, cls, st);
     st->evaluated = ev.count;
     base_free(ev.vals);
   }
@@ -255,7 +488,7 @@ flex_status rt_block_mask_build(RtBlockMask *out, const IrModule *m, const IrInt
     layout(out, cls);
     st->total = (int64_t)nblocks;
     for (size_t k = 0; k < nblocks; k++)
-      cls[k] == C_FULL ? st->full++ : cls[k] == C_PARTIAL ? st->partial++ : st->empty++;
+      cls[k] == FLEX_BLOCK_FULL ? st->full++ : cls[k] == FLEX_BLOCK_PARTIAL ? st->partial++ : st->empty++;
     st->decidable = ir_interval_decidable(m);
   } else {
     rt_block_mask_free(out);
@@ -301,26 +534,25 @@ static int32_t tensor_at(const DLTensor *t, const int64_t *idx) {
 /* Type, place and rank of one tensor; its B and H extents must be Bt, Ht
  * (or set them, when *Bt is 0) and the rest as given. */
 static flex_status check_tensor(const DLTensor *t, const char *name, int ndim, int *Bt, int *Ht,
-                                const RtMaskShape *s, int64_t d2, int64_t d3, char *err,
-                                size_t errlen) {
+                                const RtMaskShape *s, int64_t d2, int64_t d3) {
   if (t->dtype.code != kDLInt || t->dtype.bits != 32 || t->dtype.lanes != 1)
-    return fail(err, errlen, "block mask: %s must be int32", name);
+    return rt_err(FLEX_ERR_INVALID, "block mask: %s must be int32", name);
   if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost)
-    return fail(err, errlen, "block mask: %s must be in host memory", name);
+    return rt_err(FLEX_ERR_INVALID, "block mask: %s must be in host memory", name);
   if (t->ndim != ndim)
-    return fail(err, errlen, "block mask: %s must have %d dimensions, got %d", name, ndim, t->ndim);
+    return rt_err(FLEX_ERR_INVALID, "block mask: %s must have %d dimensions, got %d", name, ndim, t->ndim);
   if (!t->data && t->shape[0] * t->shape[1] * t->shape[2] > 0)
-    return fail(err, errlen, "block mask: %s has no data", name);
+    return rt_err(FLEX_ERR_INVALID, "block mask: %s has no data", name);
   if (*Bt == 0) {
     if ((t->shape[0] != 1 && t->shape[0] != s->B) || (t->shape[1] != 1 && t->shape[1] != s->H))
-      return fail(err, errlen, "block mask: %s must have batch and head extents 1 or %d, %d; got %lld, %lld",
+      return rt_err(FLEX_ERR_INVALID, "block mask: %s must have batch and head extents 1 or %d, %d; got %lld, %lld",
                   name, s->B, s->H, (long long)t->shape[0], (long long)t->shape[1]);
     *Bt = (int)t->shape[0];
     *Ht = (int)t->shape[1];
   }
   if (t->shape[0] != *Bt || t->shape[1] != *Ht || t->shape[2] != d2 ||
       (ndim == 4 && (d3 < 0 ? t->shape[3] < 1 : t->shape[3] != d3)))
-    return fail(err, errlen, "block mask: %s has shape [%lld, %lld, %lld%s], expected [%d, %d, %lld%s]",
+    return rt_err(FLEX_ERR_INVALID, "block mask: %s has shape [%lld, %lld, %lld%s], expected [%d, %d, %lld%s]",
                 name, (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2],
                 ndim == 4 ? ", ..." : "", *Bt, *Ht, (long long)d2, ndim == 4 ? ", ..." : "");
   return FLEX_OK;
@@ -333,11 +565,10 @@ typedef struct Side {
   const DLTensor *num, *idx; /* the pair */
   const char *name;          /* "kv", "full_kv", "q", "full_q" */
   bool q_side;               /* rows are key blocks */
-  uint8_t value;             /* C_PARTIAL or C_FULL */
+  uint8_t value;             /* FLEX_BLOCK_PARTIAL or FLEX_BLOCK_FULL */
 } Side;
 
-static flex_status read_side(const Side *sd, int Bt, int Ht, int nq, int nkv, uint8_t *cls,
-                             char *err, size_t errlen) {
+static flex_status read_side(const Side *sd, int Bt, int Ht, int nq, int nkv, uint8_t *cls) {
   int rows = sd->q_side ? nkv : nq, cols = sd->q_side ? nq : nkv;
   int64_t width = sd->idx->shape[3];
   for (int b = 0; b < Bt; b++)
@@ -346,18 +577,18 @@ static flex_status read_side(const Side *sd, int Bt, int Ht, int nq, int nkv, ui
         int64_t ix[4] = {b, h, r, 0};
         int32_t n = tensor_at(sd->num, ix);
         if (n < 0 || n > width || n > cols)
-          return fail(err, errlen, "block mask: %s_num_blocks[%d, %d, %d] = %d is out of range [0, %lld]",
+          return rt_err(FLEX_ERR_INVALID, "block mask: %s_num_blocks[%d, %d, %d] = %d is out of range [0, %lld]",
                       sd->name, b, h, r, n, (long long)(width < cols ? width : cols));
         for (int k = 0; k < n; k++) {
           ix[3] = k;
           int32_t c = tensor_at(sd->idx, ix);
           if (c < 0 || c >= cols)
-            return fail(err, errlen, "block mask: %s_indices[%d, %d, %d, %d] = %d is not a block index in [0, %d)",
+            return rt_err(FLEX_ERR_INVALID, "block mask: %s_indices[%d, %d, %d, %d] = %d is not a block index in [0, %d)",
                         sd->name, b, h, r, k, c, cols);
           int i = sd->q_side ? c : r, j = sd->q_side ? r : c;
           uint8_t *cell = &cls[(((size_t)b * Ht + h) * nq + i) * nkv + j];
-          if (*cell != C_EMPTY)
-            return fail(err, errlen, "block mask: block (%d, %d) of [%d, %d] is listed twice (%s_indices)",
+          if (*cell != FLEX_BLOCK_EMPTY)
+            return rt_err(FLEX_ERR_INVALID, "block mask: block (%d, %d) of [%d, %d] is listed twice (%s_indices)",
                         i, j, b, h, sd->name);
           *cell = sd->value;
         }
@@ -367,52 +598,52 @@ static flex_status read_side(const Side *sd, int Bt, int Ht, int nq, int nkv, ui
 
 /* Both sides of a pair are given or neither; shapes as the geometry says. */
 static flex_status check_pair(const Side *sd, int *Bt, int *Ht, const RtMaskShape *s, int nq,
-                              int nkv, char *err, size_t errlen) {
+                              int nkv) {
   if (!sd->num != !sd->idx)
-    return fail(err, errlen, "block mask: %s_num_blocks and %s_indices come together", sd->name,
+    return rt_err(FLEX_ERR_INVALID, "block mask: %s_num_blocks and %s_indices come together", sd->name,
                 sd->name);
   if (!sd->num) return FLEX_OK;
   char nb[48], ib[48];
   snprintf(nb, sizeof nb, "%s_num_blocks", sd->name);
   snprintf(ib, sizeof ib, "%s_indices", sd->name);
   int rows = sd->q_side ? nkv : nq;
-  flex_status rc = check_tensor(sd->num, nb, 3, Bt, Ht, s, rows, 0, err, errlen);
-  return rc ? rc : check_tensor(sd->idx, ib, 4, Bt, Ht, s, rows, -1, err, errlen);
+  flex_status rc = check_tensor(sd->num, nb, 3, Bt, Ht, s, rows, 0);
+  return rc ? rc : check_tensor(sd->idx, ib, 4, Bt, Ht, s, rows, -1);
 }
 
 flex_status rt_block_mask_from_user(RtBlockMask *out, const flex_block_mask *u,
-                                    const RtMaskShape *shape, char *err, size_t errlen) {
+                                    const RtMaskShape *shape) {
   memset(out, 0, sizeof *out);
   if (u->block_q < 0 || u->block_kv < 0)
-    return fail(err, errlen, "block mask: block sizes must be positive, got %d x %d", u->block_q,
+    return rt_err(FLEX_ERR_INVALID, "block mask: block sizes must be positive, got %d x %d", u->block_q,
                 u->block_kv);
   if (!u->kv_num_blocks || !u->kv_indices)
-    return fail(err, errlen, "block mask: kv_num_blocks and kv_indices are required");
+    return rt_err(FLEX_ERR_INVALID, "block mask: kv_num_blocks and kv_indices are required");
   RtMaskShape g = *shape;
   g.block_q = u->block_q ? u->block_q : 128;
   g.block_kv = u->block_kv ? u->block_kv : 128;
   int nq = ceil_div(g.q_len, g.block_q), nkv = ceil_div(g.kv_len, g.block_kv);
-  Side sides[4] = {{u->kv_num_blocks, u->kv_indices, "kv", false, C_PARTIAL},
-                   {u->full_kv_num_blocks, u->full_kv_indices, "full_kv", false, C_FULL},
-                   {u->q_num_blocks, u->q_indices, "q", true, C_PARTIAL},
-                   {u->full_q_num_blocks, u->full_q_indices, "full_q", true, C_FULL}};
+  Side sides[4] = {{u->kv_num_blocks, u->kv_indices, "kv", false, FLEX_BLOCK_PARTIAL},
+                   {u->full_kv_num_blocks, u->full_kv_indices, "full_kv", false, FLEX_BLOCK_FULL},
+                   {u->q_num_blocks, u->q_indices, "q", true, FLEX_BLOCK_PARTIAL},
+                   {u->full_q_num_blocks, u->full_q_indices, "full_q", true, FLEX_BLOCK_FULL}};
   int Bt = 0, Ht = 0;
   for (int k = 0; k < 4; k++) {
-    flex_status rc = check_pair(&sides[k], &Bt, &Ht, &g, nq, nkv, err, errlen);
+    flex_status rc = check_pair(&sides[k], &Bt, &Ht, &g, nq, nkv);
     if (rc) return rc;
   }
   bool full = sides[1].num != NULL;
   if ((sides[2].num && !sides[3].num != !full) || (sides[3].num && !sides[2].num))
-    return fail(err, errlen, "block mask: full_q_* goes with q_*, and exactly when full_kv_* is given");
-  flex_status fits = check_fits(Bt, Ht, &g, err, errlen); /* small lists may mean a huge grid */
+    return rt_err(FLEX_ERR_INVALID, "block mask: full_q_* goes with q_*, and exactly when full_kv_* is given");
+  flex_status fits = check_fits(Bt, Ht, &g); /* small lists may mean a huge grid */
   if (fits) return fits;
   size_t n = (size_t)Bt * Ht * nq * nkv;
   uint8_t *cls = base_alloc(n), *qcls = base_alloc(n);
   flex_status rc = FLEX_OK;
   for (int k = 0; k < 4 && rc == FLEX_OK; k++)
-    if (sides[k].num) rc = read_side(&sides[k], Bt, Ht, nq, nkv, k < 2 ? cls : qcls, err, errlen);
+    if (sides[k].num) rc = read_side(&sides[k], Bt, Ht, nq, nkv, k < 2 ? cls : qcls);
   if (rc == FLEX_OK && sides[2].num && memcmp(cls, qcls, n))
-    rc = fail(err, errlen, "block mask: the q_* side does not list the same blocks as the kv_* side");
+    rc = rt_err(FLEX_ERR_INVALID, "block mask: the q_* side does not list the same blocks as the kv_* side");
   if (rc == FLEX_OK) {
     alloc_mask(out, Bt, Ht, &g, full);
     layout(out, cls);

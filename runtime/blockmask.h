@@ -66,11 +66,17 @@ typedef struct RtMaskStats {
 
 /* Build the block mask of m->mask (all blocks full when m has no mask).
  * env binds params, sizes and buffers (host data) as for ir_eval. Returns
- * FLEX_OK, or FLEX_ERR_INVALID with a message in err (an out-of-range
+ * FLEX_OK, or FLEX_ERR_INVALID with the message set (rt_err) (an out-of-range
  * buffer read, say). stats may be NULL. */
 flex_status rt_block_mask_build(RtBlockMask *out, const IrModule *m, const IrIntervalEnv *env,
-                                const RtMaskShape *shape, RtMaskMode mode, RtMaskStats *stats,
-                                char *err, size_t errlen);
+                                const RtMaskShape *shape, RtMaskMode mode, RtMaskStats *stats);
+
+/* How RT_MASK_EVAL and RT_MASK_BLOCKWISE evaluate open blocks: `threads`
+ * worker threads over rows of blocks (0: one per online core, or
+ * $FLEXC_MASK_THREADS), and the row-vectorised interpreter (`vector`) or
+ * the plain one, element by element, on one thread (threads 1, vector
+ * false: the builder as it was, for benchmarks and tests). Process-wide. */
+void rt_block_mask_eval_config(int threads, bool vector);
 
 /* Validate a caller's BlockMask (int32, host memory, shapes, indices in
  * range, no duplicates, full and partial disjoint, q side consistent with
@@ -78,7 +84,7 @@ flex_status rt_block_mask_build(RtBlockMask *out, const IrModule *m, const IrInt
  * come from u), and copy it into out in normal form (ascending, zero
  * filled, q side derived when absent). */
 flex_status rt_block_mask_from_user(RtBlockMask *out, const flex_block_mask *u,
-                                    const RtMaskShape *shape, char *err, size_t errlen);
+                                    const RtMaskShape *shape);
 
 /* Whether two block masks are identical (extents and all eight arrays). */
 bool rt_block_mask_equal(const RtBlockMask *a, const RtBlockMask *b);

@@ -10,6 +10,8 @@
  *   q  [B, H,   Q_LEN,  E]     k [B, HKV, KV_LEN, E]    v [B, HKV, KV_LEN, EV]
  *   out[B, H,   Q_LEN,  EV]    lse [B, H, Q_LEN]        (natural log)
  *   dout like out, dlse like lse (optional), dq like q, dk like k, dv like v.
+ * Packed variable-length batches (flex_args.cu_seqlens_q/_kv): q (TOTAL_Q,
+ * H, E), k (TOTAL_KV, HKV, E), v (TOTAL_KV, HKV, EV), lse (H, TOTAL_Q).
  */
 #ifndef FLEXC_FLEX_H
 #define FLEXC_FLEX_H
@@ -38,6 +40,7 @@ typedef enum flex_backend {
   FLEX_BACKEND_REFERENCE = 0, /* float64, fully materialised: the oracle */
   FLEX_BACKEND_EMU = 1,       /* the generated CUDA source, run on the CPU */
   FLEX_BACKEND_CUDA = 2,      /* the generated CUDA source, run on the GPU */
+  FLEX_BACKEND_CPU = 3,       /* fused attention on the host's cores (LLVM JIT of the IR) */
 } flex_backend;
 
 /* A loaded kernel: a checked .score file lowered to IR for one kernel. */
@@ -45,8 +48,14 @@ typedef struct flex_kernel flex_kernel;
 
 /* The message of the last failed call on this thread ("" if none). */
 const char *flex_last_error(void);
-/* "reference", "emu", "cuda"; NULL for an unknown value. */
+/* "reference", "emu", "cuda", "cpu"; NULL for an unknown value. */
 const char *flex_backend_name(flex_backend b);
+/* The backend named `name` ("reference", "emu", "cuda", "cpu"); false if none. */
+bool flex_backend_parse(const char *name, flex_backend *out);
+/* Whether this build and machine can run `b` (cuda: a driver and a device
+ * of compute capability 8.0 or newer; cpu: built with LLVM; emu: a host
+ * C++ compiler). When not, flex_last_error() says why. */
+bool flex_backend_available(flex_backend b);
 
 /* Load kernel `kernel` (NULL: the file's only or implicit kernel) from a
  * .score file or from source text. Diagnostics land in flex_last_error(). */
@@ -54,6 +63,89 @@ flex_status flex_kernel_load(flex_kernel **out, const char *path, const char *ke
 flex_status flex_kernel_from_source(flex_kernel **out, const char *name, const char *text,
                                     size_t len, const char *kernel);
 void flex_kernel_free(flex_kernel *k);
+
+/* ---- what a kernel reads ------------------------------------------------ */
+
+/* Scalar types of the language. */
+typedef enum flex_type { FLEX_TYPE_BOOL = 0, FLEX_TYPE_INT = 1, FLEX_TYPE_FLOAT = 2 } flex_type;
+
+/* A `param` of the kernel. */
+typedef struct flex_param_info {
+  const char *name;
+  flex_type type;        /* FLEX_TYPE_INT or FLEX_TYPE_FLOAT */
+  bool has_default;      /* a call may leave it out */
+  double default_value;  /* when has_default */
+} flex_param_info;
+
+#define FLEX_MAX_DIMS 8
+
+/* A `buffer` of the kernel. */
+typedef struct flex_buffer_info {
+  const char *name;
+  DLDataType dtype;               /* the declared element type (bool: kDLBool, 8 bits) */
+  int ndim;                       /* rank */
+  int64_t extent[FLEX_MAX_DIMS];  /* fixed extent, or -1 when bound at launch */
+  const char *dim_name[FLEX_MAX_DIMS]; /* the size's name ("H", "KV_LEN", a free symbol), or NULL when fixed */
+  bool grad;                      /* the backward returns its gradient */
+  bool sorted;                    /* 1-D, the caller promises non-decreasing values */
+  bool used;                      /* the kernel's score or mask reads it (an unused one may be left out) */
+} flex_buffer_info;
+
+/* Features of a kernel (flex_kernel_info.features). */
+enum {
+  FLEX_FEATURE_SCORE = 1u << 0,        /* a score function (not the identity) */
+  FLEX_FEATURE_MASK = 1u << 1,         /* a mask function */
+  FLEX_FEATURE_GRAD_BUFFERS = 1u << 2, /* some buffer is `grad` */
+  FLEX_FEATURE_IMPLICIT_MASK = 1u << 3, /* the kernels classify blocks themselves: no BlockMask needed */
+  FLEX_FEATURE_DS_IS_DT = 1u << 4,     /* d score / d s == 1: the backward skips the joint */
+};
+
+/* Everything a program needs to call a kernel it did not write. Pointers
+ * stay valid until flex_kernel_free. */
+typedef struct flex_kernel_info {
+  const char *name;        /* the kernel's name ("default" for an implicit kernel) */
+  const char *file;        /* the .score file (or the name given to flex_kernel_from_source) */
+  const char *score;       /* the score function's name, or NULL for the identity */
+  const char *mask;        /* the mask function's name, or NULL */
+  unsigned features;       /* FLEX_FEATURE_* bits */
+  int nparams;
+  const flex_param_info *params;   /* in declaration order */
+  int nbuffers;
+  const flex_buffer_info *buffers; /* in declaration order */
+} flex_kernel_info;
+
+flex_status flex_kernel_get_info(const flex_kernel *k, flex_kernel_info *out);
+
+/* ---- tensors on a backend ----------------------------------------------- */
+
+/* Memory that the runtime owns, for programs without a CUDA runtime of
+ * their own: host memory for reference, emu and cpu, device memory on the
+ * current CUDA device for cuda. The DLTensor is compact (strides NULL),
+ * zero-filled in `stream` order (cuda; NULL: the default stream), and
+ * freed with flex_tensor_free. */
+flex_status flex_tensor_alloc(DLTensor **out, flex_backend b, DLDataType dtype, int ndim,
+                              const int64_t *shape, void *stream);
+void flex_tensor_free(DLTensor *t);
+/* Copy src into dst (same shape; any strides; either may be on the host or
+ * a CUDA device). Float dtypes convert into each other (rounding to
+ * nearest even), integer and bool dtypes into each other (values must
+ * fit); stream orders device copies (NULL: default stream) and the call
+ * returns when dst holds the data. */
+flex_status flex_tensor_copy(const DLTensor *dst, const DLTensor *src, void *stream);
+
+/* A name for the device backend b runs on ("NVIDIA H100 80GB HBM3" for
+ * cuda's current device; "host CPU" otherwise). */
+flex_status flex_device_name(flex_backend b, char *out, size_t cap);
+
+/* Wait for the work issued on `stream` (cuda; NULL: the default stream);
+ * the other backends finish before their calls return. */
+flex_status flex_sync(flex_backend b, void *stream);
+
+/* NumPy .npy files (C order, little endian; float16/32/64, int32/64,
+ * uint8, bool). load gives a host tensor (free with flex_tensor_free);
+ * save writes any tensor (device tensors are copied to the host first). */
+flex_status flex_npy_load(DLTensor **out, const char *path);
+flex_status flex_npy_save(const char *path, const DLTensor *t);
 
 /* A named runtime param value. */
 typedef struct flex_param {
@@ -92,11 +184,106 @@ typedef struct flex_args {
   const flex_buffer *buffers; int nbuffers;
   const flex_block_mask *block_mask; /* NULL: none (or the kernel's implicit mask) */
   void *stream;                    /* CUDA stream (CUstream); NULL: default */
-  bool check_bounds;               /* checked run: report out-of-range buffer reads, broken `sorted` promises */
+  bool check_bounds;               /* checked run: report out-of-range buffer reads */
   bool fast_math;                  /* opt-in: hardware approximations for exp log log2 tanh sigmoid
                                       sin cos pow on emu and cuda (tanh: up to 2^-10.987 relative
                                       error, by the PTX ISA); the reference is always exact */
+  bool trust_sorted;               /* waiver: skip verifying `sorted` buffers. Every call (and
+                                      flex_block_mask_create) otherwise makes one O(length) pass
+                                      over each `sorted` buffer before any block is skipped and
+                                      fails with the buffer, the index and the two values where it
+                                      decreases (device buffers: copied to the host for it) */
+  /* A packed variable-length batch (DSL.md; docs/varlen.md): int32 [B + 1]
+   * offsets on the call's device, from 0, non-decreasing, ending at TOTAL_Q
+   * and TOTAL_KV. When set (both are needed), q is (TOTAL_Q, H, E), k
+   * (TOTAL_KV, HKV, E), v (TOTAL_KV, HKV, EV), out and dout (TOTAL_Q, H, EV),
+   * lse and dlse (H, TOTAL_Q), dq, dk, dv like q, k, v; block_mask must be
+   * NULL. Device backends read the offsets back to the host once per call. */
+  const DLTensor *cu_seqlens_q, *cu_seqlens_kv;
+  /* Dropout (DSL.md "Dropout"): attention weights dropped with probability
+   * dropout_p in [0, 1), kept ones scaled by 1 / (1 - dropout_p), by the bits
+   * of Philox4x32-10 keyed by dropout_seed at dropout_offset. A backward
+   * must get the forward's three values. 0: no dropout, at no cost (the
+   * kernels are generated without it). */
+  float dropout_p;
+  uint64_t dropout_seed, dropout_offset;
+  /* A paged key/value cache (DSL.md; docs/paged.md), forward only: k is the
+   * pool (NUM_PAGES, PAGE_SIZE, HKV, E), v (NUM_PAGES, PAGE_SIZE, HKV, EV),
+   * PAGE_SIZE any integer in 16..256; page_table int32 [B, MAX_PAGES] and
+   * kv_lens int32 [B] on q's device (both are needed). Sequence b's key kv
+   * (kv < kv_lens[b], its KV_LEN) is row kv % PAGE_SIZE of page
+   * page_table[b, kv / PAGE_SIZE]. q, out and lse are padded ([B, H, Q_LEN,
+   * E] ...) or packed by cu_seqlens_q (cu_seqlens_kv must then be NULL).
+   * kv_lens is read back to the host once per call; page indices are checked
+   * only by a checked run (check_bounds) on emu and cuda (always on the
+   * reference and cpu backends, which gather on the host). */
+  const DLTensor *page_table, *kv_lens;
 } flex_args;
+
+/* ---- block masks ---------------------------------------------------------- */
+
+/* What building a BlockMask found. */
+typedef struct flex_mask_stats {
+  int64_t total;      /* blocks stored: B' * H' * nq * nkv (B', H' = 1 when the mask ignores b, h) */
+  int64_t full, partial, empty;
+  int64_t undecided;  /* blocks the interval analysis left open */
+  int64_t refined;    /* of those, blocks element-wise evaluation found full or empty */
+  int64_t evaluated;  /* mask evaluations done element by element */
+  bool decidable;     /* the analysis can decide blocks without data (sorted buffers bounded by end points) */
+  bool implicit;      /* the kernels classify blocks themselves: no BlockMask is built for a call */
+} flex_mask_stats;
+
+/* The BlockMask of k's mask for B x H x q_len x kv_len with blocks of
+ * block_q x block_kv (0: 128), as the runtime builds it (interval analysis,
+ * then element-wise evaluation of the blocks it leaves open). Params and
+ * buffers come from `a` (validated as flex_forward validates them; q, k, v
+ * and outputs are not read); the eight arrays are host int32 tensors owned
+ * by *out (free with flex_block_mask_free). stats may be NULL. */
+flex_status flex_block_mask_create(flex_block_mask **out, flex_kernel *k, const flex_args *a, int B,
+                                   int H, int q_len, int kv_len, int block_q, int block_kv,
+                                   flex_mask_stats *stats);
+void flex_block_mask_free(flex_block_mask *m);
+
+/* ---- what the compiler makes (flexc check, ir, emit) ------------------------- */
+
+/* Check every declaration and kernel of a .score file: FLEX_OK, or
+ * FLEX_ERR_INVALID with the diagnostics in flex_last_error(). */
+flex_status flex_check_file(const char *path);
+/* The IR of kernel `kernel` (NULL: the only or implicit one) after the
+ * pass `after` ("lower", "fold", "cse", "dce", "autodiff"; NULL: all),
+ * with the joint backward function when `grad`. *text is freed with flex_free. */
+flex_status flex_ir_text(char **text, const char *path, const char *kernel, bool grad,
+                         const char *after);
+/* How k's mask becomes blocks, for a reader (flexc check --explain): decided
+ * by interval analysis, or a BlockMask built element by element on every
+ * call, with the buffer read that prevents the analysis and the cost it
+ * implies (per element, and in evaluations at `shape` = B, H, Q_LEN, KV_LEN
+ * when not NULL). *text is freed with flex_free. */
+flex_status flex_mask_explain(const flex_kernel *k, const int *shape, char **text);
+/* The pass names `after` accepts, comma-separated, in order. */
+const char *flex_ir_pass_names(void);
+
+typedef enum flex_target { FLEX_TARGET_CUDA = 0, FLEX_TARGET_PTX = 1, FLEX_TARGET_CUBIN = 2 } flex_target;
+
+/* What flex_emit makes. */
+typedef struct flex_emit_options {
+  flex_target target;
+  const char *arch;      /* "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a" */
+  DLDataType dtype;      /* of q, k, v: float16, bfloat16 or float32 */
+  int head_dim;          /* E, 1..256 */
+  int head_dim_v;        /* EV (0: E) */
+  bool forward_only;     /* no backward entries */
+  bool fast_math;        /* hardware approximations of the float builtins */
+  bool resource_usage;   /* also report registers, spills, shared memory and stack per entry */
+  bool dropout;          /* the kernels a call with dropout_p > 0 runs (FLEX_DROPOUT defined) */
+} flex_emit_options;
+
+/* The kernel's generated CUDA, PTX or cubin in *out (*len bytes; freed with
+ * flex_free); with resource_usage, the report in *report (else NULL). */
+flex_status flex_emit(const flex_kernel *k, const flex_emit_options *o, char **out, size_t *len,
+                      char **report);
+/* Free what flex_ir_text and flex_emit returned. */
+void flex_free(void *p);
 
 /* out = attention(q, k, v), lse = log-sum-exp per row. */
 flex_status flex_forward(flex_kernel *k, const flex_args *a);

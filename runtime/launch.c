@@ -7,43 +7,10 @@
 
 #include "ir/interval.h"
 
-int64_t rt_stride_of(const DLTensor *t, int d) {
-  if (t->strides) return t->strides[d];
-  int64_t s = 1;
-  for (int i = t->ndim - 1; i > d; i--) s *= t->shape[i];
-  return s;
-}
-
-char *rt_data_of(const DLTensor *t) { return t ? (char *)t->data + t->byte_offset : NULL; }
-
 FlexStrides rt_strides4(const DLTensor *t) {
   FlexStrides s = {0, 0, 0};
   if (t) s = (FlexStrides){rt_stride_of(t, 0), rt_stride_of(t, 1), rt_stride_of(t, 2)};
   return s;
-}
-
-int64_t rt_span_bytes(const DLTensor *t) {
-  int64_t last = 0;
-  for (int d = 0; d < t->ndim; d++) {
-    if (t->shape[d] == 0) return 0;
-    last += (t->shape[d] - 1) * rt_stride_of(t, d);
-  }
-  return (last + 1) * ((t->dtype.bits * t->dtype.lanes + 7) / 8);
-}
-
-int64_t rt_numel(const DLTensor *t) {
-  int64_t n = 1;
-  for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
-  return n;
-}
-
-bool rt_contiguous(const DLTensor *t) {
-  int64_t want = 1;
-  for (int d = t->ndim - 1; d >= 0; d--) {
-    if (t->shape[d] != 1 && rt_stride_of(t, d) != want) return false;
-    want *= t->shape[d];
-  }
-  return true;
 }
 
 /* 16-byte aligned base and every non-last stride a multiple of 16 bytes
@@ -97,7 +64,13 @@ flex_status rt_launch_fill(const RtCall *c, FlexParams *p, const char *backend) 
   }
   p->B = c->B, p->H = c->H, p->HKV = c->HKV, p->G = c->G;
   p->q_len = c->QL, p->kv_len = c->KL, p->E = c->E, p->EV = c->EV;
+  p->b0 = c->b0;
+  p->pages = c->pages, p->page_size = c->page_size;
   p->scale = (float)c->scale;
+  p->drop_p = a->dropout_p;
+  p->drop_scale = 1.0f / (1.0f - a->dropout_p);
+  p->drop_seed[0] = (uint32_t)a->dropout_seed, p->drop_seed[1] = (uint32_t)(a->dropout_seed >> 32);
+  p->drop_ctr3 = (uint32_t)a->dropout_offset + (uint32_t)(a->dropout_offset >> 32);
   p->vec16 = use_vec16(c);
   if (c->backward) {
     p->dq = rt_data_of(a->dq), p->dk = rt_data_of(a->dk), p->dv = rt_data_of(a->dv);
@@ -130,9 +103,8 @@ flex_status rt_launch_check_geometry(const char *backend, const char *entry, con
 static flex_status user_plan(const RtCall *c, const CgOptions *o, RtMaskPlan *plan) {
   const flex_block_mask *u = c->args->block_mask;
   RtMaskShape shape = {c->B, c->H, c->QL, c->KL, u->block_q, u->block_kv};
-  char err[512];
-  flex_status st = rt_block_mask_from_user(&plan->bm, u, &shape, err, sizeof err);
-  if (st) return rt_err(st, "%s", err);
+  flex_status st = rt_block_mask_from_user(&plan->bm, u, &shape);
+  if (st) return st;
   plan->user = true;
   if (!cg_mask_blocks_ok(o, plan->bm.block_q, plan->bm.block_kv))
     return rt_err(FLEX_ERR_UNSUPPORTED,

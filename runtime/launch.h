@@ -17,20 +17,10 @@
 #include "kernels/params.cuh"
 #include "runtime/blockmask.h"
 #include "runtime/rt.h"
+#include "runtime/tensor.h"
 
-/* Element stride of dimension d (compact when strides is NULL). */
-int64_t rt_stride_of(const DLTensor *t, int d);
-/* First element's address (NULL for a NULL tensor). */
-char *rt_data_of(const DLTensor *t);
 /* [B, heads, rows, cols] strides (zeros for a NULL tensor). */
 FlexStrides rt_strides4(const DLTensor *t);
-/* Elements of a tensor. */
-int64_t rt_numel(const DLTensor *t);
-/* Bytes from a validated tensor's first element to the end of its last
- * (non-negative strides; 0 when empty). */
-int64_t rt_span_bytes(const DLTensor *t);
-/* Row-major with no gaps (extent-1 dims ignored). */
-bool rt_contiguous(const DLTensor *t);
 
 /* FlexParams from the call: every tensor in place (out/dq/dk/dv too: a
  * backend that stages them overwrites those fields), params, sizes,
@@ -83,17 +73,6 @@ void rt_launch_user_lists(FlexParams *p, const RtMaskPlan *plan);
 #define RT_GRID_YZ_MAX 65535u
 flex_status rt_launch_check_geometry(const char *backend, const char *entry, const unsigned grid[3],
                                      const unsigned block[3]);
-
-/* What the last emulator call on this thread did (tests). */
-typedef struct RtEmuStats {
-  uint64_t fwd_tiles;     /* tiles flex_fwd visited (all CTAs) */
-  uint64_t bwd_tiles;     /* tiles flex_bwd visited (all CTAs, every head of a group) */
-  bool built;             /* the BlockMask came from the builder kernels */
-  CgMaskMode mode;        /* the mask mode the kernels ran with */
-  int64_t blocks[3];      /* built masks: empty, full, partial blocks */
-  bool vec16;             /* the 16-byte cp.async path was on */
-} RtEmuStats;
-RtEmuStats rt_emu_last_stats(void);
 
 /* A checked run's record (FLEX_BOUNDS_WORDS, read back after the
  * launches): FLEX_OK, or FLEX_ERR_RUNTIME with the failed access in the

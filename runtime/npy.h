@@ -3,8 +3,6 @@
  *
  * Only what attention needs: C order, little-endian, dtypes <f2 <f4 <f8 <i4
  * <i8 |b1 |u1. Anything else is refused with a message naming the file.
- * Also here: rounding binary64 to the 16-bit float formats, for casting
- * inputs to --dtype.
  */
 #ifndef FLEXC_NPY_H
 #define FLEXC_NPY_H
@@ -12,7 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dlpack.h"
+#include "runtime/flex.h"
+#include "runtime/tensor.h"
 
 #define RT_NPY_MAXDIMS 8
 
@@ -24,13 +23,12 @@ typedef struct RtArray {
   void *data;                    /* elements (base_alloc; rt_npy_free releases) */
 } RtArray;
 
-/* Read a .npy file into *out. Returns 0, or -1 with a message in err. */
-int rt_npy_read(const char *path, RtArray *out, char *err, size_t errlen);
+/* Read a .npy file into *out. FLEX_OK, or FLEX_ERR_INVALID with the message set (rt_err). */
+flex_status rt_npy_read(const char *path, RtArray *out);
 /* Parse .npy bytes (name is used in messages). Same contract as rt_npy_read. */
-int rt_npy_parse(const char *name, const void *bytes, size_t len, RtArray *out, char *err,
-                 size_t errlen);
-/* Write an array (any of the readable dtypes). Returns 0, or -1 with a message. */
-int rt_npy_write(const char *path, const RtArray *a, char *err, size_t errlen);
+flex_status rt_npy_parse(const char *name, const void *bytes, size_t len, RtArray *out);
+/* Write an array (any of the readable dtypes). FLEX_OK, or FLEX_ERR_INVALID with the message set. */
+flex_status rt_npy_write(const char *path, const RtArray *a);
 
 /* Allocate a zeroed array of the given type and shape (data may be empty). */
 void rt_array_init(RtArray *a, DLDataType dt, int ndim, const int64_t *shape);
@@ -42,14 +40,5 @@ DLTensor rt_array_tensor(RtArray *a);
  * the element type; ints truncate toward zero). */
 double rt_array_get(const RtArray *a, int64_t i);
 void rt_array_set(RtArray *a, int64_t i, double v);
-
-/* Round to nearest even into IEEE binary16 / bfloat16 bits. */
-uint16_t rt_half_from_double(double v);
-uint16_t rt_bf16_from_double(double v);
-
-/* DLDataType helpers: name ("float32", "int64", "bool", ...) and builders. */
-const char *rt_dtype_name(DLDataType t);
-DLDataType rt_dtype(uint8_t code, uint8_t bits);
-int rt_dtype_size(DLDataType t); /* bytes per element; 0 if unsupported */
 
 #endif

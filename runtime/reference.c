@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "blockmask.h"
+#include "kernels/philox.cuh"
 #include "npy.h"
 #include "rt.h"
 
@@ -95,20 +96,32 @@ typedef struct Ref {
   uint8_t *cls;          /* [nq, nkv] class of each block of the current (b, h) */
 } Ref;
 
-enum { BLK_EMPTY, BLK_PARTIAL, BLK_FULL };
 
 /* The block classes of (b, h) from the BlockMask's kv-side lists. */
 static void block_classes(Ref *r, int b, int h) {
   const RtBlockMask *bm = &r->bm;
   int bb = bm->B == 1 ? 0 : b, hh = bm->H == 1 ? 0 : h;
-  memset(r->cls, BLK_EMPTY, (size_t)bm->nq * (size_t)bm->nkv);
+  memset(r->cls, FLEX_BLOCK_EMPTY, (size_t)bm->nq * (size_t)bm->nkv);
   for (int i = 0; i < bm->nq; i++) {
     size_t row = ((size_t)bb * bm->H + hh) * bm->nq + i;
     for (int n = 0; n < bm->kv_num_blocks[row]; n++)
-      r->cls[(size_t)i * bm->nkv + bm->kv_indices[row * bm->nkv + n]] = BLK_PARTIAL;
+      r->cls[(size_t)i * bm->nkv + bm->kv_indices[row * bm->nkv + n]] = FLEX_BLOCK_PARTIAL;
     for (int n = 0; bm->has_full && n < bm->full_kv_num_blocks[row]; n++)
-      r->cls[(size_t)i * bm->nkv + bm->full_kv_indices[row * bm->nkv + n]] = BLK_FULL;
+      r->cls[(size_t)i * bm->nkv + bm->full_kv_indices[row * bm->nkv + n]] = FLEX_BLOCK_FULL;
   }
+}
+
+/* Dropout's M of element (b, h, i, j) (DSL.md "Dropout"): keep / (1 - p);
+ * 1 without dropout. b is the batch index functions see (b + b0). */
+static double drop_mult(const RtCall *c, int b, int h, int i, int j) {
+  const flex_args *a = c->args;
+  if (a->dropout_p <= 0.0f) return 1.0;
+  uint32_t w[4];
+  flex_dropout_words(w, (uint32_t)a->dropout_seed, (uint32_t)(a->dropout_seed >> 32),
+                     flex_dropout_ctr3(a->dropout_offset), (uint32_t)((b + c->b0) * c->H + h),
+                     (uint32_t)i, (uint32_t)j >> 2);
+  bool keep = flex_dropout_keep(flex_dropout_word(w, (uint32_t)j & 3), a->dropout_p);
+  return keep ? 1.0 / (1.0 - (double)a->dropout_p) : 0.0;
 }
 
 static double *dalloc(Arena *a, size_t n) { return arena_alloc(a, sizeof(double) * (n ? n : 1)); }
@@ -149,11 +162,12 @@ static bool block(Ref *r, int b, int h) {
   load_slice(c->args->q, b, h, QL, E, r->q);
   load_slice(c->args->k, b, kvh, KL, E, r->k);
   load_slice(c->args->v, b, kvh, KL, EV, r->v);
-  r->env.args[ARG_B] = ir_vi(b);
+  r->env.args[ARG_B] = ir_vi(b + c->b0);
   r->env.args[ARG_H] = ir_vi(h);
   if (r->has_bm) block_classes(r, b, h);
   for (int i = 0; i < QL; i++) {
     double *S = r->S + (size_t)i * KL, *P = r->P + (size_t)i * KL, mx = -INFINITY;
+    bool nan = false; /* a NaN among the row's unmasked t: LSE and O are NaN */
     r->env.args[ARG_Q] = ir_vi(i);
     for (int j = 0; j < KL; j++) {
       double dot = 0;
@@ -162,25 +176,38 @@ static bool block(Ref *r, int b, int h) {
       r->env.args[ARG_KV] = ir_vi(j);
       r->env.args[ARG_S] = ir_vf(S[j]);
       int cls = r->has_bm ? r->cls[(size_t)(i / r->bm.block_q) * r->bm.nkv + j / r->bm.block_kv]
-                          : BLK_PARTIAL;
-      bool keep = cls == BLK_FULL || (cls == BLK_PARTIAL && (!m->mask || ir_eval(m->mask, &r->env, r->vals).b));
+                          : FLEX_BLOCK_PARTIAL;
+      bool keep = cls == FLEX_BLOCK_FULL || (cls == FLEX_BLOCK_PARTIAL && (!m->mask || ir_eval(m->mask, &r->env, r->vals).b));
       P[j] = keep ? ir_eval(m->score, &r->env, r->vals).f : -INFINITY; /* t, for now */
       if (failed(r)) return false;
-      if (P[j] > mx) mx = P[j];
+      if (isnan(P[j])) nan = true;
+      else if (P[j] > mx) mx = P[j];
     }
     double *O = r->O + (size_t)i * EV;
     memset(O, 0, sizeof(double) * (size_t)EV);
-    if (mx == -INFINITY) { /* fully masked row: O = 0, LSE = -inf, P = 0 */
+    if (!nan && mx == -INFINITY) { /* fully masked row: O = 0, LSE = -inf, P = 0 */
       r->lse[i] = -INFINITY;
       for (int j = 0; j < KL; j++) P[j] = 0;
       continue;
     }
-    double sum = 0;
-    for (int j = 0; j < KL; j++) sum += exp(P[j] - mx);
-    r->lse[i] = mx + log(sum);
+    /* IEEE throughout (DSL.md, non-finite values): a NaN t makes LSE NaN, a
+     * +inf one (and no NaN) makes it +inf; P = exp(t - LSE) is then NaN for
+     * every unmasked element (NaN LSE) or for the +inf ones, so O is NaN. */
+    if (nan) r->lse[i] = NAN;
+    else if (mx == INFINITY) r->lse[i] = INFINITY;
+    else {
+      double sum = 0;
+      for (int j = 0; j < KL; j++) sum += exp(P[j] - mx);
+      r->lse[i] = mx + log(sum);
+    }
     for (int j = 0; j < KL; j++) {
-      P[j] = P[j] == -INFINITY ? 0.0 : exp(P[j] - r->lse[i]);
-      for (int e = 0; e < EV; e++) O[e] += P[j] * r->v[(size_t)j * EV + e];
+      if (P[j] == -INFINITY) { /* masked (or scored -inf): contributes nothing, even 0 * NaN */
+        P[j] = 0;
+        continue;
+      }
+      P[j] = exp(P[j] - r->lse[i]);
+      const double pm = P[j] * drop_mult(c, b, h, i, j); /* dropout after the LSE */
+      for (int e = 0; e < EV; e++) O[e] += pm * r->v[(size_t)j * EV + e];
     }
   }
   return true;
@@ -201,13 +228,12 @@ static flex_status start(Ref *r, Arena *a, const RtCall *c) {
   if (c->args->block_mask) {
     const flex_block_mask *u = c->args->block_mask;
     RtMaskShape shape = {c->B, c->H, c->QL, c->KL, u->block_q, u->block_kv};
-    char err[512];
-    flex_status st = rt_block_mask_from_user(&r->bm, u, &shape, err, sizeof err);
-    if (st) return rt_err(st, "%s", err);
+    flex_status st = rt_block_mask_from_user(&r->bm, u, &shape);
+    if (st) return st;
     r->has_bm = true;
     r->cls = arena_alloc(a, (size_t)r->bm.nq * (size_t)r->bm.nkv);
   }
-  if (c->args->check_bounds) return rt_check_sorted(c, c->bufs);
+  if (!c->args->trust_sorted) return rt_check_sorted(c, c->bufs); /* every run, not only checked ones */
   return FLEX_OK;
 }
 
@@ -266,12 +292,17 @@ static bool block_backward(Ref *r, Grads *g, int b, int h) {
     r->env.args[ARG_Q] = ir_vi(i);
     for (int j = 0; j < KL; j++) {
       double P = r->P[(size_t)i * KL + j];
-      if (P == 0) continue; /* contributes nothing; never evaluate the joint here */
+      /* P = 0 contributes nothing; never evaluate the joint here. A NaN P
+       * (a row whose LSE is NaN, or a +inf t) goes on and makes the
+       * gradients it touches NaN, as IEEE arithmetic says. */
+      if (P == 0) continue;
+      const double M = drop_mult(c, b, h, i, j);
       double dP = 0;
       for (int e = 0; e < EV; e++) {
         dP += dO[e] * r->v[(size_t)j * EV + e];
-        dv[(size_t)j * EV + e] += P * dO[e];
+        dv[(size_t)j * EV + e] += P * M * dO[e];
       }
+      dP *= M;
       r->env.args[ARG_KV] = ir_vi(j);
       r->env.args[ARG_S] = ir_vf(r->S[(size_t)i * KL + j]);
       r->env.args[ARG_DT] = ir_vf(P * (dP - D));
@@ -319,7 +350,7 @@ static void write_grads(const Ref *r, const Grads *g) {
         idx[d] = rest % bv->shape[d];
         rest /= bv->shape[d];
       }
-      put(t, idx, bv->grad[o]);
+      put(t, idx, c->accumulate ? get(t, idx) + bv->grad[o] : bv->grad[o]);
     }
   }
 }

@@ -1,11 +1,16 @@
 /* rt.h: the runtime's insides, shared by its files (not public).
  *
- *   api.c        flex.h entry points: load kernels, validate, dispatch
+ *   api.c        flex.h entry points for calls: errors, backends, forward,
+ *                backward, block masks
+ *   kernel.c     flex.h entry points for kernels: load, info, check, IR, emit
  *   validate.c   rt_validate(): SDPA-style checks of every tensor -> RtCall
+ *   run.c        the run sequence every device backend goes through (backend.h)
+ *   launch.c     FlexParams and the mask plan of a call
+ *   blockmask.c  BlockMasks: building, validating a caller's
  *   reference.c  the float64 backend (the oracle)
- *   npy.c        NumPy .npy read/write (for flexc run and tests)
- *   emu*.c       the emulator backend (generated CUDA run on the CPU)
- *   cuda*.c      NVRTC compile, cache, driver API, launch
+ *   tensor.c     DLPack helpers, tensors on a backend, copies (tensor.h)
+ *   npy.c        NumPy .npy read/write
+ * The device backends live in rooms of their own: emu/, cuda/ (cpu/).
  */
 #ifndef FLEXC_RT_H
 #define FLEXC_RT_H
@@ -16,12 +21,31 @@
 /* Set the thread's last-error message; returns `st` for `return rt_err(...)`. */
 flex_status rt_err(flex_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The body of an entry point with recovery from memory exhaustion
+ * (base.h's BaseTry): `return RT_TRY(expr);` evaluates expr, a
+ * flex_status, and gives FLEX_ERR_NOMEM if an allocation inside failed.
+ * What the interrupted call had allocated is not all returned. */
+#define RT_TRY(expr)                                                           \
+  do {                                                                         \
+    BaseTry try_;                                                              \
+    base_try_push(&try_);                                                      \
+    if (setjmp(try_.jb)) {                                                     \
+      base_try_pop(&try_);                                                     \
+      return rt_err(FLEX_ERR_NOMEM, "out of host memory (an allocation of %zu bytes failed)", \
+                    try_.bytes);                                               \
+    }                                                                          \
+    flex_status st_ = (expr);                                                  \
+    base_try_pop(&try_);                                                       \
+    return st_;                                                                \
+  } while (0)
+
 /* A loaded kernel (the struct behind flex_kernel). */
 struct flex_kernel {
   Arena arena;         /* owns src text, AST and IR */
   Source src;
-  Program *prog;
   IrModule *mod;       /* score, mask and joint functions, optimised */
+  flex_param_info *info_params;   /* flex_kernel_get_info's arrays (in the arena; made on first use) */
+  flex_buffer_info *info_buffers;
 };
 
 /* One validated call: sizes resolved, params and buffers bound by slot. */
@@ -38,24 +62,77 @@ typedef struct RtCall {
   const DLTensor **buf_tensors;      /* by buffer slot: the caller's tensors (NULL: unused) */
   const DLTensor **buf_grads;        /* by buffer slot: grad outputs (NULL: none) */
   bool backward;
+  int b0;                            /* a packed call's sequence: functions see b as b + b0 */
+  bool accumulate;                   /* a later sequence of a packed call: run statistics add up,
+                                        buffer gradients add into the tensors given (not zeroed) */
+  const int32_t *pages;              /* paged K/V (runtime/paged.c): this sequence's page table
+                                        row on the call's device; k and v are views over the
+                                        pools whose batch stride is the page stride. NULL: none */
+  int page_size;                     /* keys per page when pages */
+  int max_pages;                     /* entries in the page table row when pages */
+  const DLTensor *k_pool, *v_pool;   /* the pools k and v view when pages */
 } RtCall;
+
+/* One sequence of a packed (cu_seqlens) call, run as an ordinary call of
+ * B = 1 over views of the packed tensors (runtime/varlen.c). */
+typedef struct RtSeq {
+  int b0, nseq;             /* this sequence's index; the number of sequences (the functions' B) */
+  int total_q, total_kv;    /* TOTAL_Q, TOTAL_KV */
+  int q_start, kv_start;    /* Q_START, KV_START */
+  bool accumulate;          /* not the first sequence */
+  const int32_t *pages;     /* paged K/V: the sequence's page table row (RtCall.pages), or NULL */
+  int page_size;            /* keys per page when pages */
+  int max_pages;            /* entries in the row */
+  const DLTensor *k_pool, *v_pool; /* the pools the k and v views read */
+} RtSeq;
 
 /* Check every tensor of `a` against the kernel and fill `c` (memory in
  * `arena`). Messages name the tensor, what was expected and what came. */
 flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const flex_args *a,
-                        bool backward);
+                        bool backward, const RtSeq *seq);
+
+/* Validate and run one call (seq: one sequence of a packed call, or NULL). */
+flex_status rt_call_one(const flex_kernel *k, const flex_args *a, bool backward, const RtSeq *seq);
+
+/* A packed (cu_seqlens) call: checks of the packed tensors and offsets, then
+ * rt_call_one per sequence over views (runtime/varlen.c). */
+flex_status rt_varlen_call(const flex_kernel *k, const flex_args *a, bool backward);
+
+/* A call with a page table (flex_args.page_table, kv_lens): checks of the
+ * pools, the table and the lengths, then rt_call_one per sequence
+ * (runtime/paged.c). Forward only. */
+flex_status rt_paged_call(const flex_kernel *k, const flex_args *a, bool backward);
+
+/* Rows [start, start + len) of a packed (TOTAL, heads, dim) tensor as the
+ * 4-D [1, heads, len, dim] view a call reads (varlen.c); columns [start,
+ * start + len) of a packed (H, TOTAL_Q) lse as [1, H, len]. */
+void rt_view_rows(DLTensor *out, int64_t shape[4], int64_t strides[4], const DLTensor *t,
+                  int64_t start, int64_t len);
+void rt_view_lse(DLTensor *out, int64_t shape[3], int64_t strides[3], const DLTensor *t,
+                 int64_t start, int64_t len);
+
+/* Params and buffers of `a` alone, for sizes B x H (= HKV) x q_len x
+ * kv_len, on the host (flex_block_mask_create): the same checks and
+ * messages as rt_validate. */
+flex_status rt_validate_bindings(RtCall *c, Arena *arena, const flex_kernel *k, const flex_args *a,
+                                 int B, int H, int q_len, int kv_len);
 
 /* A checked run's `sorted` promises, over host views of the buffers (by
  * slot; views with no data are skipped): FLEX_ERR_RUNTIME at the first
  * decrease. */
 flex_status rt_check_sorted(const RtCall *c, const IrBufView *views);
+/* The message of a decrease of sorted buffer `slot`: element i is x, after
+ * prev (FLEX_ERR_RUNTIME; the host and the device checks both say it). */
+flex_status rt_sorted_error(const RtCall *c, int slot, int64_t i, int64_t x, int64_t prev);
+/* One element of a sorted buffer of dtype t (i64, i32 or u8) at p. */
+int64_t rt_sorted_elem(DType t, const void *p);
 
-/* Backends: each runs one validated call. */
+/* The DLPack dtype of a declared buffer dtype. */
+DLDataType rt_buffer_dtype(DType t);
+
+/* The float64 reference: one validated call (the backend that is not a
+ * table of device verbs; see backend.h). */
 flex_status rt_reference_forward(const RtCall *c);
 flex_status rt_reference_backward(const RtCall *c);
-flex_status rt_emu_forward(const RtCall *c);
-flex_status rt_emu_backward(const RtCall *c);
-flex_status rt_cuda_forward(const RtCall *c);
-flex_status rt_cuda_backward(const RtCall *c);
 
 #endif

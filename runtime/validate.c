@@ -27,13 +27,17 @@ typedef struct V {
   Arena *arena;
   const flex_args *a;
   bool host; /* the backend reads tensors on the host */
+  bool mask_only; /* only what the mask reads is required (rt_validate_bindings) */
 } V;
 
-static void shape_text(char *out, size_t cap, const int64_t *shape, int n) {
-  int w = snprintf(out, cap, "[");
-  for (int d = 0; d < n && w > 0 && (size_t)w < cap; d++)
-    w += snprintf(out + w, cap - (size_t)w, "%s%lld", d ? ", " : "", (long long)shape[d]);
-  if (w > 0 && (size_t)w < cap) snprintf(out + w, cap - (size_t)w, "]");
+/* Whether what the call needs reads leaf `op` of this slot: the mask
+ * alone for mask_only, else the kernel's score or mask. */
+static bool needed(const V *v, IrOp op, int slot) {
+  const IrModule *m = v->c->mod;
+  if (!v->mask_only) return op == IR_LOAD ? m->buffers[slot].used : true;
+  for (int i = 0; m->mask && i < m->mask->n; i++)
+    if (m->mask->inst[i].op == op && m->mask->inst[i].aux == slot) return true;
+  return false;
 }
 
 static bool is_float(DLDataType t) {
@@ -77,6 +81,8 @@ static flex_status check_layout(const char *name, const DLTensor *t) {
 /* An output must not write one element through two indices (PyTorch refuses
  * such in-place targets too): no stride 0 on a dimension of extent > 1. */
 static flex_status check_no_overlap(const char *name, const DLTensor *t) {
+  for (int d = 0; d < t->ndim; d++)
+    if (t->shape[d] == 0) return FLEX_OK; /* no elements, nothing to overlap */
   for (int d = 0; t->strides && d < t->ndim; d++)
     if (t->shape[d] > 1 && t->strides[d] == 0)
       return rt_err(FLEX_ERR_INVALID,
@@ -107,8 +113,8 @@ static flex_status check_tensor(V *v, const char *name, const DLTensor *t, int n
         char w[128], g[128];
         int64_t ws[IR_MAXDIMS];
         for (int e = 0; e < ndim; e++) ws[e] = want[e] >= 0 ? want[e] : t->shape[e];
-        shape_text(w, sizeof w, ws, ndim);
-        shape_text(g, sizeof g, t->shape, ndim);
+        rt_shape_text(w, sizeof w, ws, ndim);
+        rt_shape_text(g, sizeof g, t->shape, ndim);
         return rt_err(FLEX_ERR_INVALID, "%s: expected shape %s, got %s", name, w, g);
       }
   if (ndim > 0 && t->strides && t->shape[ndim - 1] > 1 && t->strides[ndim - 1] != 1)
@@ -275,8 +281,11 @@ static flex_status check_params(V *v) {
     if (set[slot]) return rt_err(FLEX_ERR_INVALID, "param '%s' is given twice", name);
     double x = a->params[i].value;
     if (m->params[slot].type == IT_I32) {
-      if (!(x == floor(x)) || x < INT32_MIN || x > INT32_MAX)
+      if (!(x == floor(x)) && !isinf(x))
         return rt_err(FLEX_ERR_INVALID, "param '%s' is an int, got %g", name, x);
+      if (!(x >= INT32_MIN && x <= INT32_MAX))
+        return rt_err(FLEX_ERR_INVALID, "param '%s' is an int: %.17g is out of range (%d to %d)",
+                      name, x, INT32_MIN, INT32_MAX);
       p[slot] = ir_vi((int32_t)x);
     } else {
       if (x != x) return rt_err(FLEX_ERR_INVALID, "param '%s' is NaN", name);
@@ -286,7 +295,7 @@ static flex_status check_params(V *v) {
   }
   for (int j = 0; j < m->nparams; j++)
     if (!set[j]) {
-      if (!m->params[j].has_default)
+      if (!m->params[j].has_default && needed(v, IR_PARAM, j))
         return rt_err(FLEX_ERR_INVALID, "param '%s' has no default and was not given",
                       m->params[j].id);
       p[j] = m->params[j].def;
@@ -296,7 +305,7 @@ static flex_status check_params(V *v) {
 }
 
 /* The DLPack type a declared buffer dtype needs. */
-static DLDataType buffer_dtype(DType t) {
+DLDataType rt_buffer_dtype(DType t) {
   switch (t) {
   case DT_F32: return rt_dtype(kDLFloat, 32);
   case DT_F16: return rt_dtype(kDLFloat, 16);
@@ -339,7 +348,7 @@ static flex_status check_buffer_dims(V *v, int j, const char *what, const DLTens
     }
     if (t->shape[d] != want) {
       char g[128];
-      shape_text(g, sizeof g, t->shape, (int)t->ndim);
+      rt_shape_text(g, sizeof g, t->shape, (int)t->ndim);
       return rt_err(FLEX_ERR_INVALID, "%s '%s': dimension %d must be %lld (%s), got shape %s", what,
                     ib->id, d, (long long)want, why, g);
     }
@@ -379,7 +388,7 @@ static flex_status check_buffers(V *v, bool backward) {
     char what[160];
     snprintf(what, sizeof what, "buffer '%s'", ib->id);
     if ((st = check_tensor(v, what, fb->tensor, ib->ndims, NULL))) return st;
-    DLDataType want = buffer_dtype(ib->dtype);
+    DLDataType want = rt_buffer_dtype(ib->dtype);
     if (memcmp(&fb->tensor->dtype, &want, sizeof want))
       return rt_err(FLEX_ERR_INVALID, "buffer '%s' is declared %s: expected %s data, got %s", ib->id,
                     dtype_name(ib->dtype), rt_dtype_name(want), rt_dtype_name(fb->tensor->dtype));
@@ -398,20 +407,20 @@ static flex_status check_buffers(V *v, bool backward) {
     }
   }
   for (int j = 0; j < nb; j++)
-    if (m->buffers[j].used && !c->buf_tensors[j])
-      return rt_err(FLEX_ERR_INVALID, "buffer '%s' is read by the kernel but was not given",
-                    m->buffers[j].id);
+    if (needed(v, IR_LOAD, j) && !c->buf_tensors[j])
+      return rt_err(FLEX_ERR_INVALID, "buffer '%s' is read by the %s but was not given",
+                    m->buffers[j].id, v->mask_only ? "mask" : "kernel");
   return FLEX_OK;
 }
 
 flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const flex_args *a,
-                        bool backward) {
+                        bool backward, const RtSeq *seq) {
   memset(c, 0, sizeof *c);
   c->kernel = k;
   c->mod = k->mod;
   c->args = a;
   c->backward = backward;
-  V v = {c, arena, a, a->backend != FLEX_BACKEND_CUDA};
+  V v = {c, arena, a, a->backend != FLEX_BACKEND_CUDA, false};
   flex_status st;
   if ((st = check_qkv(&v)) || (st = check_io(&v, backward))) return st;
   if (a->nparams < 0 || (a->nparams && !a->params))
@@ -421,32 +430,75 @@ flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const fle
   if (!isfinite(a->scale))
     return rt_err(FLEX_ERR_INVALID, "scale must be finite, got %g", a->scale);
   c->scale = a->scale != 0 ? a->scale : 1.0 / sqrt((double)c->E);
+  if (!(a->dropout_p >= 0.0f && a->dropout_p < 1.0f))
+    return rt_err(FLEX_ERR_INVALID, "dropout_p must be in [0, 1), got %g", (double)a->dropout_p);
   const IrModule *m = k->mod;
   c->sizes = arena_alloc(arena, sizeof(int32_t) * (size_t)(m->nsizes + SZ_COUNT));
-  int32_t pre[SZ_COUNT] = {c->B, c->H, c->HKV, c->QL, c->KL};
+  int32_t pre[SZ_COUNT] = {c->B, c->H, c->HKV, c->QL, c->KL, c->QL, c->KL, 0, 0};
+  if (seq) {
+    pre[SZ_B] = seq->nseq, pre[SZ_TOTAL_Q] = seq->total_q, pre[SZ_TOTAL_KV] = seq->total_kv;
+    pre[SZ_Q_START] = seq->q_start, pre[SZ_KV_START] = seq->kv_start;
+    c->b0 = seq->b0, c->accumulate = seq->accumulate;
+    c->pages = seq->pages, c->page_size = seq->page_size, c->max_pages = seq->max_pages;
+    c->k_pool = seq->k_pool, c->v_pool = seq->v_pool;
+  }
   for (int s = 0; s < SZ_COUNT; s++) c->sizes[s] = pre[s];
   if ((st = check_params(&v)) || (st = check_buffers(&v, backward))) return st;
   return FLEX_OK;
 }
 
-/* A checked run verifies `sorted` promises before anything runs. `views`
- * are host views of the buffers (by slot; data NULL: skipped). */
+flex_status rt_validate_bindings(RtCall *c, Arena *arena, const flex_kernel *k, const flex_args *a,
+                                 int B, int H, int q_len, int kv_len) {
+  memset(c, 0, sizeof *c);
+  c->kernel = k;
+  c->mod = k->mod;
+  c->args = a;
+  c->B = B, c->H = H, c->HKV = H, c->G = 1, c->QL = q_len, c->KL = kv_len;
+  V v = {c, arena, a, true, true};
+  if (a->nparams < 0 || (a->nparams && !a->params))
+    return rt_err(FLEX_ERR_INVALID, "params: %d given but the array is NULL", a->nparams);
+  if (a->nbuffers < 0 || (a->nbuffers && !a->buffers))
+    return rt_err(FLEX_ERR_INVALID, "buffers: %d given but the array is NULL", a->nbuffers);
+  const IrModule *m = k->mod;
+  c->sizes = arena_alloc(arena, sizeof(int32_t) * (size_t)(m->nsizes + SZ_COUNT));
+  int32_t pre[SZ_COUNT] = {B, H, H, q_len, kv_len, q_len, kv_len, 0, 0};
+  for (int s = 0; s < SZ_COUNT; s++) c->sizes[s] = pre[s];
+  flex_status st = check_params(&v);
+  return st ? st : check_buffers(&v, false);
+}
+
+int64_t rt_sorted_elem(DType t, const void *p) {
+  if (t == DT_I64) {
+    int64_t x;
+    memcpy(&x, p, 8);
+    return x;
+  }
+  if (t == DT_I32) {
+    int32_t y;
+    memcpy(&y, p, 4);
+    return y;
+  }
+  return *(const uint8_t *)p;
+}
+
+flex_status rt_sorted_error(const RtCall *c, int slot, int64_t i, int64_t x, int64_t prev) {
+  return rt_err(FLEX_ERR_RUNTIME,
+                "buffer '%s' is declared sorted but decreases at index %lld (%lld after %lld)",
+                c->mod->buffers[slot].id, (long long)i, (long long)x, (long long)prev);
+}
+
+/* Every run (unless flex_args.trust_sorted) verifies `sorted` promises
+ * before anything runs: one pass per buffer. `views` are host views of the
+ * buffers (by slot; data NULL: skipped). */
 flex_status rt_check_sorted(const RtCall *c, const IrBufView *views) {
   const IrModule *m = c->mod;
   for (int j = 0; j < m->nbuffers; j++) {
     const IrBufView *bv = &views[j];
     if (!m->buffers[j].sorted || !bv->data || bv->ndims != 1) continue;
-    int64_t prev = INT64_MIN;
+    int64_t prev = INT64_MIN, es = bv->dtype == DT_I64 ? 8 : bv->dtype == DT_I32 ? 4 : 1;
     for (int64_t i = 0; i < bv->shape[0]; i++) {
-      const char *p = (const char *)bv->data;
-      int64_t o = i * bv->strides[0], x;
-      if (bv->dtype == DT_I64) memcpy(&x, p + o * 8, 8);
-      else if (bv->dtype == DT_I32) { int32_t y; memcpy(&y, p + o * 4, 4); x = y; }
-      else x = (uint8_t)p[o];
-      if (x < prev)
-        return rt_err(FLEX_ERR_RUNTIME,
-                      "buffer '%s' is declared sorted but decreases at index %lld (%lld after %lld)",
-                      m->buffers[j].id, (long long)i, (long long)x, (long long)prev);
+      int64_t x = rt_sorted_elem(bv->dtype, (const char *)bv->data + i * bv->strides[0] * es);
+      if (x < prev) return rt_sorted_error(c, j, i, x, prev);
       prev = x;
     }
   }

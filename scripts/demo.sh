@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Sets everything up and runs the main job: compile a sample .score file,
 # show what flexc makes of it, and run its kernels forward and backward on
-# the best backend available (the GPU when there is one, else the emulator,
-# which runs the same generated CUDA on the CPU), checked against the
-# float64 reference.
+# the best backend available (the GPU when there is one, else the CPU
+# backend, else the emulator, which runs the generated CUDA on the CPU),
+# checked against the float64 reference.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh build

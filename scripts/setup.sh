@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in cmake make gcc g++ flex bison pkg-config check libsubunit-dev; do
+for pkg in cmake make gcc g++ flex bison pkg-config check libsubunit-dev llvm-14-dev; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -1,5 +1,5 @@
 /* emu_test.h: the parameter struct of the emulator's test kernels, shared
- * by tests/check_emu.c (C) and the .cu files of tests/emu (the suite prepends this file
+ * by tests/emu/check_emu.c (C) and the .cu files of tests/emu (the suite prepends this file
  * to the kernel sources and compiles them as one module). */
 #ifndef FLEXC_EMU_TEST_H
 #define FLEXC_EMU_TEST_H

@@ -1,0 +1,408 @@
+/* attn.c: the CPU attention entries, tiled FlashAttention over FlexParams.
+ *
+ * Forward (cpu_attn_fwd): one work item per (batch, head, query tile). K is
+ * packed once per call as fp32 K^T per key/value head (so S = Q K^T needs
+ * no per-tile packing) and V as padded fp32 rows, a chunk of heads at a time; each item walks its key
+ * tiles, skips empty ones, runs the JIT's score (full tiles) or score+mask
+ * (partial tiles) over S, and keeps the online softmax (running max m and
+ * sum l per row) with O accumulated in fp32.
+ *
+ * Backward (cpu_attn_bwd): one work item per (batch, key/value head, key
+ * tile), looping over the heads of its group and the query tiles its walk
+ * keeps; P is recomputed from LSE, dV += P^T dO, dP = dO V^T,
+ * dt = P (dP - D), ds = joint(dt) (or dt), dK += ds^T Q, and ds K is added
+ * into the fp32 dq_acc rows of the query tile under that tile's spin lock
+ * (items start at different query tiles, so they seldom meet). Buffer
+ * gradients go into per-worker accumulators, summed at the end.
+ *
+ * Dropout (DSL.md; p->drop_p > 0): the keep bits of kernels/philox.cuh,
+ * as on every backend. The forward zeroes dropped P after the row sums and
+ * before P V, and scales O by 1 / (1 - p); the backward multiplies P by
+ * M = keep / (1 - p) for dV and dP by M.
+ *
+ * Non-finite values follow DSL.md: a NaN in a row makes LSE and O NaN, a
+ * +inf makes LSE +inf and O NaN, a fully masked row gives O = 0 and
+ * LSE = -inf, and elements with P = 0 contribute nothing to gradients.
+ */
+#include <math.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "cpu/attn.h"
+#include "kernels/philox.cuh"
+#include "runtime/npy.h"
+
+/* ---- element conversion ------------------------------------------------------ */
+
+static inline float half_to_float(uint16_t h) {
+  uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
+  if (e == 0x1f) bits = s | 0x7f800000u | (m << 13);
+  else if (e) bits = s | ((e + 112) << 23) | (m << 13);
+  else if (!m) bits = s;
+  else { /* subnormal: m * 2^-24 */
+    float f = (float)m * 5.9604644775390625e-8f;
+    return s ? -f : f;
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+/* n elements at element offset off of base (dtype dt) into dst as fp32. */
+static void load_row(float *dst, const void *base, int64_t off, int n, CgDtype dt) {
+  if (dt == CG_FP32) {
+    memcpy(dst, (const float *)base + off, sizeof(float) * (size_t)n);
+  } else {
+    const uint16_t *s = (const uint16_t *)base + off;
+    if (dt == CG_BF16)
+      for (int i = 0; i < n; i++) {
+        uint32_t bits = (uint32_t)s[i] << 16;
+        memcpy(&dst[i], &bits, 4);
+      }
+    else
+      for (int i = 0; i < n; i++) dst[i] = half_to_float(s[i]);
+  }
+}
+
+/* n fp32 values times mul into base at element offset off, rounded once to dt. */
+static void store_row(void *base, int64_t off, const float *src, int n, float mul, CgDtype dt) {
+  if (dt == CG_FP32) {
+    float *d = (float *)base + off;
+    for (int i = 0; i < n; i++) d[i] = src[i] * mul;
+  } else {
+    uint16_t *d = (uint16_t *)base + off;
+    for (int i = 0; i < n; i++) {
+      double v = (double)(src[i] * mul);
+      d[i] = dt == CG_BF16 ? rt_bf16_from_double(v) : rt_half_from_double(v);
+    }
+  }
+}
+
+/* ---- the walk ---------------------------------------------------------------- */
+
+static inline int imin(int a, int b) { return a < b ? a : b; }
+
+/* Class of the tile at (q0, kv0) of (b, h). */
+static inline int tile_cls(const CpuAttn *a, int b, int h, int q0, int kv0) {
+  const CpuWalk *w = &a->walk;
+  if (!w->cls) return CPU_FULL;
+  int bb = w->Bm == 1 ? 0 : b, hh = w->Hm == 1 ? 0 : h;
+  size_t row = ((size_t)bb * (size_t)w->Hm + (size_t)hh) * (size_t)w->nq + (size_t)(q0 / w->block_q);
+  return w->cls[row * (size_t)w->nkv + (size_t)(kv0 / w->block_kv)];
+}
+
+/* t over an m x n tile of S: score on full tiles, score + mask on partial ones. */
+static void scores(const CpuAttn *a, float *S, int64_t ld, int m, int n, int b, int h, int q0,
+                   int kv0, int cls) {
+  if (cls == CPU_PARTIAL && a->mod->score_mask)
+    a->mod->score_mask(S, ld, m, n, b, h, q0, kv0, a->p);
+  else if (a->mod->score)
+    a->mod->score(S, ld, m, n, b, h, q0, kv0, a->p);
+}
+
+/* ---- forward -------------------------------------------------------------------- */
+
+/* Pack K^T and V of key/value head item (b * HKV + kvh) as fp32. */
+static void pack_kv(void *ctx, int64_t item, int worker) {
+  CpuAttn *a = ctx;
+  const FlexParams *p = a->p;
+  (void)worker;
+  int64_t head = a->chunk0 + item;
+  int b = (int)(head / p->HKV), kvh = (int)(head % p->HKV);
+  float *kt = a->kt + item * (int64_t)a->E * a->ldk, *vp = a->vp + item * (int64_t)p->kv_len * a->EVp;
+  float row[512];
+  for (int j = 0; j < p->kv_len; j++) {
+    load_row(row, p->k, b * p->sk.b + kvh * p->sk.h + j * p->sk.row, a->E, a->dtype);
+    for (int e = 0; e < a->E; e++) kt[(int64_t)e * a->ldk + j] = row[e];
+    load_row(vp + (int64_t)j * a->EVp, p->v, b * p->sv.b + kvh * p->sv.h + j * p->sv.row, a->EV,
+             a->dtype);
+  }
+}
+
+/* Dropout on keys kv0 .. kv0 + n - 1 of row qi of (b, h) (b as the call
+ * indexes it; the bits see b + b0): x[j] zeroed where dropped, or with
+ * `mult`, set to M = keep / (1 - p). One Philox call per four keys. */
+static void drop_row(const FlexParams *p, int b, int h, int qi, int kv0, int n, float *x,
+                     bool mult) {
+  uint32_t bh = (uint32_t)((b + p->b0) * p->H + h), w[4] = {0, 0, 0, 0};
+  for (int j = 0; j < n; j++) {
+    uint32_t kj = (uint32_t)(kv0 + j);
+    if (j == 0 || (kj & 3) == 0)
+      flex_dropout_words(w, p->drop_seed[0], p->drop_seed[1], p->drop_ctr3, bh, (uint32_t)qi,
+                         kj >> 2);
+    bool keep = flex_dropout_keep(w[kj & 3], p->drop_p);
+    if (mult) x[j] = keep ? p->drop_scale : 0.0f;
+    else if (!keep) x[j] = 0.0f;
+  }
+}
+
+static void fwd_item(void *ctx, int64_t item, int worker) {
+  CpuAttn *a = ctx;
+  const FlexParams *p = a->p;
+  const CpuKern *K = a->K;
+  int64_t local = item / ((int64_t)p->G * a->nqt), head = a->chunk0 + local;
+  int qt = (int)(item % a->nqt), g = (int)(item / a->nqt % p->G);
+  int b = (int)(head / p->HKV), kvh = (int)(head % p->HKV), h = kvh * p->G + g;
+  int q0 = qt * a->bm, m = imin(a->bm, p->q_len - q0);
+  int E = a->E, EVp = a->EVp, bnp = a->bnp;
+  float *Q = a->scratch + (size_t)worker * a->scratch_per;
+  float *S = Q + (size_t)a->bm * E, *O = S + (size_t)a->bm * bnp;
+  float *mrow = O + (size_t)a->bm * EVp, *lrow = mrow + a->bm;
+  for (int i = 0; i < m; i++) { /* Q * scale, so that S = Q K^T needs no pass of its own */
+    load_row(Q + (size_t)i * E, p->q, b * p->sq.b + h * p->sq.h + (int64_t)(q0 + i) * p->sq.row, E, a->dtype);
+    K->scale(Q + (size_t)i * E, E, p->scale);
+    mrow[i] = -INFINITY, lrow[i] = 0;
+  }
+  memset(O, 0, sizeof(float) * (size_t)m * (size_t)EVp);
+  const float *kt = a->kt + local * E * a->ldk;
+  const float *vp = a->vp + local * p->kv_len * EVp;
+  uint64_t tiles = 0;
+  for (int kv0 = 0; kv0 < p->kv_len; kv0 += a->bn) {
+    int n = imin(a->bn, p->kv_len - kv0), cls = tile_cls(a, b, h, q0, kv0);
+    if (cls == CPU_EMPTY) continue;
+    tiles++;
+    K->gemm(m, bnp, E, Q, E, 1, kt + kv0, a->ldk, S, bnp, false);
+    scores(a, S, bnp, m, n, b, h, q0, kv0, cls);
+    for (int i = 0; i < m; i++) {
+      float *t = S + (size_t)i * bnp, mt = K->row_max(t, n), mo = mrow[i];
+      float mn = isnan(mt) || isnan(mo) ? NAN : mt > mo ? mt : mo;
+      if (mn == -INFINITY) { /* nothing kept so far: P = 0 */
+        memset(t, 0, sizeof(float) * (size_t)n);
+        continue;
+      }
+      float alpha = mo == -INFINITY ? 0.0f : expf(mo - mn);
+      lrow[i] = lrow[i] * alpha + K->exp_sum(t, n, mn);
+      if (alpha != 1.0f) K->scale(O + (size_t)i * EVp, EVp, alpha);
+      mrow[i] = mn;
+    }
+    if (p->drop_p > 0.0f) /* after the row sums, before P V; 1 / (1 - p) scales O at the end */
+      for (int i = 0; i < m; i++) drop_row(p, b, h, q0 + i, kv0, n, S + (size_t)i * bnp, false);
+    K->gemm(m, EVp, n, S, bnp, 1, vp + (int64_t)kv0 * EVp, EVp, O, EVp, true);
+  }
+  for (int i = 0; i < m; i++) {
+    float *o = O + (size_t)i * EVp, lse;
+    if (mrow[i] == -INFINITY) { /* fully masked row */
+      memset(o, 0, sizeof(float) * (size_t)a->EV);
+      lse = -INFINITY;
+    } else {
+      lse = mrow[i] == INFINITY ? INFINITY : mrow[i] + logf(lrow[i]);
+    }
+    float inv = mrow[i] == -INFINITY ? 1.0f : 1.0f / lrow[i];
+    if (p->drop_p > 0.0f) inv *= p->drop_scale;
+    store_row(p->out, b * p->so.b + h * p->so.h + (int64_t)(q0 + i) * p->so.row, o, a->EV, inv,
+              a->out_dtype);
+    p->lse[b * p->lse_b + h * p->lse_h + q0 + i] = lse;
+  }
+  atomic_fetch_add(&a->tiles, tiles);
+}
+
+/* Key/value heads are packed and run in chunks of about 64 MB of packed
+ * K^T and V (FLEXC_CPU_PACK_MB; 0: one head at a time, for tests), so the
+ * copies stay bounded whatever B and HKV are. */
+void cpu_attn_fwd(CpuAttn *a) {
+  const FlexParams *p = a->p;
+  int64_t kvheads = (int64_t)p->B * p->HKV;
+  int64_t per = (a->E * a->ldk + (int64_t)p->kv_len * a->EVp) * (int64_t)sizeof(float);
+  const char *env = getenv("FLEXC_CPU_PACK_MB");
+  int64_t budget = (env && *env ? strtol(env, NULL, 10) : 64) << 20;
+  int64_t chunk = budget / (per ? per : 1);
+  if (chunk < 1) chunk = 1;
+  if (chunk > kvheads) chunk = kvheads;
+  a->kt = base_alloc(sizeof(float) * (size_t)(chunk * a->E * a->ldk) + 64);
+  a->vp = base_alloc(sizeof(float) * (size_t)(chunk * p->kv_len * a->EVp) + 64);
+  for (a->chunk0 = 0; a->chunk0 < kvheads; a->chunk0 += chunk) {
+    int64_t n = kvheads - a->chunk0 < chunk ? kvheads - a->chunk0 : chunk;
+    cpu_pool_run(n, pack_kv, a);
+    cpu_pool_run(n * p->G * a->nqt, fwd_item, a);
+  }
+  base_free(a->kt);
+  base_free(a->vp);
+  a->kt = a->vp = NULL;
+}
+
+/* ---- backward ----------------------------------------------------------------------- */
+
+/* D = rowsum(dO * O) - dLSE and a zeroed dq_acc, for rows of (b, h) item. */
+static void pre_item(void *ctx, int64_t item, int worker) {
+  CpuAttn *a = ctx;
+  const FlexParams *p = a->p;
+  float *o = a->scratch + (size_t)worker * a->scratch_per, *d = o + a->EVp;
+  int b = (int)(item / p->H), h = (int)(item % p->H);
+  for (int i = 0; i < p->q_len; i++) {
+    load_row(o, p->out, b * p->so.b + h * p->so.h + (int64_t)i * p->so.row, a->EV,
+             a->out_dtype);
+    load_row(d, p->dout, b * p->sdo.b + h * p->sdo.h + (int64_t)i * p->sdo.row, a->EV, a->dtype);
+    float s = 0;
+    for (int e = 0; e < a->EV; e++) s += o[e] * d[e];
+    int64_t li = b * p->lse_b + h * p->lse_h + i;
+    int64_t row = ((int64_t)b * p->H + h) * p->q_len + i;
+    p->delta[row] = s - (p->dlse ? p->dlse[li] : 0.0f);
+    memset(p->dq_acc + row * a->E, 0, sizeof(float) * (size_t)a->E);
+  }
+}
+
+void cpu_attn_bwd_pre(CpuAttn *a) { cpu_pool_run((int64_t)a->p->B * a->p->H, pre_item, a); }
+
+/* dq = scale * dq_acc in the input dtype, rows of (b, h) item. */
+static void dq_item(void *ctx, int64_t item, int worker) {
+  CpuAttn *a = ctx;
+  const FlexParams *p = a->p;
+  (void)worker;
+  int b = (int)(item / p->H), h = (int)(item % p->H);
+  for (int i = 0; i < p->q_len; i++) {
+    int64_t row = ((int64_t)b * p->H + h) * p->q_len + i;
+    store_row(p->dq, b * p->sdq.b + h * p->sdq.h + (int64_t)i * p->sdq.row, p->dq_acc + row * a->E,
+              a->E, p->scale, a->dtype);
+  }
+}
+
+void cpu_attn_bwd_dq(CpuAttn *a) { cpu_pool_run((int64_t)a->p->B * a->p->H, dq_item, a); }
+
+/* Scratch of one backward worker, carved out of its slice. */
+typedef struct BwdScratch {
+  float *kt, *kf, *vt;   /* K^T [E x bnp], K [bn x Ep], V^T [EV x bnp] */
+  float *dk, *dv;        /* accumulators [bn x Ep], [bn x EVp] */
+  float *qf, *dof;       /* Q * scale [bm x Ep], dO [bm x EVp] */
+  float *s, *t, *dp;     /* S, P, dP then ds [bm x bnp] */
+  float *dq;             /* ds K [bm x Ep] */
+  float *mk;             /* dropout's M [bm x bnp] (p->drop_p > 0) */
+} BwdScratch;
+
+size_t cpu_attn_bwd_scratch(const CpuAttn *a) {
+  size_t bm = (size_t)a->bm, bn = (size_t)a->bnp, Ep = (size_t)a->Ep, EVp = (size_t)a->EVp;
+  return (size_t)a->E * bn + bn * Ep + (size_t)a->EV * bn + bn * Ep + bn * EVp + bm * Ep +
+         bm * EVp + 4 * bm * bn + bm * Ep + 64;
+}
+
+static BwdScratch carve(const CpuAttn *a, float *f) {
+  size_t bm = (size_t)a->bm, bn = (size_t)a->bnp, Ep = (size_t)a->Ep, EVp = (size_t)a->EVp;
+  BwdScratch s;
+  s.kt = f, f += (size_t)a->E * bn;
+  s.kf = f, f += bn * Ep;
+  s.vt = f, f += (size_t)a->EV * bn;
+  s.dk = f, f += bn * Ep;
+  s.dv = f, f += bn * EVp;
+  s.qf = f, f += bm * Ep;
+  s.dof = f, f += bm * EVp;
+  s.s = f, f += bm * bn;
+  s.t = f, f += bm * bn;
+  s.dp = f, f += bm * bn;
+  s.dq = f, f += bm * Ep;
+  s.mk = f;
+  return s;
+}
+
+/* Spin, yielding now and then: a holder that lost its core (more threads
+ * than free cores) gets it back. */
+static void lock(_Atomic int *l) {
+  int z = 0;
+  for (int spins = 0; !atomic_compare_exchange_weak_explicit(l, &z, 1, memory_order_acquire,
+                                                             memory_order_relaxed);
+       spins++) {
+    z = 0;
+    if (spins % 64 == 63) sched_yield();
+  }
+}
+static void unlock(_Atomic int *l) { atomic_store_explicit(l, 0, memory_order_release); }
+
+/* One query tile against the item's key tile for head h. */
+static void bwd_tile(CpuAttn *a, BwdScratch *s, int b, int h, int q0, int kv0, int n, int cls,
+                     int worker) {
+  const FlexParams *p = a->p;
+  const CpuKern *K = a->K;
+  int m = imin(a->bm, p->q_len - q0), E = a->E, EV = a->EV, Ep = a->Ep, EVp = a->EVp, bnp = a->bnp;
+  memset(s->qf, 0, sizeof(float) * (size_t)m * (size_t)Ep);
+  memset(s->dof, 0, sizeof(float) * (size_t)m * (size_t)EVp);
+  for (int i = 0; i < m; i++) {
+    load_row(s->qf + (size_t)i * Ep, p->q, b * p->sq.b + h * p->sq.h + (int64_t)(q0 + i) * p->sq.row, E, a->dtype);
+    K->scale(s->qf + (size_t)i * Ep, E, p->scale);
+    load_row(s->dof + (size_t)i * EVp, p->dout,
+             b * p->sdo.b + h * p->sdo.h + (int64_t)(q0 + i) * p->sdo.row, EV, a->dtype);
+  }
+  K->gemm(m, bnp, E, s->qf, Ep, 1, s->kt, bnp, s->s, bnp, false); /* S = scale Q K^T, as forward */
+  for (int i = 0; i < m; i++) memcpy(s->t + (size_t)i * bnp, s->s + (size_t)i * bnp, sizeof(float) * (size_t)n);
+  scores(a, s->t, bnp, m, n, b, h, q0, kv0, cls);
+  int64_t rowbase = ((int64_t)b * p->H + h) * p->q_len + q0;
+  for (int i = 0; i < m; i++)
+    K->exp_sub(s->t + (size_t)i * bnp, n, p->lse[b * p->lse_b + h * p->lse_h + q0 + i]);
+  if (p->drop_p > 0.0f) { /* dV += (P M)^T dO, dP = M (dO V^T) */
+    for (int i = 0; i < m; i++) {
+      float *mk = s->mk + (size_t)i * bnp, *pm = s->dp + (size_t)i * bnp;
+      const float *t = s->t + (size_t)i * bnp;
+      drop_row(p, b, h, q0 + i, kv0, n, mk, true);
+      for (int j = 0; j < n; j++) pm[j] = t[j] * mk[j];
+      for (int j = n; j < bnp; j++) pm[j] = 0.0f;
+    }
+    K->gemm(n, EVp, m, s->dp, 1, bnp, s->dof, EVp, s->dv, EVp, true);
+    K->gemm(m, bnp, EV, s->dof, EVp, 1, s->vt, bnp, s->dp, bnp, false);
+    for (int i = 0; i < m; i++)
+      for (int j = 0; j < n; j++) s->dp[(size_t)i * bnp + j] *= s->mk[(size_t)i * bnp + j];
+  } else {
+    K->gemm(n, EVp, m, s->t, 1, bnp, s->dof, EVp, s->dv, EVp, true);   /* dV += P^T dO */
+    K->gemm(m, bnp, EV, s->dof, EVp, 1, s->vt, bnp, s->dp, bnp, false); /* dP = dO V^T */
+  }
+  for (int i = 0; i < m; i++)
+    K->dt_row(s->dp + (size_t)i * bnp, s->t + (size_t)i * bnp, n, p->delta[rowbase + i]);
+  if (a->mod->joint)
+    a->mod->joint(s->dp, s->s, s->t, bnp, m, n, b, h, q0, kv0, p,
+                  a->acc + (size_t)worker * FLEX_MAX_BUFFERS);
+  K->gemm(n, Ep, m, s->dp, 1, bnp, s->qf, Ep, s->dk, Ep, true);  /* dK += ds^T (scale Q) */
+  K->gemm(m, Ep, n, s->dp, bnp, 1, s->kf, Ep, s->dq, Ep, false); /* ds K, scaled in BWD_DQ */
+  _Atomic int *l = &a->locks[((int64_t)b * p->H + h) * a->nqt + q0 / a->bm];
+  lock(l);
+  for (int i = 0; i < m; i++) {
+    float *acc = p->dq_acc + (rowbase + i) * E;
+    const float *d = s->dq + (size_t)i * Ep;
+    for (int e = 0; e < E; e++) acc[e] += d[e];
+  }
+  unlock(l);
+}
+
+static void bwd_item(void *ctx, int64_t item, int worker) {
+  CpuAttn *a = ctx;
+  const FlexParams *p = a->p;
+  int kt = (int)(item % a->nkt), kvh = (int)(item / a->nkt % p->HKV), b = (int)(item / a->nkt / p->HKV);
+  int kv0 = kt * a->bn, n = imin(a->bn, p->kv_len - kv0);
+  int E = a->E, EV = a->EV, Ep = a->Ep, EVp = a->EVp, bnp = a->bnp;
+  BwdScratch s = carve(a, a->scratch + (size_t)worker * a->scratch_per);
+  memset(s.kt, 0, sizeof(float) * (size_t)E * (size_t)bnp);
+  memset(s.kf, 0, sizeof(float) * (size_t)bnp * (size_t)Ep);
+  memset(s.vt, 0, sizeof(float) * (size_t)EV * (size_t)bnp);
+  memset(s.dk, 0, sizeof(float) * (size_t)bnp * (size_t)Ep);
+  memset(s.dv, 0, sizeof(float) * (size_t)bnp * (size_t)EVp);
+  float row[512];
+  for (int j = 0; j < n; j++) {
+    load_row(s.kf + (size_t)j * Ep, p->k, b * p->sk.b + kvh * p->sk.h + (int64_t)(kv0 + j) * p->sk.row, E, a->dtype);
+    for (int e = 0; e < E; e++) s.kt[(size_t)e * bnp + j] = s.kf[(size_t)j * Ep + e];
+    load_row(row, p->v, b * p->sv.b + kvh * p->sv.h + (int64_t)(kv0 + j) * p->sv.row, EV, a->dtype);
+    for (int e = 0; e < EV; e++) s.vt[(size_t)e * bnp + j] = row[e];
+  }
+  uint64_t tiles = 0;
+  for (int g = 0; g < p->G; g++) {
+    int h = kvh * p->G + g;
+    for (int k = 0; k < a->nqt; k++) {
+      int q0 = (k + kt) % a->nqt * a->bm, cls = tile_cls(a, b, h, q0, kv0);
+      if (cls == CPU_EMPTY) continue;
+      tiles++;
+      bwd_tile(a, &s, b, h, q0, kv0, n, cls, worker);
+    }
+  }
+  for (int j = 0; j < n; j++) {
+    store_row(p->dk, b * p->sdk.b + kvh * p->sdk.h + (int64_t)(kv0 + j) * p->sdk.row, s.dk + (size_t)j * Ep,
+              E, 1.0f, a->dtype);
+    store_row(p->dv, b * p->sdv.b + kvh * p->sdv.h + (int64_t)(kv0 + j) * p->sdv.row, s.dv + (size_t)j * EVp,
+              EV, 1.0f, a->dtype);
+  }
+  atomic_fetch_add(&a->tiles, tiles);
+}
+
+void cpu_attn_bwd(CpuAttn *a) {
+  const FlexParams *p = a->p;
+  size_t nlocks = (size_t)p->B * (size_t)p->H * (size_t)a->nqt;
+  a->locks = base_alloc(sizeof(_Atomic int) * nlocks + sizeof(_Atomic int));
+  cpu_pool_run((int64_t)p->B * p->HKV * a->nkt, bwd_item, a);
+  base_free((void *)a->locks);
+  a->locks = NULL;
+}

@@ -1,0 +1,348 @@
+/* backend.c: rt_cpu_backend, the verbs of runtime/backend.h for the CPU.
+ *
+ * Memory is host memory (alloc is zeroed base_alloc, copies are memcpy).
+ * prepare JIT-compiles the score, mask and joint tile functions (jit.c);
+ * launch runs this folder's C code for each entry over the FlexParams the
+ * run sequence filled, ignoring the CUDA geometry:
+ *
+ *   MASK_BUILD  a class byte per block: the host interval analysis over the
+ *               block (with the buffers' real values), then the JIT mask
+ *               over the block's elements where the analysis is unsure
+ *   MASK_LISTS  the eight PyTorch-layout lists from the classes
+ *   FWD, BWD_PRE, BWD, BWD_DQ   attn.c
+ *
+ * The forward and backward walks take the call's block lists when it has
+ * them; otherwise a kernel with a mask classifies its own tiles on the
+ * host with ir_interval_mask (the IMPLICIT mode, for any mask: what the
+ * analysis cannot decide stays partial and is masked per element).
+ */
+#include <string.h>
+
+#include "cpu/attn.h"
+#include "ir/interval.h"
+#include "runtime/backend.h"
+#include "runtime/launch.h"
+
+/* Tiles when the call has no block lists: 128 keys amortise the online
+ * softmax's rescaling; with a mask, 64 keys keep the diagonal's partial
+ * tiles small (causal costs about half of dense). */
+enum { FWD_BM = 64, FWD_BN = 128, FWD_BN_MASKED = 64, BWD_BM = 64, BWD_BN = 64 };
+
+static flex_status cpu_open(RtRun *r) {
+  r->arch = CG_SM80;
+  if (!r->c) return FLEX_OK; /* outside a call: nothing to check */
+  const flex_args *a = r->c->args;
+  const DLTensor *t[] = {a->q, a->k, a->v};
+  for (int i = 0; i < 3; i++)
+    if (t[i] && t[i]->device.device_type != kDLCPU && t[i]->device.device_type != kDLCUDAHost)
+      return rt_err(FLEX_ERR_INVALID, "the cpu backend needs host tensors; %s is on device type %d",
+                    i == 0 ? "q" : i == 1 ? "k" : "v", (int)t[i]->device.device_type);
+  return FLEX_OK;
+}
+
+/* The walks take blocks of any size (tiles are cut to divide them); these
+ * shapes only decide what the plan accepts and builds: BlockMasks built for
+ * this backend have 64 x 64 blocks (cg_mask_blocks: the larger of the two),
+ * a caller's needs multiples of 16 for a forward and of 64 for a backward. */
+static void cpu_configure(RtRun *r) {
+  r->opts.fwd = (CgTiles){16, 16, 1};
+  r->opts.bwd = (CgTiles){64, 64, 1};
+}
+
+static flex_status cpu_prepare(RtRun *r) {
+  CpuJitOpts o = {.joint = r->opts.backward && !r->opts.ds_is_dt,
+                  .identity = r->opts.score_identity,
+                  .check_bounds = r->opts.check_bounds};
+  const CpuModule *m = NULL;
+  flex_status st = cpu_jit_get(r->c->mod, &o, &m);
+  if (!st) r->module = (void *)m;
+  return st;
+}
+
+static flex_status cpu_alloc(RtRun *r, void **out, size_t bytes) {
+  (void)r;
+  *out = base_alloc(bytes);
+  return FLEX_OK;
+}
+
+static void cpu_release(RtRun *r, void *p) {
+  (void)r;
+  base_free(p);
+}
+
+static flex_status cpu_zero(RtRun *r, void *p, size_t bytes) {
+  (void)r;
+  if (bytes) memset(p, 0, bytes);
+  return FLEX_OK;
+}
+
+static flex_status cpu_copy(RtRun *r, void *dst, const void *src, size_t bytes) {
+  (void)r;
+  if (bytes) memmove(dst, src, bytes);
+  return FLEX_OK;
+}
+
+/* ---- the walk -------------------------------------------------------------------- */
+
+/* Largest divisor of `block` that is at most `want`. */
+static int tile_in(int block, int want) {
+  int d = (block + want - 1) / want;
+  while (block % d) d++;
+  return block / d;
+}
+
+/* Classes from the call's kv-side lists. */
+static void walk_from_lists(CpuWalk *w, const FlexParams *p) {
+  const FlexBlockList *l = &p->kv_list, *f = &p->full_kv_list;
+  w->block_q = p->block_q, w->block_kv = p->block_kv;
+  w->nq = (p->q_len + p->block_q - 1) / p->block_q;
+  w->nkv = (p->kv_len + p->block_kv - 1) / p->block_kv;
+  w->Bm = l->num_b ? p->B : 1, w->Hm = l->num_h ? p->H : 1;
+  if (f->num && ((f->num_b != 0) != (l->num_b != 0) || (f->num_h != 0) != (l->num_h != 0)))
+    w->Bm = p->B, w->Hm = p->H; /* lists broadcast differently: store every (b, h) */
+  w->cls = base_alloc((size_t)w->Bm * w->Hm * w->nq * w->nkv + 1);
+  for (int b = 0; b < w->Bm; b++)
+    for (int h = 0; h < w->Hm; h++)
+      for (int i = 0; i < w->nq; i++) {
+        uint8_t *row = w->cls + (((size_t)b * w->Hm + h) * w->nq + i) * w->nkv;
+        const FlexBlockList *two[2] = {l, f};
+        for (int s = 0; s < 2; s++) {
+          const FlexBlockList *x = two[s];
+          if (!x->num) continue;
+          int n = x->num[b * x->num_b + h * x->num_h + i * x->num_r];
+          const int32_t *idx = x->idx + b * x->idx_b + h * x->idx_h + i * x->idx_r;
+          for (int k = 0; k < n && k < w->nkv; k++)
+            if (idx[k] >= 0 && idx[k] < w->nkv) row[idx[k]] = s ? CPU_FULL : CPU_PARTIAL;
+        }
+      }
+}
+
+/* Work of the implicit classification: one (bb, hh, query tile) per item. */
+typedef struct Classify {
+  const RtRun *r;     /* the call */
+  CpuWalk *w;         /* the walk being filled */
+  int B, H;           /* the call's extents (ranges for broadcast dims) */
+  int q_len, kv_len;  /* lengths */
+} Classify;
+
+static void classify_row(void *ctx, int64_t item, int worker) {
+  Classify *c = ctx;
+  CpuWalk *w = c->w;
+  (void)worker;
+  int i = (int)(item % w->nq), hh = (int)(item / w->nq % w->Hm), bb = (int)(item / w->nq / w->Hm);
+  int b0 = w->Bm == 1 ? 0 : bb, b1 = w->Bm == 1 ? c->B - 1 : bb;
+  int h0 = w->Hm == 1 ? 0 : hh, h1 = w->Hm == 1 ? c->H - 1 : hh;
+  int q0 = i * w->block_q, q1 = (q0 + w->block_q < c->q_len ? q0 + w->block_q : c->q_len) - 1;
+  IrIntervalEnv env = {c->r->c->params, c->r->c->sizes, c->r->c->bufs};
+  uint8_t *row = w->cls + (((size_t)bb * w->Hm + hh) * w->nq + i) * w->nkv;
+  for (int j = 0; j < w->nkv; j++) {
+    int k0 = j * w->block_kv, k1 = (k0 + w->block_kv < c->kv_len ? k0 + w->block_kv : c->kv_len) - 1;
+    const int sb = c->r->c->b0; /* a packed call's sequence offset */
+    FlexBlockClass t = ir_interval_mask(c->r->c->mod, &env, b0 + sb, b1 + sb, h0, h1, q0, q1, k0, k1);
+    row[j] = t == FLEX_BLOCK_EMPTY ? CPU_EMPTY : t == FLEX_BLOCK_FULL ? CPU_FULL : CPU_PARTIAL;
+  }
+}
+
+/* The walk of an entry: lists when the call has them, else implicit
+ * classification of bm x bn tiles when there is a mask, else none. */
+static void walk_init(const RtRun *r, const FlexParams *p, CpuWalk *w, int bm, int bn) {
+  memset(w, 0, sizeof *w);
+  if (p->kv_list.num) {
+    walk_from_lists(w, p);
+    return;
+  }
+  if (!r->c->mod->mask || p->q_len == 0 || p->kv_len == 0) return;
+  const IrModule *m = r->c->mod;
+  w->block_q = bm, w->block_kv = bn;
+  w->nq = (p->q_len + bm - 1) / bm, w->nkv = (p->kv_len + bn - 1) / bn;
+  w->Bm = ir_interval_uses_arg(m, ARG_B) ? p->B : 1;
+  w->Hm = ir_interval_uses_arg(m, ARG_H) ? p->H : 1;
+  w->cls = base_alloc((size_t)w->Bm * w->Hm * w->nq * w->nkv + 1);
+  Classify c = {r, w, p->B, p->H, p->q_len, p->kv_len};
+  cpu_pool_run((int64_t)w->Bm * w->Hm * w->nq, classify_row, &c);
+}
+
+/* ---- the BlockMask builder ---------------------------------------------------------- */
+
+/* Class bytes of one (b, h, query block) row of the mask's blocks. */
+static void build_row(void *ctx, int64_t item, int worker) {
+  const RtRun *r = ((void **)ctx)[0];
+  const FlexParams *p = ((void **)ctx)[1];
+  uint8_t *keep = (uint8_t *)((void **)ctx)[2] + (size_t)worker * p->block_q * p->block_kv;
+  const CpuModule *mod = r->module;
+  int i = (int)(item % p->mask_nq), h = (int)(item / p->mask_nq % p->mask_H);
+  int b = (int)(item / p->mask_nq / p->mask_H);
+  int q0 = i * p->block_q, m = p->q_len - q0 < p->block_q ? p->q_len - q0 : p->block_q;
+  IrIntervalEnv env = {r->c->params, r->c->sizes, r->c->bufs};
+  unsigned char *row = p->mask_cls + (((int64_t)b * p->mask_H + h) * p->mask_nq + i) * p->mask_nkv;
+  for (int j = 0; j < p->mask_nkv; j++) {
+    int k0 = j * p->block_kv, n = p->kv_len - k0 < p->block_kv ? p->kv_len - k0 : p->block_kv;
+    FlexBlockClass t = ir_interval_mask(r->c->mod, &env, b + r->c->b0, b + r->c->b0, h, h, q0, q0 + m - 1,
+                                        k0, k0 + n - 1);
+    int cls = t == FLEX_BLOCK_EMPTY ? CPU_EMPTY : t == FLEX_BLOCK_FULL ? CPU_FULL : CPU_PARTIAL;
+    if (cls == CPU_PARTIAL && mod->mask) {
+      mod->mask(keep, n, m, n, b, h, q0, k0, p);
+      int64_t ones = 0, all = (int64_t)m * n;
+      for (int64_t x = 0; x < all; x++) ones += keep[x];
+      cls = ones == 0 ? CPU_EMPTY : ones == all ? CPU_FULL : CPU_PARTIAL;
+    }
+    row[j] = (unsigned char)cls;
+  }
+}
+
+/* One row or column of classes (`step` bytes apart) into its two lists. */
+static void mask_side(const unsigned char *cls, int64_t step, int n, int32_t *num, int32_t *idx,
+                      int32_t *full_num, int32_t *full_idx) {
+  int np = 0, nf = 0;
+  for (int x = 0; x < n; x++) {
+    int c = cls[x * step];
+    if (c == CPU_FULL) full_idx[nf++] = x;
+    else if (c == CPU_PARTIAL) idx[np++] = x;
+  }
+  for (int x = np; x < n; x++) idx[x] = 0;
+  for (int x = nf; x < n; x++) full_idx[x] = 0;
+  *num = np;
+  *full_num = nf;
+}
+
+static void mask_lists(const FlexParams *p) {
+  int nq = p->mask_nq, nkv = p->mask_nkv;
+  for (int64_t bh = 0; bh < (int64_t)p->mask_B * p->mask_H; bh++) {
+    const unsigned char *cls = p->mask_cls + bh * nq * nkv;
+    for (int t = 0; t < nq; t++) {
+      int64_t r = bh * nq + t;
+      mask_side(cls + (int64_t)t * nkv, 1, nkv, p->mask_out[0] + r, p->mask_out[1] + r * nkv,
+                p->mask_out[2] + r, p->mask_out[3] + r * nkv);
+    }
+    for (int j = 0; j < nkv; j++) {
+      int64_t r = bh * nkv + j;
+      mask_side(cls + j, nkv, nq, p->mask_out[4] + r, p->mask_out[5] + r * nq, p->mask_out[6] + r,
+                p->mask_out[7] + r * nq);
+    }
+  }
+}
+
+/* ---- launch -------------------------------------------------------------------------- */
+
+bool rt_cpu_available(void) { return cpu_jit_ready() == FLEX_OK; }
+
+static int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+/* Shared state of an attention entry: tiles, padding, walk and scratch. */
+static void attn_init(const RtRun *r, const FlexParams *p, CpuAttn *a, bool bwd) {
+  memset(a, 0, sizeof *a);
+  a->p = p;
+  a->mod = r->module;
+  a->K = cpu_kern();
+  a->dtype = r->opts.dtype;
+  a->out_dtype = r->opts.out_f32 ? CG_FP32 : a->dtype;
+  a->E = p->E, a->EV = p->EV;
+  a->Ep = round_up(p->E, a->K->nr), a->EVp = round_up(p->EV, a->K->nr);
+  int bm = bwd ? BWD_BM : FWD_BM;
+  int bn = bwd ? BWD_BN : r->c->mod->mask || p->kv_list.num ? FWD_BN_MASKED : FWD_BN;
+  if (p->kv_list.num) bm = tile_in(p->block_q, bm), bn = tile_in(p->block_kv, bn);
+  a->bm = bm, a->bn = bn, a->bnp = round_up(bn, a->K->nr);
+  a->nqt = (p->q_len + bm - 1) / bm, a->nkt = (p->kv_len + bn - 1) / bn;
+  a->ldk = (int64_t)a->nkt * bn + a->bnp + 16;
+  walk_init(r, p, &a->walk, bm, bn);
+}
+
+static void attn_free(CpuAttn *a) {
+  base_free(a->walk.cls);
+  base_free(a->scratch);
+}
+
+static flex_status run_fwd(RtRun *r, const FlexParams *p) {
+  CpuAttn a;
+  attn_init(r, p, &a, false);
+  a.scratch_per = (size_t)a.bm * (size_t)(a.E + a.bnp + a.EVp + 2) + 64;
+  a.scratch = base_alloc(sizeof(float) * a.scratch_per * (size_t)cpu_pool_size());
+  cpu_attn_fwd(&a);
+  r->tiles = a.tiles;
+  attn_free(&a);
+  return FLEX_OK;
+}
+
+/* Buffer-gradient accumulators: one set per worker, summed into p->buf_grad. */
+static flex_status run_bwd(RtRun *r, const FlexParams *p) {
+  CpuAttn a;
+  attn_init(r, p, &a, true);
+  int nw = cpu_pool_size();
+  a.scratch_per = cpu_attn_bwd_scratch(&a);
+  a.scratch = base_alloc(sizeof(float) * a.scratch_per * (size_t)nw);
+  a.acc = base_alloc(sizeof(float *) * (size_t)nw * FLEX_MAX_BUFFERS);
+  int64_t numel[FLEX_MAX_BUFFERS] = {0};
+  for (int s = 0; s < r->c->mod->nbuffers && s < FLEX_MAX_BUFFERS; s++) {
+    if (!p->buf_grad[s]) continue;
+    numel[s] = 1;
+    for (int d = 0; d < r->c->bufs[s].ndims; d++) numel[s] *= r->c->bufs[s].shape[d];
+    for (int w = 0; w < nw; w++)
+      a.acc[(size_t)w * FLEX_MAX_BUFFERS + s] = base_alloc(sizeof(float) * (size_t)numel[s] + 4);
+  }
+  cpu_attn_bwd(&a);
+  for (int s = 0; s < FLEX_MAX_BUFFERS; s++)
+    for (int w = 0; w < nw && numel[s]; w++) {
+      float *src = a.acc[(size_t)w * FLEX_MAX_BUFFERS + s];
+      for (int64_t x = 0; x < numel[s]; x++) p->buf_grad[s][x] += src[x];
+      base_free(src);
+    }
+  base_free(a.acc);
+  r->tiles = a.tiles;
+  attn_free(&a);
+  return FLEX_OK;
+}
+
+static flex_status cpu_launch(RtRun *r, RtEntry e, const CgLaunch *g, const FlexParams *p) {
+  (void)g;
+  if (!r->module) return rt_err(FLEX_ERR_INVALID, "cpu backend: launch before prepare");
+  CpuAttn a;
+  switch (e) {
+  case RT_ENTRY_MASK_BUILD: {
+    uint8_t *keep = base_alloc((size_t)p->block_q * (size_t)p->block_kv * (size_t)cpu_pool_size() + 1);
+    void *ctx[3] = {r, (void *)p, keep};
+    cpu_pool_run((int64_t)p->mask_B * p->mask_H * p->mask_nq, build_row, ctx);
+    base_free(keep);
+    return FLEX_OK;
+  }
+  case RT_ENTRY_MASK_LISTS: mask_lists(p); return FLEX_OK;
+  case RT_ENTRY_FWD: return run_fwd(r, p);
+  case RT_ENTRY_BWD: return run_bwd(r, p);
+  case RT_ENTRY_BWD_PRE:
+  case RT_ENTRY_BWD_DQ:
+    memset(&a, 0, sizeof a);
+    a.p = p, a.mod = r->module, a.dtype = r->opts.dtype, a.E = p->E, a.EV = p->EV;
+    a.out_dtype = r->opts.out_f32 ? CG_FP32 : a.dtype;
+    a.EVp = round_up(p->EV, 16);
+    a.scratch_per = 2 * (size_t)a.EVp + 16;
+    a.scratch = base_alloc(sizeof(float) * a.scratch_per * (size_t)cpu_pool_size());
+    if (e == RT_ENTRY_BWD_PRE) cpu_attn_bwd_pre(&a);
+    else cpu_attn_bwd_dq(&a);
+    base_free(a.scratch);
+    return FLEX_OK;
+  default: break;
+  }
+  return rt_err(FLEX_ERR_UNSUPPORTED, "cpu backend: unknown entry %d", (int)e);
+}
+
+static flex_status cpu_sync(RtRun *r) {
+  (void)r;
+  return FLEX_OK;
+}
+
+static void cpu_close(RtRun *r) { r->state = NULL; }
+
+const RtBackend rt_cpu_backend = {
+    .name = "cpu",
+    .host_memory = true,
+    .open = cpu_open,
+    .configure = cpu_configure,
+    .prepare = cpu_prepare,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .zero = cpu_zero,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .launch = cpu_launch,
+    .sync = cpu_sync,
+    .close = cpu_close,
+};

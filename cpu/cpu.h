@@ -1,0 +1,114 @@
+/* cpu.h: the CPU backend's insides, in pipeline order (not public).
+ *
+ *   ir_llvm.c  cpu_lower():   IR -> LLVM IR tile functions (score, mask, joint)
+ *   jit.c      cpu_jit_get(): optimise for the host, ORC LLJIT, in-memory cache
+ *   pool.c     cpu_pool_run(): the thread pool (created once, FLEXC_THREADS)
+ *   kern*.c    cpu_kern():    register-blocked matrix products and row
+ *                             softmax helpers, one build per ISA level,
+ *                             picked at run time (AVX-512, AVX2, baseline)
+ *   attn.c     cpu_attn_*():  tiled FlashAttention forward and backward
+ *   backend.c  rt_cpu_backend: the verbs of runtime/backend.h (stub.c
+ *              instead when flexc is built without LLVM)
+ *
+ * Everything the tile functions read comes from one FlexParams
+ * (kernels/params.cuh), exactly what the CUDA kernels read.
+ */
+#ifndef FLEXC_CPU_H
+#define FLEXC_CPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ir/ir.h"
+#include "kernels/params.cuh"
+#include "runtime/flex.h"
+
+/* ---- JIT-compiled tile functions ------------------------------------------ */
+
+/* t = score(s) in place over an m x n tile of S (row stride ld); element
+ * (i, j) is (q0 + i, kv0 + j). */
+typedef void (*CpuScoreFn)(float *S, int64_t ld, int32_t m, int32_t n, int32_t b, int32_t h,
+                           int32_t q0, int32_t kv0, const FlexParams *p);
+/* keep[i * ld + j] = mask(b, h, q0 + i, kv0 + j) (1 or 0). */
+typedef void (*CpuMaskFn)(uint8_t *keep, int64_t ld, int32_t m, int32_t n, int32_t b, int32_t h,
+                          int32_t q0, int32_t kv0, const FlexParams *p);
+/* DS holds dt on entry and ds on return, 0 wherever P is 0 (the joint is not
+ * evaluated there); S is the pre-score s. ACCUMs add into acc[slot]. */
+typedef void (*CpuJointFn)(float *DS, const float *S, const float *P, int64_t ld, int32_t m,
+                           int32_t n, int32_t b, int32_t h, int32_t q0, int32_t kv0,
+                           const FlexParams *p, float *const *acc);
+
+/* The compiled functions of one module and option set (owned by the cache). */
+typedef struct CpuModule {
+  CpuScoreFn score;      /* t = score(s); NULL when the score is the identity */
+  CpuScoreFn score_mask; /* t = mask ? score(s) : -inf; NULL without a mask */
+  CpuMaskFn mask;        /* the mask alone (BlockMask builder); NULL without a mask */
+  CpuJointFn joint;      /* ds from dt; NULL when not asked for or ds == dt */
+  double compile_s;      /* seconds its lowering, optimisation, compilation and linking took */
+  bool from_disk;        /* the object code came from the disk cache */
+} CpuModule;
+
+/* What cpu_jit_get compiles. */
+typedef struct CpuJitOpts {
+  bool joint;        /* also the joint (backward, unless ds == dt) */
+  bool identity;     /* the score is the identity: no score function */
+  bool check_bounds; /* buffer accesses tested; the first failure recorded in p->bounds */
+} CpuJitOpts;
+
+/* The module's functions, compiled or found in the in-memory cache (keyed by
+ * the printed IR and the options). FLEX_OK, or a status with the message
+ * set (rt_err). Thread-safe. */
+flex_status cpu_jit_get(const IrModule *m, const CpuJitOpts *o, const CpuModule **out);
+/* FLEX_OK when the JIT starts on this host (created on first use), else why not. */
+flex_status cpu_jit_ready(void);
+/* How many modules the cache holds (tests, benchmarks). */
+int cpu_jit_cache_size(void);
+
+/* Lower m's functions into `llvm_module` (an LLVMModuleRef) named with
+ * `prefix`: PREFIX_score, PREFIX_score_mask, PREFIX_mask, PREFIX_joint
+ * (those that apply). False with a message in err for an op this backend
+ * does not know. */
+bool cpu_lower(void *llvm_module, const IrModule *m, const CpuJitOpts *o, const char *prefix,
+               char *err, size_t errlen);
+/* The checked-run record call the lowered code makes (as flex_bounds_fail). */
+void cpu_bounds_fail(int32_t *bounds, int32_t site, int32_t n, int32_t i0, int32_t i1, int32_t i2,
+                     int32_t i3, int32_t i4, int32_t i5, int32_t i6, int32_t i7);
+
+/* ---- the thread pool ---------------------------------------------------------- */
+
+/* fn(ctx, item, worker) for item in [0, n), spread over the pool's workers
+ * (the caller is worker 0). Returns when every item is done. */
+void cpu_pool_run(int64_t n, void (*fn)(void *ctx, int64_t item, int worker), void *ctx);
+/* Workers of the pool (FLEXC_THREADS, default every online core). */
+int cpu_pool_size(void);
+
+/* ---- kernels (one table per ISA level) ------------------------------------------ */
+
+/* Row-major products and row helpers over fp32. Column counts of B and C
+ * are padded by the caller to a multiple of cpu_kern()->nr (zeros in the
+ * padding), so the kernels never need a column tail. */
+typedef struct CpuKern {
+  const char *name; /* "avx512", "avx2", "generic" */
+  int nr;           /* column multiple the kernels need */
+  /* C[m x n] (+)= A[m x k] . B[k x n] (acc: add to C; else overwrite); A's
+   * element (r, p) is A[r * ars + p * aps] (A^T: swap the strides). */
+  void (*gemm)(int m, int n, int k, const float *A, int64_t ars, int64_t aps, const float *B,
+               int64_t ldb, float *C, int64_t ldc, bool acc);
+  /* x[j] = exp(x[j] - mx) for j < n (mx finite), returning the sum (NaN propagates). */
+  float (*exp_sum)(float *x, int n, float mx);
+  /* x[j] = exp(x[j] - lse) for j < n (0 where x is -inf). */
+  void (*exp_sub)(float *x, int n, float lse);
+  /* The largest of x[0..n) (-inf for none; NaN if any is NaN). */
+  float (*row_max)(const float *x, int n);
+  /* y[j] *= a for j < n. */
+  void (*scale)(float *y, int n, float a);
+  /* dt[j] = P[j] * (dP[j] - D) for j < n (in place in dP). */
+  void (*dt_row)(float *dP, const float *P, int n, float D);
+} CpuKern;
+
+/* The best table for this CPU. */
+const CpuKern *cpu_kern(void);
+extern const CpuKern cpu_kern_avx512, cpu_kern_avx2, cpu_kern_generic;
+
+#endif

@@ -1,0 +1,317 @@
+/* jit.c: cpu_jit_get(): lower a module's functions (ir_llvm.c), optimise
+ * them for the host with LLVM's O3 pipeline (the loop vectoriser sees the
+ * host's AVX-512 / AVX2 through the target machine), compile them to an
+ * object, link that into one ORC LLJIT for the process, and keep the entry
+ * points in an in-memory cache keyed by the printed IR and the options.
+ * Objects also go to the disk cache of cuda/cache.h (FLEXC_CACHE_DIR; off
+ * turns it off), keyed by that text, the LLVM version and the host CPU and
+ * features, so a new process skips LLVM's optimiser and code generator.
+ *
+ * The JIT and its host target machine are created once, on first use.
+ * Compiled code is never freed (like the CUDA backend's module cache, it
+ * lives as long as the process). One mutex serialises compiles and cache
+ * lookups; the cached functions themselves are called from any thread.
+ */
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Core.h>
+#include <llvm-c/Error.h>
+#include <llvm-c/LLJIT.h>
+#include <llvm-c/Orc.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <llvm/Config/llvm-config.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cpu/cpu.h"
+#include "cuda/cache.h"
+#include "runtime/rt.h"
+
+/* One cached module. */
+typedef struct Entry {
+  char *key;          /* printed IR + options */
+  size_t keylen;      /* its length */
+  CpuModule mod;      /* the entry points */
+  struct Entry *next; /* the next entry */
+} Entry;
+
+/* The process's JIT. */
+static struct {
+  pthread_mutex_t lock;     /* guards everything below */
+  bool tried;               /* creation attempted */
+  char why[256];            /* why creation failed (empty: it worked) */
+  LLVMOrcLLJITRef jit;      /* the JIT */
+  LLVMTargetMachineRef tm;  /* the host target machine for the optimiser */
+  char *cpu, *features;     /* host CPU name and features */
+  Entry *cache;             /* compiled modules */
+  int count;                /* how many */
+} J = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+void cpu_bounds_fail(int32_t *bounds, int32_t site, int32_t n, int32_t i0, int32_t i1, int32_t i2,
+                     int32_t i3, int32_t i4, int32_t i5, int32_t i6, int32_t i7) {
+  if (!bounds) return;
+  _Atomic int32_t *first = (_Atomic int32_t *)bounds;
+  int32_t zero = 0;
+  if (!atomic_compare_exchange_strong(first, &zero, 1)) return;
+  const int32_t v[8] = {i0, i1, i2, i3, i4, i5, i6, i7};
+  bounds[1] = site;
+  bounds[2] = n;
+  for (int d = 0; d < 8; d++) bounds[3 + d] = v[d];
+}
+
+/* Take an LLVM error's message into J.why / err and dispose of it. */
+static void take_error(LLVMErrorRef e, char *dst, size_t cap) {
+  char *msg = LLVMGetErrorMessage(e);
+  snprintf(dst, cap, "%s", msg);
+  LLVMDisposeErrorMessage(msg);
+}
+
+/* Create the JIT (under the lock). */
+static void jit_create(void) {
+  J.tried = true;
+  if (LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter()) {
+    snprintf(J.why, sizeof J.why, "LLVM has no native target for this host");
+    return;
+  }
+  LLVMOrcJITTargetMachineBuilderRef jtmb;
+  LLVMErrorRef e = LLVMOrcJITTargetMachineBuilderDetectHost(&jtmb);
+  if (e) { take_error(e, J.why, sizeof J.why); return; }
+  LLVMOrcLLJITBuilderRef b = LLVMOrcCreateLLJITBuilder();
+  LLVMOrcLLJITBuilderSetJITTargetMachineBuilder(b, jtmb);
+  if ((e = LLVMOrcCreateLLJIT(&J.jit, b))) { take_error(e, J.why, sizeof J.why); return; }
+  /* libm (sinf, cosf, powf, fmodf) from the process; our helper by address. */
+  LLVMOrcJITDylibRef jd = LLVMOrcLLJITGetMainJITDylib(J.jit);
+  LLVMOrcDefinitionGeneratorRef gen;
+  e = LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(J.jit),
+                                                           NULL, NULL);
+  if (e) { take_error(e, J.why, sizeof J.why); return; }
+  LLVMOrcJITDylibAddGenerator(jd, gen);
+  LLVMJITCSymbolMapPair sym = {
+      LLVMOrcLLJITMangleAndIntern(J.jit, "cpu_bounds_fail"),
+      {(LLVMOrcExecutorAddress)(uintptr_t)&cpu_bounds_fail, {LLVMJITSymbolGenericFlagsExported, 0}}};
+  if ((e = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(&sym, 1))))
+    { take_error(e, J.why, sizeof J.why); return; }
+  char *triple = LLVMGetDefaultTargetTriple(), *msg = NULL;
+  LLVMTargetRef t;
+  if (LLVMGetTargetFromTriple(triple, &t, &msg)) {
+    snprintf(J.why, sizeof J.why, "%s", msg ? msg : "no LLVM target for the host triple");
+    LLVMDisposeMessage(msg);
+    LLVMDisposeMessage(triple);
+    return;
+  }
+  J.cpu = LLVMGetHostCPUName();
+  J.features = LLVMGetHostCPUFeatures();
+  /* Position-independent objects: the JIT's linker may place them anywhere. */
+  J.tm = LLVMCreateTargetMachine(t, triple, J.cpu, J.features, LLVMCodeGenLevelAggressive,
+                                 LLVMRelocPIC, LLVMCodeModelSmall);
+  LLVMDisposeMessage(triple);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Host attributes on every defined function, so the optimiser's cost model
+ * and the code generator agree on the vector widths. */
+static void set_host_attrs(LLVMModuleRef mod) {
+  LLVMContextRef ctx = LLVMGetModuleContext(mod);
+  bool avx512 = strstr(J.features, "+avx512f") != NULL;
+  for (LLVMValueRef f = LLVMGetFirstFunction(mod); f; f = LLVMGetNextFunction(f)) {
+    if (LLVMIsDeclaration(f)) continue;
+    LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex,
+                            LLVMCreateStringAttribute(ctx, "target-cpu", 10, J.cpu, (unsigned)strlen(J.cpu)));
+    LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex,
+                            LLVMCreateStringAttribute(ctx, "target-features", 15, J.features,
+                                                      (unsigned)strlen(J.features)));
+    if (avx512)
+      LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex,
+                              LLVMCreateStringAttribute(ctx, "prefer-vector-width", 19, "512", 3));
+  }
+}
+
+/* The object code of m's functions for this host, named with `prefix`:
+ * lowered, optimised and compiled to an ELF object in *obj (under the lock). */
+static flex_status emit_object(const IrModule *m, const CpuJitOpts *o, const char *prefix,
+                               LLVMMemoryBufferRef *obj) {
+  char err[512] = "";
+  LLVMContextRef ctx = LLVMContextCreate();
+  LLVMModuleRef mod = LLVMModuleCreateWithNameInContext(prefix, ctx);
+  char *triple = LLVMGetTargetMachineTriple(J.tm);
+  LLVMSetTarget(mod, triple);
+  LLVMDisposeMessage(triple);
+  LLVMTargetDataRef td = LLVMCreateTargetDataLayout(J.tm);
+  LLVMSetModuleDataLayout(mod, td);
+  LLVMDisposeTargetData(td);
+  flex_status st = FLEX_OK;
+  char *msg = NULL;
+  if (!cpu_lower(mod, m, o, prefix, err, sizeof err)) {
+    st = rt_err(FLEX_ERR_UNSUPPORTED, "cpu backend: %s", err);
+  } else if (LLVMVerifyModule(mod, LLVMReturnStatusAction, &msg)) {
+    st = rt_err(FLEX_ERR_COMPILE, "cpu backend: generated LLVM IR does not verify: %s", msg ? msg : "");
+  } else {
+    set_host_attrs(mod);
+    LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+    LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
+    LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
+    LLVMErrorRef e = LLVMRunPasses(mod, "default<O3>", J.tm, po);
+    LLVMDisposePassBuilderOptions(po);
+    if (e) {
+      take_error(e, err, sizeof err);
+      st = rt_err(FLEX_ERR_COMPILE, "cpu backend: LLVM optimisation failed: %s", err);
+    } else {
+      if (getenv("FLEXC_CPU_DUMP_IR")) LLVMDumpModule(mod);
+      char *cmsg = NULL;
+      if (LLVMTargetMachineEmitToMemoryBuffer(J.tm, mod, LLVMObjectFile, &cmsg, obj))
+        st = rt_err(FLEX_ERR_COMPILE, "cpu backend: LLVM code generation failed: %s", cmsg ? cmsg : "");
+      LLVMDisposeMessage(cmsg);
+    }
+  }
+  LLVMDisposeMessage(msg);
+  LLVMDisposeModule(mod);
+  LLVMContextDispose(ctx);
+  return st;
+}
+
+/* The disk cache's key: the object format, LLVM, the host and our key. */
+static void disk_key(uint8_t out[RT_SHA256_BYTES], const Buf *key) {
+  RtSha256 h;
+  rt_sha256_init(&h);
+  const char *parts[4] = {"flexc cpu object 1", LLVM_VERSION_STRING, J.cpu, J.features};
+  for (int i = 0; i < 4; i++) rt_sha256_update(&h, parts[i], strlen(parts[i]) + 1);
+  /* The object code reads FlexParams at fixed offsets: a new layout must
+   * never be served an old object. */
+  const uint64_t layout[6] = {sizeof(FlexParams), offsetof(FlexParams, sizes),
+                              offsetof(FlexParams, pf), offsetof(FlexParams, pi),
+                              offsetof(FlexParams, buf), offsetof(FlexParams, buf_grad)};
+  rt_sha256_update(&h, layout, sizeof layout);
+  rt_sha256_update(&h, key->data, key->len);
+  rt_sha256_final(&h, out);
+}
+
+/* The module's object code from the disk cache (payload: prefix, NUL,
+ * object), else compiled and stored there; added to the JIT, entry points
+ * looked up (under the lock). */
+static flex_status compile(const IrModule *m, const CpuJitOpts *o, const Buf *key, CpuModule *out) {
+  double t0 = now_s();
+  char prefix[64], err[512] = "";
+  uint8_t dk[RT_SHA256_BYTES];
+  disk_key(dk, key);
+  void *bytes = NULL;
+  size_t len = 0;
+  LLVMMemoryBufferRef obj = NULL;
+  flex_status st = FLEX_OK;
+  size_t plen = 0;
+  if (rt_cache_get(dk, &bytes, &len) && (plen = strnlen(bytes, len)) < len && plen < sizeof prefix) {
+    memcpy(prefix, bytes, plen + 1);
+    obj = LLVMCreateMemoryBufferWithMemoryRangeCopy((const char *)bytes + plen + 1, len - plen - 1,
+                                                    prefix);
+    out->from_disk = true;
+  } else {
+    /* The hash keeps names apart across processes sharing the disk cache,
+     * the counter within one. */
+    snprintf(prefix, sizeof prefix, "flex_%02x%02x%02x%02x%02x%02x_%d", dk[0], dk[1], dk[2], dk[3],
+             dk[4], dk[5], J.count);
+    st = emit_object(m, o, prefix, &obj);
+    if (!st) {
+      size_t n = LLVMGetBufferSize(obj), pl = strlen(prefix) + 1;
+      char *payload = base_alloc(pl + n);
+      memcpy(payload, prefix, pl);
+      memcpy(payload + pl, LLVMGetBufferStart(obj), n);
+      rt_cache_put(dk, payload, pl + n);
+      base_free(payload);
+    }
+  }
+  base_free(bytes);
+  if (st) return st;
+  J.count++;
+  LLVMErrorRef e = LLVMOrcLLJITAddObjectFile(J.jit, LLVMOrcLLJITGetMainJITDylib(J.jit), obj);
+  if (e) {
+    take_error(e, err, sizeof err);
+    return rt_err(FLEX_ERR_COMPILE, "cpu backend: JIT rejected the object code: %s", err);
+  }
+  const char *names[4] = {"score", "score_mask", "mask", "joint"};
+  void *fns[4] = {0};
+  bool want[4] = {!o->identity, m->mask != NULL, m->mask != NULL, o->joint && m->joint};
+  for (int i = 0; i < 4; i++) {
+    if (!want[i]) continue;
+    char name[128];
+    snprintf(name, sizeof name, "%s_%s", prefix, names[i]);
+    LLVMOrcExecutorAddress addr = 0;
+    if ((e = LLVMOrcLLJITLookup(J.jit, &addr, name))) {
+      take_error(e, err, sizeof err);
+      return rt_err(FLEX_ERR_COMPILE, "cpu backend: JIT lookup of %s failed: %s", name, err);
+    }
+    fns[i] = (void *)(uintptr_t)addr;
+  }
+  /* Object pointers to function pointers: the JIT hands out addresses. */
+  memcpy(&out->score, &fns[0], sizeof fns[0]);
+  memcpy(&out->score_mask, &fns[1], sizeof fns[1]);
+  memcpy(&out->mask, &fns[2], sizeof fns[2]);
+  memcpy(&out->joint, &fns[3], sizeof fns[3]);
+  out->compile_s = now_s() - t0;
+  return FLEX_OK;
+}
+
+/* The cache key: the printed module and the options. */
+static void make_key(Buf *k, const IrModule *m, const CpuJitOpts *o) {
+  buf_printf(k, "cpu1 joint=%d identity=%d checked=%d\n", o->joint, o->identity, o->check_bounds);
+  ir_print(k, m);
+}
+
+flex_status cpu_jit_get(const IrModule *m, const CpuJitOpts *o, const CpuModule **out) {
+  Buf key = {0};
+  make_key(&key, m, o);
+  BaseTry *held = base_try_hold(); /* no exhaustion jump while the lock is held */
+  pthread_mutex_lock(&J.lock);
+  if (!J.tried) jit_create();
+  flex_status st = FLEX_OK;
+  if (J.why[0]) {
+    st = rt_err(FLEX_ERR_UNSUPPORTED, "cpu backend: cannot start the LLVM JIT: %s", J.why);
+  } else {
+    Entry *e = J.cache;
+    while (e && !(e->keylen == key.len && !memcmp(e->key, key.data, key.len))) e = e->next;
+    if (!e) {
+      Entry *n = base_alloc(sizeof *n);
+      st = compile(m, o, &key, &n->mod);
+      if (st) {
+        base_free(n);
+      } else {
+        n->key = key.data, n->keylen = key.len, key.data = NULL;
+        n->next = J.cache;
+        J.cache = e = n;
+      }
+    }
+    if (e) *out = &e->mod;
+  }
+  pthread_mutex_unlock(&J.lock);
+  base_try_restore(held);
+  buf_free(&key);
+  return st;
+}
+
+flex_status cpu_jit_ready(void) {
+  BaseTry *held = base_try_hold();
+  pthread_mutex_lock(&J.lock);
+  if (!J.tried) jit_create();
+  flex_status st = J.why[0] ? rt_err(FLEX_ERR_UNSUPPORTED, "cpu backend: cannot start the LLVM JIT: %s", J.why)
+                            : FLEX_OK;
+  pthread_mutex_unlock(&J.lock);
+  base_try_restore(held);
+  return st;
+}
+
+int cpu_jit_cache_size(void) {
+  pthread_mutex_lock(&J.lock); /* nothing here allocates */
+  int n = 0;
+  for (Entry *e = J.cache; e; e = e->next) n++;
+  pthread_mutex_unlock(&J.lock);
+  return n;
+}

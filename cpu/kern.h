@@ -1,0 +1,202 @@
+/* kern.h: the CPU kernels, written once over GCC vector types of VW floats
+ * and compiled once per ISA level: kern_avx512.c (VW 16), kern_avx2.c
+ * (VW 8) and kern_generic.c (VW 4, SSE2) each set VW, MR and KERN_NAME,
+ * a `#pragma GCC target` where needed, and include this file, which
+ * defines the table KERN_TABLE. cpu_kern() picks one at run time, so the
+ * library needs no -march flag.
+ *
+ * gemm is a register-blocked micro-kernel: MR rows x 2 vectors of C held in
+ * registers while k runs, A broadcast one element at a time (any row and
+ * column strides, so A^T B needs no transpose), B read a row at a time (B
+ * panels of k x 2VW stay in L1). exp is Cephes expf's
+ * reduction and polynomial (as the JIT's, cpu/ir_llvm.c), branch-free.
+ * These files build with -ffp-contract=fast so a*b+c becomes an FMA.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef int32_t vi __attribute__((vector_size(VW * 4)));
+/* Unaligned, aliasing views for loads and stores. */
+typedef float vfu __attribute__((vector_size(VW * 4), aligned(4), may_alias));
+
+#define NR (2 * VW)
+#define LD(p) ((vf)(*(const vfu *)(p)))
+#define ST(p, x) (*(vfu *)(p) = (x))
+
+/* A broadcast: x - 0.0 is x for every x (-0.0 and NaN included), so GCC
+ * folds the subtraction and keeps one vbroadcastss at -O2 and -O3 alike
+ * (`0.0 + x` is not x for -0.0, and an element-wise build becomes a
+ * chain of masked inserts at -O3). */
+static inline vf splat(float x) { return x - (vf){0}; }
+static inline vf vsel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
+
+/* MR x NR block of C (rows mr <= MR, a compile-time constant after inlining). */
+static inline __attribute__((always_inline)) void block(const int mr, int k, const float *A,
+                                                         int64_t ars, int64_t aps, const float *B,
+                                                         int64_t ldb, float *C, int64_t ldc, bool acc) {
+  vf c0[MR], c1[MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < mr; r++) {
+    c0[r] = acc ? LD(C + r * ldc) : splat(0);
+    c1[r] = acc ? LD(C + r * ldc + VW) : splat(0);
+  }
+  for (int p = 0; p < k; p++, A += aps) {
+    vf b0 = LD(B + p * ldb), b1 = LD(B + p * ldb + VW);
+#pragma GCC unroll 16
+    for (int r = 0; r < mr; r++) {
+      vf a = splat(A[r * ars]);
+      c0[r] += a * b0;
+      c1[r] += a * b1;
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < mr; r++) {
+    ST(C + r * ldc, c0[r]);
+    ST(C + r * ldc + VW, c1[r]);
+  }
+}
+
+/* The row tail (fewer than MR rows) with a constant row count. */
+static void tail(int mr, int k, const float *A, int64_t ars, int64_t aps, const float *B,
+                 int64_t ldb, float *C, int64_t ldc, bool acc) {
+  switch (mr) {
+#define ROWS(R) case R: block(R, k, A, ars, aps, B, ldb, C, ldc, acc); break;
+  ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5)
+#if MR >= 8
+  ROWS(6) ROWS(7)
+#endif
+#undef ROWS
+  default: break;
+  }
+}
+
+static void gemm(int m, int n, int k, const float *A, int64_t ars, int64_t aps, const float *B,
+                 int64_t ldb, float *C, int64_t ldc, bool acc) {
+  for (int j = 0; j < n; j += NR) {
+    int i = 0;
+    for (; i + MR <= m; i += MR)
+      block(MR, k, A + i * ars, ars, aps, B + j, ldb, C + i * ldc + j, ldc, acc);
+    if (i < m) tail(m - i, k, A + i * ars, ars, aps, B + j, ldb, C + i * ldc + j, ldc, acc);
+  }
+}
+
+/* e^x for a vector: 1-2 ulp; overflow +inf, underflow 0, NaN kept. */
+static inline vf vexp(vf x) {
+  const float hi = 88.72283935546875f, lo = -103.972084045410f;
+  vf xc = vsel(x < splat(lo), splat(lo), x);
+  xc = vsel(xc > splat(hi), splat(hi), xc);
+  vf t = xc * 1.44269504088896341f + 0.5f;
+  vi n = __builtin_convertvector(t, vi);
+  vf nf = __builtin_convertvector(n, vf);
+  vi adj = nf > t; /* truncation rounded up a negative: floor */
+  n += adj;        /* -1 where adj */
+  nf = __builtin_convertvector(n, vf);
+  vf r = xc - nf * 0.693359375f;
+  r = r - nf * -2.12194440e-4f;
+  vf y = splat(1.9875691500E-4f);
+  y = y * r + 1.3981999507E-3f;
+  y = y * r + 8.3334519073E-3f;
+  y = y * r + 4.1665795894E-2f;
+  y = y * r + 1.6666665459E-1f;
+  y = y * r + 5.0000001201E-1f;
+  y = y * r * r + r + 1.0f;
+  vi n1 = n >> 1, n2 = n - n1;
+  y = y * (vf)((n1 + 127) << 23) * (vf)((n2 + 127) << 23);
+  y = vsel(x > splat(hi), splat(INFINITY), y);
+  y = vsel(x < splat(lo), splat(0), y);
+  return vsel(x != x, x, y);
+}
+
+/* Load n < VW floats, the rest `fill`. */
+static inline vf load_part(const float *x, int n, float fill) {
+  float t[VW];
+  for (int i = 0; i < VW; i++) t[i] = i < n ? x[i] : fill;
+  return LD(t);
+}
+static inline void store_part(float *x, int n, vf v) {
+  float t[VW];
+  ST(t, v);
+  memcpy(x, t, sizeof(float) * (size_t)n);
+}
+
+static inline float hsum(vf v) {
+  float t[VW], s = 0;
+  ST(t, v);
+  for (int i = 0; i < VW; i++) s += t[i];
+  return s;
+}
+
+static float exp_sum(float *x, int n, float mx) {
+  vf s = splat(0);
+  int j = 0;
+  for (; j + VW <= n; j += VW) {
+    vf e = vexp(LD(x + j) - mx);
+    ST(x + j, e);
+    s += e;
+  }
+  if (j < n) {
+    vf e = vexp(load_part(x + j, n - j, -INFINITY) - mx);
+    store_part(x + j, n - j, e);
+    s += e;
+  }
+  return hsum(s);
+}
+
+static void exp_sub(float *x, int n, float lse) {
+  int j = 0;
+  for (; j + VW <= n; j += VW) {
+    vf v = LD(x + j);
+    ST(x + j, vsel(v == splat(-INFINITY), splat(0), vexp(v - lse)));
+  }
+  if (j < n) {
+    vf v = load_part(x + j, n - j, -INFINITY);
+    store_part(x + j, n - j, vsel(v == splat(-INFINITY), splat(0), vexp(v - lse)));
+  }
+}
+
+static float row_max(const float *x, int n) {
+  vf m = splat(-INFINITY);
+  vi nan = {0};
+  int j = 0;
+  for (; j + VW <= n; j += VW) {
+    vf v = LD(x + j);
+    nan |= v != v;
+    m = vsel(v > m, v, m);
+  }
+  if (j < n) {
+    vf v = load_part(x + j, n - j, -INFINITY);
+    nan |= v != v;
+    m = vsel(v > m, v, m);
+  }
+  float t[VW], r = -INFINITY;
+  ST(t, m);
+  int32_t ni[VW];
+  memcpy(ni, &nan, sizeof ni);
+  for (int i = 0; i < VW; i++) {
+    if (ni[i]) return NAN;
+    if (t[i] > r) r = t[i];
+  }
+  return r;
+}
+
+static void scale(float *y, int n, float a) {
+  int j = 0;
+  for (; j + VW <= n; j += VW) ST(y + j, LD(y + j) * a);
+  for (; j < n; j++) y[j] *= a;
+}
+
+static void dt_row(float *dP, const float *P, int n, float D) {
+  int j = 0;
+  for (; j + VW <= n; j += VW) {
+    vf p = LD(P + j);
+    ST(dP + j, vsel(p == splat(0), splat(0), p * (LD(dP + j) - D)));
+  }
+  for (; j < n; j++) dP[j] = P[j] == 0 ? 0.0f : P[j] * (dP[j] - D);
+}
+
+const CpuKern KERN_TABLE = {KERN_NAME, NR, gemm, exp_sum, exp_sub, row_max, scale, dt_row};

@@ -1,0 +1,179 @@
+/* cuda.c: the CUDA backend's verbs (runtime/backend.h). For one call:
+ * check that every tensor lives on the same CUDA device, pick the target
+ * arch from the device, compile the generated kernels through the cache
+ * (cuda/cache.c, cuda/nvrtc.c), and launch on the caller's stream through
+ * the dlopened driver (cuda/driver.c). */
+#include <stdio.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+#include "cuda/cache.h"
+#include "cuda/driver.h"
+#include "runtime/backend.h"
+#include "runtime/launch.h"
+
+/* The per-call state: NVRTC's target for the device. */
+typedef struct CudaState {
+  char arch[32]; /* "sm_90a", "sm_86", ... */
+} CudaState;
+
+/* ---- tensors ------------------------------------------------------------- */
+
+/* A tensor's device, or an error naming it. Optional tensors may be NULL. */
+static flex_status on_device(const char *name, const DLTensor *t, int *device) {
+  if (!t) return FLEX_OK;
+  if (t->device.device_type != kDLCUDA && t->device.device_type != kDLCUDAManaged)
+    return rt_err(FLEX_ERR_INVALID,
+                  "the cuda backend needs every tensor on a CUDA device, but '%s' is on "
+                  "device type %d (%s), id %d",
+                  name, (int)t->device.device_type,
+                  t->device.device_type == kDLCPU ? "CPU" : "not CUDA", (int)t->device.device_id);
+  if (*device < 0) *device = t->device.device_id;
+  else if (*device != t->device.device_id)
+    return rt_err(FLEX_ERR_INVALID, "'%s' is on CUDA device %d, but the other tensors are on %d",
+                  name, (int)t->device.device_id, *device);
+  return FLEX_OK;
+}
+/* The device every tensor of the call lives on. */
+static flex_status call_device(const RtCall *c, int *device) {
+  const flex_args *a = c->args;
+  *device = -1;
+  const struct { const char *n; const DLTensor *t; } ts[] = {
+      {"q", a->q}, {"k", a->k}, {"v", a->v}, {"out", a->out}, {"lse", a->lse},
+      {"dout", a->dout}, {"dlse", a->dlse}, {"dq", a->dq}, {"dk", a->dk}, {"dv", a->dv}};
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+    if (!c->backward && i >= 5) break;
+    flex_status st = on_device(ts[i].n, ts[i].t, device);
+    if (st) return st;
+  }
+  for (int i = 0; i < c->mod->nbuffers; i++) {
+    flex_status st = on_device(c->mod->buffers[i].id, c->buf_tensors[i], device);
+    if (!st && c->backward) st = on_device(c->mod->buffers[i].id, c->buf_grads[i], device);
+    if (st) return st;
+  }
+  if (a->block_mask) {
+    const flex_block_mask *m = a->block_mask;
+    const DLTensor *bm[] = {m->kv_num_blocks, m->kv_indices, m->full_kv_num_blocks,
+                            m->full_kv_indices, m->q_num_blocks, m->q_indices,
+                            m->full_q_num_blocks, m->full_q_indices};
+    for (int i = 0; i < 8; i++) {
+      flex_status st = on_device("block_mask", bm[i], device);
+      if (st) return st;
+    }
+  }
+  if (*device < 0) *device = 0;
+  return FLEX_OK;
+}
+
+/* ---- arch --------------------------------------------------------------------- */
+
+/* NVRTC's target for a device: sm_90a on 9.0 (wgmma paths), sm_XY elsewhere. */
+static flex_status pick_arch(int device, char *arch, size_t cap) {
+  int major = 0, minor = 0;
+  flex_status st = rt_drv_compute_capability(device, &major, &minor);
+  if (st) return st;
+  if (major < 8)
+    return rt_err(FLEX_ERR_UNSUPPORTED,
+                  "CUDA device %d has compute capability %d.%d; flexc needs 8.0 or newer "
+                  "(mma.sync m16n8k16 with bf16)", device, major, minor);
+  snprintf(arch, cap, "sm_%d%d%s", major, minor, major == 9 && minor == 0 ? "a" : "");
+  return FLEX_OK;
+}
+
+/* ---- the verbs ------------------------------------------------------------------ */
+
+static flex_status cuda_open(RtRun *r) {
+  flex_status st = rt_drv_init();
+  int device = 0;
+  if (!st && r->c) st = call_device(r->c, &device);
+  if (!st) st = rt_drv_use_device(device);
+  if (st || !r->c) {
+    r->device = device;
+    return st;
+  }
+  CudaState *s = base_alloc(sizeof *s);
+  r->state = s;
+  r->device = device;
+  st = pick_arch(device, s->arch, sizeof s->arch);
+  if (!st && !cg_arch_parse(s->arch, &r->arch)) r->arch = CG_SM89; /* newer parts: the portable mma.sync path */
+  return st;
+}
+
+/* Generate, compile (through the cache) and load the module. */
+static flex_status cuda_prepare(RtRun *r) {
+  Buf src = {0};
+  cg_emit_cuda(&src, r->c->mod, &r->opts);
+  RtCuModule mod = NULL;
+  CudaState *s = r->state;
+  flex_status st = rt_cuda_module_for(src.data, src.len, "cubin", s->arch, r->device, &mod);
+  buf_free(&src);
+  r->module = mod;
+  return st;
+}
+
+static flex_status cuda_alloc(RtRun *r, void **out, size_t bytes) {
+  RtCuDevicePtr p = 0;
+  size_t words = (bytes + 3) / 4; /* whole words, so that the fill covers every byte */
+  flex_status st = rt_drv_alloc(&p, words * 4);
+  if (!st) st = rt_drv_memset32(p, 0, words, (RtCuStream)r->stream);
+  *out = (void *)(uintptr_t)p;
+  return st;
+}
+
+static void cuda_release(RtRun *r, void *p) {
+  (void)r;
+  if (p) rt_drv_free((RtCuDevicePtr)(uintptr_t)p);
+}
+
+static flex_status cuda_zero(RtRun *r, void *p, size_t bytes) {
+  return rt_drv_memset32((RtCuDevicePtr)(uintptr_t)p, 0, bytes / 4, (RtCuStream)r->stream);
+}
+
+static flex_status cuda_upload(RtRun *r, void *dst, const void *src, size_t bytes) {
+  return rt_drv_memcpy_htod((RtCuDevicePtr)(uintptr_t)dst, src, bytes, (RtCuStream)r->stream);
+}
+
+static flex_status cuda_download(RtRun *r, void *dst, const void *src, size_t bytes) {
+  return rt_drv_memcpy_dtoh(dst, (RtCuDevicePtr)(uintptr_t)src, bytes, (RtCuStream)r->stream);
+}
+
+/* Look up and launch one entry of the module with the params struct. */
+static flex_status cuda_launch(RtRun *r, RtEntry e, const CgLaunch *g, const FlexParams *p) {
+  const char *entry = rt_entry_name(e);
+  flex_status st = rt_launch_check_geometry("cuda", entry, g->grid, g->block);
+  if (st) return st;
+  RtCuFunction f;
+  st = rt_drv_function(&f, (RtCuModule)r->module, entry);
+  if (!st) st = rt_drv_set_smem(f, (int)g->smem);
+  void *args[1] = {(void *)p};
+  if (!st) st = rt_drv_launch(f, g->grid, g->block, (unsigned)g->smem, (RtCuStream)r->stream, args);
+  if (st) return rt_err(st, "launching %s: %s", entry, flex_last_error());
+  return FLEX_OK;
+}
+
+static flex_status cuda_sync(RtRun *r) { return rt_drv_sync((RtCuStream)r->stream); }
+
+static void cuda_close(RtRun *r) {
+  base_free(r->state);
+  r->state = NULL;
+}
+
+flex_status rt_cuda_device_name(int device, char *out, size_t cap) {
+  return rt_drv_device_name(device, out, cap);
+}
+
+const RtBackend rt_cuda_backend = {
+    .name = "cuda",
+    .host_memory = false,
+    .sorted_entry = true,
+    .open = cuda_open,
+    .prepare = cuda_prepare,
+    .alloc = cuda_alloc,
+    .release = cuda_release,
+    .zero = cuda_zero,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .launch = cuda_launch,
+    .sync = cuda_sync,
+    .close = cuda_close,
+};

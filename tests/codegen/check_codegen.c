@@ -1,0 +1,217 @@
+/* Codegen suite: the generated CUDA for samples contains what it should
+ * (names by role, wrapping integer helpers, round-tripping float literals,
+ * entries followed by FLEX_EMU_ENTRY) and specialises the identity score. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+#include "runtime/rt.h"
+#include "testlib.h"
+
+/* Generated source for a .score text (backward included). */
+static char *gen(const char *text, CgDtype dt, int E, CgOptions *o) {
+  flex_kernel *k;
+  flex_status st = flex_kernel_from_source(&k, "test.score", text, strlen(text), NULL);
+  ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
+  char err[256];
+  ck_assert_msg(cg_options_init(o, k->mod, dt, E, E, CG_SM80, true, err, sizeof err), "%s", err);
+  Buf b = {0};
+  cg_emit_cuda(&b, k->mod, o);
+  flex_kernel_free(k);
+  return b.data;
+}
+
+static const char *gemma =
+    "param float softcap = 50.0;\nparam int window = 4096;\nbuffer slopes: f32[H] grad;\n"
+    "score alibi_softcap(s, b, h, q, kv) {\n  let biased = s + slopes[h] * float(kv - q);\n"
+    "  return softcap * tanh(biased / softcap);\n}\n"
+    "mask causal(b, h, q, kv) { return q >= kv; }\n"
+    "mask local(b, h, q, kv) { return q - kv < window; }\n"
+    "kernel gemma { score = alibi_softcap; mask = causal && local; }\n";
+
+/* Float literals read back to the very same binary32 value (random bit
+ * patterns: subnormals, huge values, 2^24 + 1 neighbours) and are the
+ * shortest such decimal. */
+START_TEST(float_literals_round_trip) {
+  uint64_t rng = tl_seed();
+  for (int n = 0; n < 20000; n++) {
+    uint32_t bits = (uint32_t)tl_rand(&rng);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    if (isnan(f) || isinf(f)) continue;
+    Buf b = {0};
+    cg_float_literal(&b, f);
+    const char *s = b.data + (b.data[0] == '(');
+    char *end;
+    float back = strtof(s, &end);
+    ck_assert_msg(*end == 'f', "literal %s does not end in f", b.data);
+    uint32_t got;
+    memcpy(&got, &back, sizeof got);
+    ck_assert_msg(got == bits, "%s reads back as 0x%08x, want 0x%08x", b.data, got, bits);
+    buf_free(&b);
+  }
+  struct { double v; const char *want; } known[] = {
+      {0.1, "0.1f"}, {1e-45, "1e-45f"}, {16777216.0, "16777216.0f"}, {-2.5, "(-2.5f)"},
+      {3.4028234663852886e38, "3.4028235e+38f"}, {1.0 / 0.0, "INFINITY"}};
+  for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+    Buf b = {0};
+    cg_float_literal(&b, known[i].v);
+    ck_assert_str_eq(b.data, known[i].want);
+    buf_free(&b);
+  }
+}
+END_TEST
+
+/* More params than FlexParams has slots: refused with a message, not an
+ * internal error (it once was at 65). */
+START_TEST(slot_limits) {
+  Buf src = {0};
+  for (int i = 0; i < 17; i++) buf_printf(&src, "param float p%d = 1.0;\n", i);
+  buf_puts(&src, "score f(s, b, h, q, kv) { return s");
+  for (int i = 0; i < 17; i++) buf_printf(&src, " + p%d", i);
+  buf_puts(&src, "; }\n");
+  flex_kernel *k;
+  ck_assert_int_eq(flex_kernel_from_source(&k, "many.score", src.data, src.len, NULL), FLEX_OK);
+  CgOptions o;
+  char err[256];
+  ck_assert(!cg_options_init(&o, k->mod, CG_FP16, 64, 64, CG_SM80, true, err, sizeof err));
+  ck_assert_msg(strstr(err, "at most 16 params") && strstr(err, "this one has 17"), "%s", err);
+  flex_kernel_free(k);
+  buf_free(&src);
+}
+END_TEST
+
+START_TEST(names_by_role) {
+  CgOptions o;
+  char *s = gen(gemma, CG_FP16, 64, &o);
+  ck_assert_ptr_nonnull(strstr(s, "const float softcap = p.pf[0];"));
+  ck_assert_ptr_nonnull(strstr(s, "const int window = p.pi[1];"));
+  ck_assert_ptr_nonnull(strstr(s, "const float *slopes = (const float *)p.buf[0];"));
+  ck_assert_ptr_nonnull(strstr(s, "flex_gload(slopes + h)"));
+  ck_assert_ptr_nonnull(strstr(s, "flex_isub(kv, q)"));  /* wrapping int arithmetic */
+  ck_assert_ptr_nonnull(strstr(s, "flex_tanh("));
+  ck_assert_ptr_null(strstr(s, "FLEX_FAST_MATH")); /* exact unless asked */
+  ck_assert_ptr_nonnull(strstr(s, "float *grad_slopes = p.buf_grad[0];"));
+  ck_assert_ptr_nonnull(strstr(s, "flex_atomic_add(grad_slopes + h, "));
+  ck_assert_ptr_nonnull(strstr(s, "#include \"flex_fwd.cuh\""));
+  ck_assert_ptr_nonnull(strstr(s, "from test.score, kernel gemma"));
+  static const char *const entries[] = {"flex_fwd", "flex_bwd_pre", "flex_bwd", "flex_bwd_dq"};
+  for (int i = 0; i < 4; i++) {
+    char want[160];
+    snprintf(want, sizeof want, "extern \"C\" __global__ void __launch_bounds__(128) %s(const FlexParams p)", entries[i]);
+    const char *at = strstr(s, want);
+    ck_assert_msg(at != NULL, "missing entry %s", entries[i]);
+    snprintf(want, sizeof want, "FLEX_EMU_ENTRY(%s, FlexParams)", entries[i]);
+    ck_assert_msg(strstr(at, want) != NULL, "missing FLEX_EMU_ENTRY for %s", entries[i]);
+  }
+  ck_assert(!o.score_identity && !o.ds_is_dt && o.has_mask && o.grad_buffers);
+  ck_assert_ptr_nonnull(strstr(s, "flex_fwd_tc<FlexF16, FlexF16, 64, 64, 128, 64, 4, FLEX_MASK_DENSE, false>"));
+  ck_assert_ptr_nonnull(strstr(s, "flex_bwd_pre<FlexF16, FlexF16>"));
+  free(s);
+}
+END_TEST
+
+/* Tile overrides: applied when valid, refused with a reason otherwise, and
+ * the options left alone on refusal. */
+START_TEST(tile_override) {
+  CgOptions o;
+  char err[256];
+  free(gen("mask causal(b, h, q, kv) { return q >= kv; }\n", CG_BF16, 128, &o));
+  ck_assert_int_eq(o.fwd.block_m, 128);
+  ck_assert(cg_tiles_apply(&o, "fwd=64x128x4,bwd=64x16x4", err, sizeof err));
+  ck_assert_int_eq(o.fwd.block_m, 64);
+  ck_assert_int_eq(o.fwd.block_n, 128);
+  ck_assert_int_eq(o.bwd.block_n, 16);
+  ck_assert(cg_tiles_apply(&o, "fwd=128x64x8", err, sizeof err));
+  ck_assert_int_eq(o.fwd.threads, 256);
+  ck_assert_int_eq(o.bwd.block_n, 16); /* the part left out stays */
+  const char *bad[] = {"", "fwd=128x64", "fwd=128x64x4,", "bwd=64x32x4;fwd=64x64x4",
+                       "fwd=96x64x4", "fwd=128x64x2", "fwd=64x256x4", "bwd=128x32x4",
+                       "bwd=64x32x8", "side=64x64x4"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    CgOptions before = o;
+    err[0] = 0;
+    ck_assert_msg(!cg_tiles_apply(&o, bad[i], err, sizeof err), "accepted '%s'", bad[i]);
+    ck_assert_msg(err[0], "no reason for '%s'", bad[i]);
+    ck_assert(!memcmp(&before, &o, sizeof o));
+  }
+  /* The environment variable goes through the same parser. */
+  setenv("FLEXC_TILES", "fwd=64x64x4", 1);
+  free(gen("mask causal(b, h, q, kv) { return q >= kv; }\n", CG_BF16, 128, &o));
+  ck_assert_int_eq(o.fwd.block_m, 64);
+  setenv("FLEXC_TILES", "fwd=7x7x7", 1);
+  flex_kernel *k;
+  const char *src = "mask causal(b, h, q, kv) { return q >= kv; }\n";
+  ck_assert_int_eq(flex_kernel_from_source(&k, "t.score", src, strlen(src), NULL), FLEX_OK);
+  ck_assert(!cg_options_init(&o, k->mod, CG_BF16, 128, 128, CG_SM80, true, err, sizeof err));
+  ck_assert_ptr_nonnull(strstr(err, "fwd tiles 7x7x7"));
+  flex_kernel_free(k);
+  unsetenv("FLEXC_TILES");
+}
+END_TEST
+
+START_TEST(identity_score) {
+  CgOptions o;
+  char *s = gen("mask causal(b, h, q, kv) { return q >= kv; }\n", CG_BF16, 72, &o);
+  ck_assert(o.score_identity && o.ds_is_dt);
+  ck_assert_int_eq(o.head_dim_pad, 80);
+  ck_assert_ptr_nonnull(strstr(s, "flex_fwd_tc<FlexBF16, FlexBF16, 80, 80, 128, 64, 4, FLEX_MASK_DENSE, true>"));
+  ck_assert_ptr_nonnull(strstr(s, "FLEX_MASK_DENSE, true, false>"));  /* bwd: no joint call */
+  ck_assert_ptr_nonnull(strstr(s, "  return s;\n"));
+  free(s);
+  s = gen("score bias(s, b, h, q, kv) { return s + 0.1 * float(q - kv); }\n", CG_FP32, 15, &o);
+  ck_assert(!o.score_identity && o.ds_is_dt && !o.has_mask);  /* ds == dt: joint skipped */
+  ck_assert_ptr_nonnull(strstr(s, "flex_fwd_simt<16, 16, 32, 32, FLEX_MASK_NONE, false>"));
+  ck_assert_ptr_nonnull(strstr(s, "0.1f"));  /* shortest round-tripping literal */
+  free(s);
+}
+END_TEST
+
+START_TEST(int_semantics) {
+  CgOptions o;
+  char *s = gen("param int n = 3;\nmask m(b, h, q, kv) { return (q / n) % 7 == -kv * abs(h) + int(1.5); }\n",
+                CG_FP16, 64, &o);
+  ck_assert_ptr_nonnull(strstr(s, "flex_idiv(q, n)"));
+  ck_assert_ptr_nonnull(strstr(s, "flex_imod("));
+  ck_assert(strstr(s, "flex_imul(") || strstr(s, "flex_ineg("));
+  free(s);
+}
+END_TEST
+
+START_TEST(launch_geometry) {
+  CgOptions o;
+  char *s = gen(gemma, CG_FP16, 256, &o);
+  free(s);
+  for (int a = 0; a < CG_NARCH; a++) {
+    o.arch = (CgArch)a;
+    CgLaunch l = cg_launch_fwd(&o, 3, 5, 1000);
+    ck_assert_uint_eq(l.grid[0], (1000 + o.fwd.block_m - 1) / o.fwd.block_m);
+    ck_assert_uint_eq(l.grid[1], 5);
+    ck_assert_uint_eq(l.grid[2], 3);
+    ck_assert_uint_eq(l.block[0], 128);
+    l = cg_launch_bwd(&o, 3, 1, 1000);
+    ck_assert_uint_eq(l.grid[0], (1000 + o.bwd.block_n - 1) / o.bwd.block_n);
+    ck_assert(l.smem <= cg_arch_smem_limit(CG_SM86));
+  }
+  char err[128];
+  ck_assert(!cg_options_init(&o, NULL, CG_FP16, 0, 64, CG_SM80, false, err, sizeof err));
+  ck_assert(!cg_options_init(&o, NULL, CG_FP16, 257, 64, CG_SM80, false, err, sizeof err));
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("codegen");
+  TCase *tc = tcase_create("emit");
+  tcase_add_test(tc, float_literals_round_trip);
+  tcase_add_test(tc, slot_limits);
+  tcase_add_test(tc, names_by_role);
+  tcase_add_test(tc, tile_override);
+  tcase_add_test(tc, identity_score);
+  tcase_add_test(tc, int_semantics);
+  tcase_add_test(tc, launch_geometry);
+  suite_add_tcase(s, tc);
+  return tl_run_suite(s);
+}

@@ -1,0 +1,278 @@
+/* NVRTC suite: generated kernels compile for sm_80 and sm_90a, use tensor
+ * cores for fp16/bf16, do not spill, and fit each arch's shared memory.
+ *
+ * The full matrix (every sample x fp16/bf16/fp32 x head dims 16, 64, 128,
+ * 256, 72 x both archs) takes many minutes on two cores, so a default run
+ * checks a few combinations drawn from the printed seed; FLEXC_NVRTC_FULL=1
+ * (the `slow` test check_nvrtc_full) runs all of it; one Check test per
+ * sample. Each combination is compiled with or without dropout
+ * (FLEX_DROPOUT; drawn in a default run, both in the full one). Skips (77)
+ * without NVRTC.
+ * Grouped-query attention changes no generated code (G is a launch value),
+ * so it needs no axis of its own here. */
+#include <check.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+#include "cuda/nvrtc.h"
+#include "runtime/rt.h"
+#include "testlib.h"
+
+static const int head_dims[] = {16, 64, 128, 256, 72};
+static const CgArch archs[] = {CG_SM80, CG_SM90A};
+enum { NDIMS = 5, NARCHS = 2, NDTYPES = 3, MAXSAMPLES = 64 };
+
+static char samples[MAXSAMPLES][512];
+static int nsamples;
+
+static void find_samples(void) {
+  if (nsamples) return; /* once per process */
+  const char *dir = tl_src_path("samples");
+  DIR *d = opendir(dir);
+  ck_assert_msg(d != NULL, "cannot open %s", dir);
+  struct dirent *e;
+  while ((e = readdir(d)) && nsamples < MAXSAMPLES) {
+    size_t n = strlen(e->d_name);
+    if (n > 6 && !strcmp(e->d_name + n - 6, ".score"))
+      snprintf(samples[nsamples++], sizeof samples[0], "%s/%s", dir, e->d_name);
+  }
+  closedir(d);
+  ck_assert_int_gt(nsamples, 0);
+}
+
+/* Compile one combination and check the report. */
+static void check_one(const char *path, CgDtype dt, int E, CgArch arch, bool dropout) {
+  fprintf(stderr, "  %s %s E=%d %s%s\n", strrchr(path, '/') + 1, cg_dtype_name(dt), E,
+          cg_arch_name(arch), dropout ? " dropout" : "");
+  flex_kernel *k;
+  ck_assert_msg(flex_kernel_load(&k, path, NULL) == FLEX_OK, "%s", flex_last_error());
+  CgOptions o;
+  char err[256];
+  ck_assert_msg(cg_options_init(&o, k->mod, dt, E, E, arch, true, err, sizeof err), "%s", err);
+  o.dropout = dropout;
+  ck_assert_msg(cg_options_retile(&o, err, sizeof err), "%s", err);
+  /* Masked kernels also carry the BlockMask builder entries (the runtime
+   * emits them for masks the analysis cannot decide): compile them too. */
+  o.mask_builder = k->mod->mask != NULL;
+  bool has_buffers = false;
+  for (int i = 0; i < k->mod->nbuffers; i++) has_buffers |= k->mod->buffers[i].used;
+  Buf src = {0};
+  cg_emit_cuda(&src, k->mod, &o);
+  flex_kernel_free(k);
+  ck_assert(dropout == (strstr(src.data, "#define FLEX_DROPOUT 1") != NULL));
+  RtNvrtcResult r;
+  flex_status st = rt_nvrtc_compile(&r, src.data, cg_arch_name(arch), RT_NVRTC_CUBIN, true);
+  ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
+  RtPtxasInfo info[8];
+  int n = rt_ptxas_parse(r.log.data ? r.log.data : "", info, 8);
+  ck_assert_int_eq(n, (o.mask_builder ? 6 : 4) + o.sorted_check); /* flex_sorted_check: a `sorted` buffer */
+  for (int i = 0; i < n; i++) {
+    ck_assert_msg(info[i].spill_stores == 0 && info[i].spill_loads == 0,
+                  "%s spills %d/%d bytes", info[i].name, info[i].spill_stores, info[i].spill_loads);
+    ck_assert_int_gt(info[i].registers, 0);
+  }
+  size_t limit = cg_arch_smem_limit(arch);
+  ck_assert_uint_le(cg_launch_fwd(&o, 1, 1, 1).smem, limit);
+  ck_assert_uint_le(cg_launch_bwd(&o, 1, 1, 1).smem, limit);
+  rt_nvrtc_free(&r);
+  if (dt != CG_FP32) {
+    st = rt_nvrtc_compile(&r, src.data, cg_arch_name(arch), RT_NVRTC_PTX, false);
+    ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
+    ck_assert_msg(strstr(r.image.data, "mma.sync.aligned.m16n8k16") != NULL, "no mma.sync in PTX");
+    rt_nvrtc_free(&r);
+  }
+  buf_free(&src);
+  /* Checked runs (--check-bounds) use a variant with tested buffer accesses. */
+  if (o.grad_buffers || has_buffers) {
+    o.check_bounds = true;
+    o.source = path; /* the first kernel (whose name o held) is freed */
+    Buf chk = {0};
+    flex_kernel *k2;
+    ck_assert_msg(flex_kernel_load(&k2, path, NULL) == FLEX_OK, "%s", flex_last_error());
+    cg_emit_cuda(&chk, k2->mod, &o);
+    flex_kernel_free(k2);
+    ck_assert_msg(strstr(chk.data, "flex_bounds_fail") != NULL, "no checked loads emitted");
+    st = rt_nvrtc_compile(&r, chk.data, cg_arch_name(arch), RT_NVRTC_CUBIN, true);
+    ck_assert_msg(st == FLEX_OK, "checked variant: %s", flex_last_error());
+    rt_nvrtc_free(&r);
+    buf_free(&chk);
+  }
+}
+
+START_TEST(sampled_matrix) {
+  /* One test per sample (so each gets Check's timeout of its own): by
+   * default one random dtype, head dim and arch; FLEXC_NVRTC_FULL=1 all. */
+  find_samples();
+  if (_i >= nsamples) return;
+  bool full = getenv("FLEXC_NVRTC_FULL") != NULL;
+  uint64_t st = tl_seed() + (uint64_t)_i;
+  int per = NDTYPES * NDIMS * NARCHS * 2;
+  for (int j = 0; j < (full ? per : 1); j++) {
+    int c = full ? j : (int)(tl_rand(&st) % (uint64_t)per);
+    check_one(samples[_i], (CgDtype)(c % NDTYPES), head_dims[c / NDTYPES % NDIMS],
+              archs[c / NDTYPES / NDIMS % NARCHS], c / NDTYPES / NDIMS / NARCHS != 0);
+  }
+}
+END_TEST
+
+/* PTX of one forward+backward source for gemma2 (tanh) and a score using
+ * exp, sin and pow, with or without fast math. */
+static char *ptx_of(const char *text, bool fast) {
+  flex_kernel *k;
+  ck_assert_msg(flex_kernel_from_source(&k, "fast.score", text, strlen(text), NULL) == FLEX_OK, "%s",
+                flex_last_error());
+  CgOptions o;
+  char err[256];
+  ck_assert_msg(cg_options_init(&o, k->mod, CG_BF16, 64, 64, CG_SM80, true, err, sizeof err), "%s", err);
+  o.fast_math = fast;
+  Buf src = {0};
+  cg_emit_cuda(&src, k->mod, &o);
+  flex_kernel_free(k);
+  RtNvrtcResult r;
+  flex_status st = rt_nvrtc_compile(&r, src.data, "sm_80", RT_NVRTC_PTX, false);
+  ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
+  buf_free(&src);
+  char *ptx = strdup(r.image.data);
+  rt_nvrtc_free(&r);
+  return ptx;
+}
+
+/* Fast math is an opt-in: the hardware tanh and the approximate
+ * exp/sin appear only with it. */
+START_TEST(fast_math_opt_in) {
+  const char *text = "param float cap = 30.0;\n"
+                     "score f(s, b, h, q, kv) {\n"
+                     "  return cap * tanh(s / cap) + 0.1 * sin(float(q)) + pow(sigmoid(s), 2.0);\n"
+                     "}\n";
+  char *exact = ptx_of(text, false), *fast = ptx_of(text, true);
+  ck_assert_msg(strstr(exact, "tanh.approx.f32") == NULL, "tanh.approx without fast math");
+  ck_assert_msg(strstr(exact, "sin.approx.f32") == NULL, "sin.approx without fast math");
+  ck_assert_msg(strstr(fast, "tanh.approx.f32") != NULL, "no tanh.approx with fast math");
+  ck_assert_msg(strstr(fast, "sin.approx.f32") != NULL, "no sin.approx with fast math");
+  ck_assert_msg(strlen(fast) < strlen(exact), "fast-math PTX (%zu) not shorter than exact (%zu)",
+                strlen(fast), strlen(exact));
+  free(exact);
+  free(fast);
+}
+END_TEST
+
+/* The paged forward (CgOptions.paged: K/V tiles through a page table,
+ * docs/paged.md) compiles for every dtype without spills. */
+START_TEST(paged_forward_compiles) {
+  static const CgDtype dts[3] = {CG_FP16, CG_BF16, CG_FP32};
+  const char *text = "buffer sb: f32[B];\n"
+                     "score sc(s, b, h, q, kv) { return s + sb[b]; }\n"
+                     "mask lr(b, h, q, kv) { return q + KV_LEN - Q_LEN >= kv; }\n";
+  flex_kernel *k;
+  ck_assert_msg(flex_kernel_from_source(&k, "paged.score", text, strlen(text), NULL) == FLEX_OK, "%s",
+                flex_last_error());
+  CgOptions o;
+  char err[256];
+  ck_assert_msg(cg_options_init(&o, k->mod, dts[_i], 128, 128, CG_SM80, false, err, sizeof err), "%s", err);
+  o.paged = true;
+  Buf src = {0};
+  cg_emit_cuda(&src, k->mod, &o);
+  flex_kernel_free(k);
+  ck_assert_msg(strstr(src.data, ", true>(p)") != NULL, "no paged instantiation");
+  RtNvrtcResult r;
+  flex_status st = rt_nvrtc_compile(&r, src.data, "sm_80", RT_NVRTC_CUBIN, true);
+  ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
+  RtPtxasInfo info[8];
+  int n = rt_ptxas_parse(r.log.data ? r.log.data : "", info, 8);
+  ck_assert_int_eq(n, 1);
+  fprintf(stderr, "  paged flex_fwd %s E=128 sm_80: %d registers, spills %d/%d\n",
+          cg_dtype_name(dts[_i]), info[0].registers, info[0].spill_stores, info[0].spill_loads);
+  ck_assert_msg(info[0].spill_stores == 0 && info[0].spill_loads == 0, "paged %s spills %d/%d bytes",
+                cg_dtype_name(dts[_i]), info[0].spill_stores, info[0].spill_loads);
+  rt_nvrtc_free(&r);
+  buf_free(&src);
+  /* the unpaged forward of the same kernel, for comparison */
+  ck_assert(flex_kernel_from_source(&k, "paged.score", text, strlen(text), NULL) == FLEX_OK);
+  o.paged = false;
+  o.source = NULL;
+  cg_emit_cuda(&src, k->mod, &o);
+  flex_kernel_free(k);
+  ck_assert_msg(rt_nvrtc_compile(&r, src.data, "sm_80", RT_NVRTC_CUBIN, true) == FLEX_OK, "%s",
+                flex_last_error());
+  ck_assert_int_eq(rt_ptxas_parse(r.log.data ? r.log.data : "", info, 8), 1);
+  fprintf(stderr, "  unpaged flex_fwd %s E=128 sm_80: %d registers, spills %d/%d\n",
+          cg_dtype_name(dts[_i]), info[0].registers, info[0].spill_stores, info[0].spill_loads);
+  rt_nvrtc_free(&r);
+  buf_free(&src);
+}
+END_TEST
+
+/* The sm_90 / sm_90a wrappers of arch.cuh (tests/codegen/sm90_wrappers.cu)
+ * compile for sm_90a through ptxas, and their instructions reach the PTX. */
+START_TEST(sm90_wrappers) {
+  char *text = NULL;
+  size_t len = 0;
+  ck_assert(base_read_file(tl_src_path("tests/codegen/sm90_wrappers.cu"), &text, &len) == 0);
+  RtNvrtcResult r;
+  ck_assert_msg(rt_nvrtc_compile(&r, text, "sm_90a", RT_NVRTC_PTX, false) == FLEX_OK, "%s",
+                flex_last_error());
+  static const char *want[] = {"wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
+                               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16",
+                               "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
+                               "wgmma.wait_group.sync.aligned", "cp.async.bulk.tensor.2d",
+                               "cp.async.bulk.tensor.3d", "cp.async.bulk.tensor.4d",
+                               "mbarrier.try_wait.parity", "mbarrier.arrive.expect_tx",
+                               "mbarrier.expect_tx", "mbarrier.init", "elect.sync",
+                               "fence.proxy.async", "setmaxnreg.inc", "setmaxnreg.dec",
+                               "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32",
+                               "cp.async.bulk.commit_group", "cp.async.bulk.wait_group.read"};
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+    ck_assert_msg(strstr(r.image.data, want[i]) != NULL, "no %s in the PTX", want[i]);
+  rt_nvrtc_free(&r);
+  ck_assert_msg(rt_nvrtc_compile(&r, text, "sm_90a", RT_NVRTC_CUBIN, true) == FLEX_OK, "%s",
+                flex_last_error());
+  rt_nvrtc_free(&r);
+  base_free(text);
+}
+END_TEST
+
+START_TEST(ptxas_parser) {
+  const char *log = "ptxas info    : 0 bytes gmem\n"
+                    "ptxas info    : Compiling entry function 'flex_fwd' for 'sm_80'\n"
+                    "ptxas info    : Function properties for flex_fwd\n"
+                    "    8 bytes stack frame, 12 bytes spill stores, 16 bytes spill loads\n"
+                    "ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]\n";
+  RtPtxasInfo info[2];
+  ck_assert_int_eq(rt_ptxas_parse(log, info, 2), 1);
+  ck_assert_str_eq(info[0].name, "flex_fwd");
+  ck_assert_int_eq(info[0].registers, 168);
+  ck_assert_int_eq(info[0].stack, 8);
+  ck_assert_int_eq(info[0].spill_stores, 12);
+  ck_assert_int_eq(info[0].spill_loads, 16);
+  ck_assert_int_eq(info[0].smem, 1024);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("nvrtc");
+  TCase *parse = tcase_create("parse");
+  tcase_add_test(parse, ptxas_parser); /* needs no NVRTC */
+  suite_add_tcase(s, parse);
+  bool have = rt_nvrtc_version() >= 0;
+  if (have) {
+    TCase *tc = tcase_create("compile");
+    /* Default run: fifteen samples, two or three NVRTC compiles each, on two
+     * cores other jobs share. */
+    tcase_set_timeout(tc, getenv("FLEXC_NVRTC_FULL") ? 7200 : 600);
+    tcase_add_test(tc, fast_math_opt_in);
+    tcase_add_loop_test(tc, paged_forward_compiles, 0, 3);
+    tcase_add_loop_test(tc, sampled_matrix, 0, MAXSAMPLES);
+    suite_add_tcase(s, tc);
+    TCase *sm90 = tcase_create("sm90"); /* CK_RUN_CASE=sm90 runs only this */
+    tcase_set_timeout(sm90, 300);
+    tcase_add_test(sm90, sm90_wrappers);
+    suite_add_tcase(s, sm90);
+  }
+  int rc = tl_run_suite(s);
+  if (rc || have) return rc;
+  fprintf(stderr, "NVRTC not available (%s): the compile tests are skipped\n", flex_last_error());
+  return 77;
+}

@@ -1,0 +1,468 @@
+/* The CPU backend's own checks (the sample suite is check_cpu_kernels):
+ *
+ *   math       the JIT's float builtins (inline polynomials and libm calls)
+ *              against binary64 libm over sweeps and special values
+ *   ints       integer and conversion rules (wrapping, x/0, x%0, INT_MIN/-1,
+ *              saturating int(), NaN compares, fminf/fmaxf) exactly as the
+ *              float64 interpreter (ir_eval) gives them
+ *   nonfinite  a NaN in Q makes that row's LSE and O NaN; a +inf score
+ *              makes LSE +inf and O NaN; other rows stay finite
+ *   blockmask  a caller's BlockMask (lists) and a built one (a mask over an
+ *              unsorted buffer) against the reference, forward and backward
+ *   scale      a caller's softmax scale and runtime params
+ *   float64    float64 q, k, v (computed in fp32) with a buffer gradient
+ *              (samples/relpos_bias.score) against the reference
+ *   checked    an out-of-range buffer read is reported with the buffer's name
+ *   cache      a second call compiles nothing; a second process loads the
+ *              object code from the disk cache
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "cuda/cache.h"
+#include "runtime/backend.h"
+#include "runtime/rt.h"
+#include "testlib.h"
+
+#ifndef FLEXC_HAVE_LLVM
+int main(void) {
+  printf("skipped: this build has no cpu backend (no LLVM)\n");
+  return 77;
+}
+#else
+
+static uint64_t rng;
+
+static flex_kernel *load(const char *src) {
+  flex_kernel *k = NULL;
+  ck_assert_msg(flex_kernel_from_source(&k, "test.score", src, strlen(src), NULL) == FLEX_OK, "%s",
+                flex_last_error());
+  return k;
+}
+
+/* The JIT's score over n inputs s[] (b = h = 0, q = i / 64, kv = i % 64). */
+static void jit_score(flex_kernel *k, const float *s, float *t, int n, FlexParams *p) {
+  CpuJitOpts o = {.joint = false, .identity = false, .check_bounds = false};
+  const CpuModule *m = NULL;
+  ck_assert_msg(cpu_jit_get(k->mod, &o, &m) == FLEX_OK, "%s", flex_last_error());
+  memcpy(t, s, sizeof(float) * (size_t)n);
+  ck_assert_int_eq(n % 64, 0);
+  m->score(t, 64, n / 64, 64, 0, 0, 0, 0, p);
+}
+
+/* ---- math ------------------------------------------------------------------- */
+
+typedef struct MathCase {
+  const char *expr;           /* the score's body over s */
+  double (*ref)(double);      /* binary64 truth */
+  double lo, hi;              /* sweep range */
+  double ulps;                /* allowed error in float ulps of the result */
+} MathCase;
+
+static double d_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+static double d_rsqrt(double x) { return 1.0 / sqrt(x); }
+static double d_pow(double x) { return pow(x, (double)1.7f); } /* literals are binary32 */
+
+static const MathCase math_cases[] = {
+    {"exp(s)", exp, -110, 90, 2},      {"exp2(s)", exp2, -155, 130, 2},
+    {"log(s)", log, 0, 1e30, 2},       {"log2(s)", log2, 0, 1e30, 3},
+    {"tanh(s)", tanh, -12, 12, 3},     {"sigmoid(s)", d_sigmoid, -90, 90, 3},
+    {"sin(s)", sin, -100, 100, 2},     {"cos(s)", cos, -100, 100, 2},
+    {"sqrt(s)", sqrt, 0, 1e30, 1},     {"rsqrt(s)", d_rsqrt, 0, 1e30, 2},
+    {"pow(s, 1.7)", d_pow, 0, 1e10, 2},      {"erf(s)", erf, -6, 6, 2},
+};
+#define NMATH ((int)(sizeof math_cases / sizeof *math_cases))
+
+START_TEST(math) {
+  const MathCase *c = &math_cases[_i];
+  char src[256];
+  snprintf(src, sizeof src, "score f(s, b, h, q, kv) { return %s; }\n", c->expr);
+  flex_kernel *k = load(src);
+  enum { N = 64 * 1024 };
+  float *s = malloc(sizeof(float) * N), *t = malloc(sizeof(float) * N);
+  static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-45f, 1e-40f, -1e-40f,
+                                  1.17549435e-38f, 1.0f, -1.0f, 0.5f, 0.625f, -0.625f, 88.7f, -87.5f,
+                                  -103.9f, 3.4e38f, -3.4e38f, 1e-7f};
+  int ns = (int)(sizeof special / sizeof *special);
+  for (int i = 0; i < N; i++) {
+    double u = (double)i / N;
+    if (i < ns) s[i] = special[i];
+    else if (c->lo >= 0 && c->hi > 1e6) s[i] = (float)exp(log(1e-38) + u * (log(c->hi) - log(1e-38)));
+    else if (i % 3 == 0) s[i] = (float)(c->lo + (c->hi - c->lo) * tl_uniform(&rng));
+    else s[i] = (float)((tl_uniform(&rng) - 0.5) * 4.0); /* dense near 0, where cancellation bites */
+  }
+  FlexParams p;
+  memset(&p, 0, sizeof p);
+  jit_score(k, s, t, N, &p);
+  double worst = 0;
+  int at = -1;
+  for (int i = 0; i < N; i++) {
+    double r = c->ref((double)s[i]);
+    float rf = (float)r;
+    if (isnan(r)) {
+      ck_assert_msg(isnan(t[i]), "%s(%a) = %a, want NaN", c->expr, (double)s[i], (double)t[i]);
+      continue;
+    }
+    ck_assert_msg(!isnan(t[i]), "%s(%a) = NaN, want %a", c->expr, (double)s[i], r);
+    if (isinf(rf)) {
+      ck_assert_msg(t[i] == rf || fabs((double)t[i]) >= 3.4e38, "%s(%a) = %a, want %a", c->expr,
+                    (double)s[i], (double)t[i], r);
+      continue;
+    }
+    /* ulp of the result, with the subnormal spacing as the floor */
+    double ulp = fmax(ldexp(1.0, ilogb(fmax(fabs(r), 1.17549435e-38)) - 23), ldexp(1.0, -149));
+    double e = fabs((double)t[i] - r) / ulp;
+    if (e > worst) worst = e, at = i;
+  }
+  fprintf(stderr, "  %-12s worst %.2f ulp at %a\n", c->expr, worst, at >= 0 ? (double)s[at] : 0.0);
+  ck_assert_msg(worst <= c->ulps, "%s: %.2f ulp at s = %a (got %a, want %a)", c->expr, worst,
+                (double)s[at], (double)t[at], c->ref((double)s[at]));
+  free(s), free(t);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* ---- integer rules ------------------------------------------------------------ */
+
+static const char *const int_cases[] = {
+    "float(q / (kv - 8))",
+    "float(q % (kv - 8))",
+    "float((q - 20) / (kv - 8)) + 100.0 * float((q - 20) % (kv - 8))",
+    "float((-2147483647 - q) / (kv - 3))", /* INT_MIN / -1 at q = 1, kv = 2 */
+    "float((-2147483647 - q) % (kv - 3))",
+    "float((q + 2147483600) * 3 % 1000)",  /* wrapping add and multiply */
+    "float(abs(-2147483647 - q) % 977)",   /* abs(INT_MIN) wraps */
+    "float(int(s * 1e10))",                /* saturating, NaN -> 0 */
+    "float(int(s))",
+    "where(s < 1.0, 1.0, 2.0) + where(s != s, 10.0, 0.0)",
+    "min(s, 1.0) + max(s, -1.0)",          /* fminf / fmaxf: NaN loses */
+    "float(min(q, kv) * 100 + max(q - kv, 3))",
+    "floor(s) + ceil(s * 0.5)",
+    "float(q) / float(kv - 8)",            /* IEEE float division, x/0 = inf */
+    "float(floordiv(q - 20, kv - 8)) + 100.0 * float(floormod(q - 20, kv - 8))",
+    "float(floordiv(-2147483647 - q, kv - 3) % 1000)", /* INT_MIN floordiv -1 wraps */
+    "float((q << (kv - 8)) % 1000 + ((q - 30) >> (kv - 20)))", /* counts outside 0..31 */
+    "float((q & kv) + 3 * (q | kv) - (q ^ (kv * 7)) + ~q)",
+};
+#define NINT ((int)(sizeof int_cases / sizeof *int_cases))
+
+START_TEST(ints) {
+  char src[256];
+  snprintf(src, sizeof src, "score f(s, b, h, q, kv) { return %s; }\n", int_cases[_i]);
+  flex_kernel *k = load(src);
+  enum { N = 64 * 64 };
+  float s[N], t[N];
+  static const float special[] = {NAN, INFINITY, -INFINITY, 3e9f, -3e9f, 2147483647.0f,
+                                  -2147483648.0f, 0.5f, -0.5f, -0.0f};
+  for (int i = 0; i < N; i++)
+    s[i] = i % 7 == 0 ? special[(i / 7) % 10] : (float)((tl_uniform(&rng) - 0.5) * 1e3);
+  FlexParams p;
+  memset(&p, 0, sizeof p);
+  jit_score(k, s, t, N, &p);
+  IrEnv env;
+  memset(&env, 0, sizeof env);
+  IrVal *vals = calloc((size_t)k->mod->score->n + 1, sizeof(IrVal));
+  for (int i = 0; i < N; i++) {
+    env.args[ARG_S] = ir_vf(s[i]), env.args[ARG_B] = ir_vi(0), env.args[ARG_H] = ir_vi(0);
+    env.args[ARG_Q] = ir_vi(i / 64), env.args[ARG_KV] = ir_vi(i % 64);
+    double r = ir_eval(k->mod->score, &env, vals).f;
+    if (isnan(r)) {
+      ck_assert_msg(isnan(t[i]), "%s at s=%a q=%d kv=%d: %a, want NaN", int_cases[_i], (double)s[i],
+                    i / 64, i % 64, (double)t[i]);
+      continue;
+    }
+    ck_assert_msg((double)t[i] == (double)(float)r, "%s at s=%a q=%d kv=%d: %a, want %a",
+                  int_cases[_i], (double)s[i], i / 64, i % 64, (double)t[i], r);
+  }
+  free(vals);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* ---- calls through the public API ------------------------------------------------ */
+
+/* One call's tensors: [0] the cpu backend's (out, dq, dk, dv in q's dtype,
+ * lse float32), [1] the reference's (float64). */
+typedef struct Call {
+  int B, H, QL, KL, E;                                     /* shape (HKV = H, EV = E) */
+  TlArr q, k, v, dout, out[2], lse[2], dq[2], dk[2], dv[2]; /* inputs; outputs per backend */
+  flex_args a[2];                                          /* the two calls */
+} Call;
+
+/* Inputs of dtype dt (random normal). */
+static void call_init_as(Call *c, DLDataType dt, int B, int H, int QL, int KL, int E) {
+  DLDataType f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
+  memset(c, 0, sizeof *c);
+  c->B = B, c->H = H, c->QL = QL, c->KL = KL, c->E = E;
+  int64_t qs[4] = {B, H, QL, E}, ks[4] = {B, H, KL, E};
+  tl_arr_init(&c->q, dt, 4, qs), tl_arr_normal(&c->q, &rng);
+  tl_arr_init(&c->k, dt, 4, ks), tl_arr_normal(&c->k, &rng);
+  tl_arr_init(&c->v, dt, 4, ks), tl_arr_normal(&c->v, &rng);
+  tl_arr_init(&c->dout, dt, 4, qs), tl_arr_normal(&c->dout, &rng);
+  for (int i = 0; i < 2; i++) {
+    DLDataType d = i ? f64 : dt;
+    tl_arr_init(&c->out[i], d, 4, qs), tl_arr_init(&c->lse[i], i ? f64 : f32, 3, qs);
+    tl_arr_init(&c->dq[i], d, 4, qs), tl_arr_init(&c->dk[i], d, 4, ks), tl_arr_init(&c->dv[i], d, 4, ks);
+    TlArr *o[] = {&c->out[i], &c->lse[i], &c->dq[i], &c->dk[i], &c->dv[i]};
+    for (int j = 0; j < 5; j++) tl_arr_poison(o[j]);
+    flex_args *a = &c->a[i];
+    a->backend = i ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_CPU;
+    a->q = &c->q.t, a->k = &c->k.t, a->v = &c->v.t, a->dout = &c->dout.t;
+    a->out = &c->out[i].t, a->lse = &c->lse[i].t;
+    a->dq = &c->dq[i].t, a->dk = &c->dk[i].t, a->dv = &c->dv[i].t;
+  }
+}
+
+/* fp32 inputs. */
+static void call_init(Call *c, int B, int H, int QL, int KL, int E) {
+  call_init_as(c, rt_dtype(kDLFloat, 32), B, H, QL, KL, E);
+}
+
+static void call_free(Call *c) {
+  TlArr *all[] = {&c->q, &c->k, &c->v, &c->dout};
+  for (int j = 0; j < 4; j++) tl_arr_free(all[j]);
+  for (int i = 0; i < 2; i++) {
+    TlArr *o[] = {&c->out[i], &c->lse[i], &c->dq[i], &c->dk[i], &c->dv[i]};
+    for (int j = 0; j < 5; j++) tl_arr_free(o[j]);
+  }
+}
+
+/* Both backends, forward (and backward); every output within fp32 tolerance. */
+static void call_compare(Call *c, flex_kernel *k, bool backward, const char *what) {
+  for (int i = 1; i >= 0; i--) {
+    ck_assert_msg(flex_forward(k, &c->a[i]) == FLEX_OK, "%s forward: %s", what, flex_last_error());
+    if (backward)
+      ck_assert_msg(flex_backward(k, &c->a[i]) == FLEX_OK, "%s backward: %s", what, flex_last_error());
+  }
+  double eo = tl_rel_err(&c->out[0].a, &c->out[1].a), el = tl_rel_err(&c->lse[0].a, &c->lse[1].a);
+  fprintf(stderr, "  %-28s out %.2g lse %.2g", what, eo, el);
+  ck_assert_msg(eo < 1e-4 && el < 1e-4, "%s: out %g lse %g", what, eo, el);
+  if (backward) {
+    double eq = tl_rel_err(&c->dq[0].a, &c->dq[1].a), ek = tl_rel_err(&c->dk[0].a, &c->dk[1].a);
+    double ev = tl_rel_err(&c->dv[0].a, &c->dv[1].a);
+    fprintf(stderr, " dq %.2g dk %.2g dv %.2g", eq, ek, ev);
+    ck_assert_msg(eq < 1e-3 && ek < 1e-3 && ev < 1e-3, "%s: dq %g dk %g dv %g", what, eq, ek, ev);
+  }
+  fprintf(stderr, "\n");
+}
+
+START_TEST(nonfinite) {
+  flex_kernel *k = load("score f(s, b, h, q, kv) { return where(q == 3 && kv == 5, inf, s); }\n"
+                        "mask m(b, h, q, kv) { return kv <= q + 40; }\n");
+  Call c;
+  call_init(&c, 1, 2, 70, 90, 16);
+  rt_array_set(&c.q.a, (int64_t)(1 * 70 + 10) * 16 + 4, NAN); /* head 1, row 10 */
+  ck_assert_msg(flex_forward(k, &c.a[0]) == FLEX_OK, "%s", flex_last_error());
+  for (int h = 0; h < 2; h++)
+    for (int i = 0; i < 70; i++) {
+      double l = rt_array_get(&c.lse[0].a, h * 70 + i), o = rt_array_get(&c.out[0].a, (h * 70 + i) * 16);
+      if (i == 3) {
+        ck_assert_msg(l == INFINITY && isnan(o), "h%d row 3 (+inf score): lse %g out %g", h, l, o);
+      } else if (h == 1 && i == 10) {
+        ck_assert_msg(isnan(l) && isnan(o), "NaN row: lse %g out %g", l, o);
+      } else {
+        ck_assert_msg(isfinite(l) && isfinite(o), "h%d row %d: lse %g out %g", h, i, l, o);
+      }
+    }
+  call_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
+START_TEST(user_blockmask) {
+  /* The lists come from a window mask; the kernel's own mask is causal, so
+   * partial blocks run causal and full blocks keep everything. */
+  flex_kernel *win = load("mask w(b, h, q, kv) { return q - kv < 70 && kv - q < 70; }\n");
+  flex_kernel *k = load("score f(s, b, h, q, kv) { return s * 1.5; }\n"
+                        "mask causal(b, h, q, kv) { return q >= kv; }\n");
+  Call c;
+  call_init(&c, 2, 2, 200, 260, 32);
+  flex_block_mask *bm = NULL;
+  ck_assert_msg(flex_block_mask_create(&bm, win, &c.a[1], 2, 2, 200, 260, 64, 64, NULL) == FLEX_OK,
+                "%s", flex_last_error());
+  c.a[0].block_mask = c.a[1].block_mask = bm;
+  call_compare(&c, k, true, "caller's BlockMask (64x64)");
+  flex_block_mask_free(bm);
+  /* Forward only: blocks of 48 x 80, which the tiles are cut to divide. */
+  ck_assert_msg(flex_block_mask_create(&bm, win, &c.a[1], 2, 2, 200, 260, 48, 80, NULL) == FLEX_OK,
+                "%s", flex_last_error());
+  c.a[0].block_mask = c.a[1].block_mask = bm;
+  call_compare(&c, k, false, "caller's BlockMask (48x80)");
+  flex_block_mask_free(bm);
+  call_free(&c);
+  flex_kernel_free(k);
+  flex_kernel_free(win);
+}
+END_TEST
+
+START_TEST(built_blockmask) {
+  flex_kernel *k = load("buffer keep: u8[Q_LEN, KV_LEN];\n"
+                        "mask m(b, h, q, kv) { return keep[q, kv] != 0; }\n");
+  Call c;
+  call_init(&c, 1, 3, 150, 200, 24);
+  int64_t shape[2] = {150, 200};
+  TlArr keep;
+  tl_arr_init(&keep, rt_dtype(kDLUInt, 8), 2, shape);
+  for (int i = 0; i < 150; i++)
+    for (int j = 0; j < 200; j++) /* empty, full and mixed 64x64 blocks */
+      rt_array_set(&keep.a, i * 200 + j, j >= 128 ? 0 : j < 64 ? 1 : tl_uniform(&rng) < 0.5);
+  flex_buffer fb = {"keep", &keep.t, NULL};
+  for (int i = 0; i < 2; i++) c.a[i].buffers = &fb, c.a[i].nbuffers = 1;
+  call_compare(&c, k, true, "built BlockMask (u8 buffer)");
+  RtRunStats st = rt_run_last_stats();
+  ck_assert_msg(st.built && st.blocks[0] > 0 && st.blocks[1] > 0 && st.blocks[2] > 0,
+                "built %d, blocks %lld empty %lld full %lld partial", st.built,
+                (long long)st.blocks[0], (long long)st.blocks[1], (long long)st.blocks[2]);
+  tl_arr_free(&keep);
+  call_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* A caller's scale and a score with params, through both backends. */
+START_TEST(custom_scale) {
+  flex_kernel *k = load("param float bias = 0.5;\nparam int shift = 3;\n"
+                        "score f(s, b, h, q, kv) { return s + bias * float((q + shift) % 5); }\n");
+  Call c;
+  call_init(&c, 2, 3, 45, 77, 40);
+  flex_param ps[2] = {{"bias", -1.25}, {"shift", 7}};
+  for (int i = 0; i < 2; i++) c.a[i].scale = 0.3, c.a[i].params = ps, c.a[i].nparams = 2;
+  call_compare(&c, k, true, "scale 0.3, params");
+  call_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* float64 inputs (computed in fp32, outputs widened back) with a `grad`
+ * buffer: samples/relpos_bias.score's table gradient into a float32 tensor,
+ * as the Python package passes it. */
+START_TEST(float64_buffer_grad) {
+  flex_kernel *k = NULL;
+  const char *path = tl_src_path("samples/relpos_bias.score");
+  ck_assert_msg(flex_kernel_load(&k, path, NULL) == FLEX_OK, "%s: %s", path, flex_last_error());
+  Call c;
+  call_init_as(&c, rt_dtype(kDLFloat, 64), 2, 3, 70, 90, 16);
+  int64_t shape[2] = {3, 33};
+  TlArr table, grad[2];
+  tl_arr_init(&table, rt_dtype(kDLFloat, 32), 2, shape);
+  tl_arr_uniform(&table, -1.0, 1.0, &rng);
+  flex_buffer fb[2];
+  for (int i = 0; i < 2; i++) {
+    tl_arr_init(&grad[i], rt_dtype(kDLFloat, i ? 64 : 32), 2, shape);
+    tl_arr_poison(&grad[i]);
+    fb[i] = (flex_buffer){"rel_bias", &table.t, &grad[i].t};
+    c.a[i].buffers = &fb[i], c.a[i].nbuffers = 1;
+  }
+  call_compare(&c, k, true, "float64 q/k/v, buffer grad");
+  double eg = tl_rel_err(&grad[0].a, &grad[1].a);
+  fprintf(stderr, "  %-28s d rel_bias %.2g\n", "", eg);
+  ck_assert_msg(eg < 1e-4, "float64 call: d rel_bias %g", eg);
+  tl_arr_free(&table), tl_arr_free(&grad[0]), tl_arr_free(&grad[1]);
+  call_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
+START_TEST(checked) {
+  flex_kernel *k = load("buffer bias: f32[Q_LEN];\n"
+                        "score f(s, b, h, q, kv) { return s + bias[q + 5]; }\n");
+  Call c;
+  call_init(&c, 1, 1, 40, 40, 16);
+  int64_t shape[1] = {40};
+  TlArr bias;
+  tl_arr_init(&bias, rt_dtype(kDLFloat, 32), 1, shape);
+  flex_buffer fb = {"bias", &bias.t, NULL};
+  c.a[0].buffers = &fb, c.a[0].nbuffers = 1, c.a[0].check_bounds = true;
+  flex_status st = flex_forward(k, &c.a[0]);
+  ck_assert_int_eq(st, FLEX_ERR_RUNTIME);
+  ck_assert_msg(strstr(flex_last_error(), "bias") && strstr(flex_last_error(), "[40]"), "%s",
+                flex_last_error());
+  tl_arr_free(&bias);
+  call_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
+START_TEST(cache) {
+  flex_kernel *k = load("score f(s, b, h, q, kv) { return s - 0.25; }\n");
+  Call c;
+  call_init(&c, 1, 1, 20, 20, 8);
+  ck_assert_int_eq(flex_forward(k, &c.a[0]), FLEX_OK);
+  int n = cpu_jit_cache_size();
+  ck_assert_int_eq(flex_forward(k, &c.a[0]), FLEX_OK);
+  ck_assert_int_eq(cpu_jit_cache_size(), n);
+  call_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* The disk cache across processes: a child compiles a fresh module (a name
+ * no earlier run used), a second child gets the object from disk. */
+static const char *self;
+
+START_TEST(disk_cache) {
+  char dir[512];
+  if (!rt_cache_dir(dir, sizeof dir)) return; /* disk cache off here */
+  char cmd[1024];
+  unsigned long tag = (unsigned long)tl_rand(&rng);
+  Buf out[2] = {{0}, {0}};
+  for (int i = 0; i < 2; i++) {
+    snprintf(cmd, sizeof cmd, "'%s' --jit-child %lu", self, tag);
+    ck_assert_int_eq(tl_run(cmd, &out[i]), 0);
+  }
+  ck_assert_msg(strstr(out[0].data, "disk=0") && strstr(out[1].data, "disk=1"),
+                "first child: %s; second child: %s", out[0].data, out[1].data);
+  buf_free(&out[0]), buf_free(&out[1]);
+}
+END_TEST
+
+/* The child of disk_cache: compile score f_TAG and run it on one element. */
+static int jit_child(unsigned long tag) {
+  char src[256];
+  snprintf(src, sizeof src, "score f_%lu(s, b, h, q, kv) { return tanh(s) + 2.0; }\n", tag);
+  flex_kernel *k = NULL;
+  if (flex_kernel_from_source(&k, "child.score", src, strlen(src), NULL)) return 1;
+  CpuJitOpts o = {.joint = true, .identity = false, .check_bounds = false};
+  const CpuModule *m = NULL;
+  if (cpu_jit_get(k->mod, &o, &m)) {
+    printf("%s\n", flex_last_error());
+    return 1;
+  }
+  float t[64] = {0};
+  FlexParams p;
+  memset(&p, 0, sizeof p);
+  m->score(t, 64, 1, 64, 0, 0, 0, 0, &p);
+  printf("disk=%d value=%g\n", m->from_disk, (double)t[0]);
+  flex_kernel_free(k);
+  return t[0] == 2.0f ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+  self = argv[0];
+  if (argc == 3 && !strcmp(argv[1], "--jit-child")) return jit_child(strtoul(argv[2], NULL, 10));
+  rng = tl_seed();
+  if (!flex_backend_available(FLEX_BACKEND_CPU)) {
+    printf("skipped: %s\n", flex_last_error());
+    return 77;
+  }
+  Suite *s = suite_create("cpu");
+  TCase *tc = tcase_create("cpu");
+  tcase_set_timeout(tc, 120);
+  tcase_add_loop_test(tc, math, 0, NMATH);
+  tcase_add_loop_test(tc, ints, 0, NINT);
+  tcase_add_test(tc, nonfinite);
+  tcase_add_test(tc, user_blockmask);
+  tcase_add_test(tc, built_blockmask);
+  tcase_add_test(tc, custom_scale);
+  tcase_add_test(tc, float64_buffer_grad);
+  tcase_add_test(tc, checked);
+  tcase_add_test(tc, cache);
+  tcase_add_test(tc, disk_cache);
+  suite_add_tcase(s, tc);
+  return tl_run_suite(s);
+}
+#endif

@@ -1,0 +1,385 @@
+/* Cache suite: SHA-256 against the FIPS 180-4 vectors, the in-memory and
+ * disk caches, and what happens to corrupt, truncated, foreign and
+ * concurrently written entries. Each test uses its own fresh directory. */
+#include <check.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cuda/cache.h"
+#include "cuda/sha256.h"
+#include "testlib.h"
+
+/* ---- SHA-256 ------------------------------------------------------------- */
+
+static void expect_digest(const void *msg, size_t n, const char *hex) {
+  uint8_t d[RT_SHA256_BYTES];
+  char got[2 * RT_SHA256_BYTES + 1];
+  rt_sha256(msg, n, d);
+  rt_sha256_hex(d, got);
+  ck_assert_str_eq(got, hex);
+}
+
+START_TEST(sha256_vectors) {
+  /* FIPS 180-4 examples (NIST CSRC "SHA256.pdf", "SHA2_Additional.pdf"). */
+  expect_digest("abc", 3, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  expect_digest("", 0, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  const char *two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  expect_digest(two, strlen(two),
+                "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  const char *four = "abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmno"
+                     "ijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu";
+  expect_digest(four, strlen(four),
+                "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
+  char *million = malloc(1000000);
+  memset(million, 'a', 1000000);
+  expect_digest(million, 1000000,
+                "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  free(million);
+}
+END_TEST
+
+START_TEST(sha256_streaming_matches_one_shot) {
+  /* Every split point of a random message gives the same digest. */
+  uint64_t st = tl_seed();
+  uint8_t msg[300], one[32], two[32];
+  for (size_t i = 0; i < sizeof msg; i++) msg[i] = (uint8_t)tl_rand(&st);
+  rt_sha256(msg, sizeof msg, one);
+  for (size_t cut = 0; cut <= sizeof msg; cut += 7) {
+    RtSha256 s;
+    rt_sha256_init(&s);
+    rt_sha256_update(&s, msg, cut);
+    rt_sha256_update(&s, msg + cut, sizeof msg - cut);
+    rt_sha256_final(&s, two);
+    ck_assert_mem_eq(one, two, 32);
+  }
+}
+END_TEST
+
+/* ---- helpers ----------------------------------------------------------------- */
+
+/* A fresh empty cache directory, made current through FLEXC_CACHE_DIR. */
+static const char *fresh_dir(void) {
+  static char dir[256];
+  snprintf(dir, sizeof dir, "/tmp/flexc-cache-test-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  setenv("FLEXC_CACHE_DIR", dir, 1);
+  rt_cache_clear_memory();
+  return dir;
+}
+
+static void remove_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  char p[512];
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
+      continue;
+    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+    unlink(p);
+  }
+  closedir(d);
+  rmdir(dir);
+}
+
+/* Files in dir whose name starts with prefix. */
+static int count_files(const char *dir, const char *prefix) {
+  DIR *d = opendir(dir);
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && strcmp(e->d_name, ".") &&
+        strcmp(e->d_name, ".."))
+      n++;
+  closedir(d);
+  return n;
+}
+
+static void random_key(uint8_t key[32], uint64_t *st) {
+  char src[64];
+  snprintf(src, sizeof src, "kernel %llu", (unsigned long long)tl_rand(st));
+  rt_cache_key(key, src, strlen(src), "-O3", "13.0", "sm_90a");
+}
+
+static uint8_t *random_payload(size_t n, uint64_t *st) {
+  uint8_t *p = malloc(n);
+  for (size_t i = 0; i < n; i++) p[i] = (uint8_t)tl_rand(st);
+  return p;
+}
+
+/* A disk-only lookup (the memory cache is dropped first). */
+static bool disk_lookup(const uint8_t *key, void **got, size_t *len) {
+  rt_cache_clear_memory();
+  return rt_cache_get(key, got, len);
+}
+
+/* ---- keys -------------------------------------------------------------------- */
+
+START_TEST(key_depends_on_every_field) {
+  uint8_t k[6][32];
+  rt_cache_key(k[0], "src", 3, "-O3", "13.0", "sm_80");
+  rt_cache_key(k[1], "src2", 4, "-O3", "13.0", "sm_80");
+  rt_cache_key(k[2], "src", 3, "-O2", "13.0", "sm_80");
+  rt_cache_key(k[3], "src", 3, "-O3", "12.9", "sm_80");
+  rt_cache_key(k[4], "src", 3, "-O3", "13.0", "sm_90a");
+  rt_cache_key(k[5], "sr", 2, "c-O3", "13.0", "sm_80"); /* same bytes, other split */
+  for (int i = 0; i < 6; i++)
+    for (int j = i + 1; j < 6; j++) ck_assert_mem_ne(k[i], k[j], 32);
+  uint8_t again[32];
+  rt_cache_key(again, "src", 3, "-O3", "13.0", "sm_80");
+  ck_assert_mem_eq(k[0], again, 32);
+}
+END_TEST
+
+/* ---- round trips -------------------------------------------------------------- */
+
+START_TEST(put_get_round_trip) {
+  const char *dir = fresh_dir();
+  uint64_t st = tl_seed() ^ 1;
+  uint8_t key[32];
+  random_key(key, &st);
+  size_t n = 1000 + (size_t)(tl_rand(&st) % 5000);
+  uint8_t *payload = random_payload(n, &st);
+  void *got = NULL;
+  size_t len = 0;
+  ck_assert(!rt_cache_get(key, &got, &len));
+  rt_cache_put(key, payload, n);
+  RtCacheStats s0, s1;
+  rt_cache_stats(&s0);
+  ck_assert(rt_cache_get(key, &got, &len)); /* memory */
+  ck_assert_uint_eq(len, n);
+  ck_assert_mem_eq(got, payload, n);
+  base_free(got);
+  ck_assert(disk_lookup(key, &got, &len)); /* disk */
+  ck_assert_uint_eq(len, n);
+  ck_assert_mem_eq(got, payload, n);
+  base_free(got);
+  rt_cache_stats(&s1);
+  ck_assert_int_eq(s1.mem_hits, s0.mem_hits + 1);
+  ck_assert_int_eq(s1.disk_hits, s0.disk_hits + 1);
+  /* One entry file, no temp file left behind. */
+  ck_assert_int_eq(count_files(dir, ".tmp"), 0);
+  char path[4200];
+  ck_assert(rt_cache_path(key, path, sizeof path));
+  struct stat sb;
+  ck_assert_int_eq(stat(path, &sb), 0);
+  ck_assert_int_eq((long)sb.st_size, (long)(n + RT_CACHE_HEADER_BYTES));
+  free(payload);
+  remove_dir(dir);
+}
+END_TEST
+
+START_TEST(directory_resolution) {
+  char dir[4096];
+  setenv("FLEXC_CACHE_DIR", "/some/where", 1);
+  ck_assert(rt_cache_dir(dir, sizeof dir));
+  ck_assert_str_eq(dir, "/some/where");
+  unsetenv("FLEXC_CACHE_DIR");
+  setenv("XDG_CACHE_HOME", "/xdg", 1);
+  ck_assert(rt_cache_dir(dir, sizeof dir));
+  ck_assert_str_eq(dir, "/xdg/flexc");
+  unsetenv("XDG_CACHE_HOME");
+  setenv("HOME", "/home/u", 1);
+  ck_assert(rt_cache_dir(dir, sizeof dir));
+  ck_assert_str_eq(dir, "/home/u/.cache/flexc");
+  setenv("FLEXC_CACHE_DIR", "off", 1);
+  ck_assert(!rt_cache_dir(dir, sizeof dir));
+}
+END_TEST
+
+START_TEST(off_disables_disk) {
+  const char *dir = fresh_dir();
+  setenv("FLEXC_CACHE_DIR", "off", 1);
+  uint64_t st = tl_seed() ^ 2;
+  uint8_t key[32];
+  random_key(key, &st);
+  uint8_t *payload = random_payload(100, &st);
+  rt_cache_put(key, payload, 100);
+  void *got;
+  size_t len;
+  ck_assert(rt_cache_get(key, &got, &len)); /* memory still works */
+  base_free(got);
+  ck_assert(!disk_lookup(key, &got, &len));
+  setenv("FLEXC_CACHE_DIR", dir, 1);
+  ck_assert_int_eq(count_files(dir, ""), 0); /* nothing was written */
+  free(payload);
+  remove_dir(dir);
+}
+END_TEST
+
+START_TEST(unwritable_directory_is_no_cache) {
+  setenv("FLEXC_CACHE_DIR", "/proc/flexc-cannot-exist/cache", 1);
+  rt_cache_clear_memory();
+  uint64_t st = tl_seed() ^ 3;
+  uint8_t key[32];
+  random_key(key, &st);
+  uint8_t *payload = random_payload(64, &st);
+  rt_cache_put(key, payload, 64); /* must not fail or crash */
+  void *got;
+  size_t len;
+  ck_assert(!disk_lookup(key, &got, &len));
+  free(payload);
+}
+END_TEST
+
+/* ---- damaged files --------------------------------------------------------------- */
+
+enum Damage { FLIP_PAYLOAD, FLIP_HEADER, TRUNCATE, EXTEND, FOREIGN, EMPTY, OTHER_KEY };
+
+/* Store an entry, damage its file, and check that the damaged file is
+ * rejected, that a new put replaces it (by rename: a new inode) and that the
+ * replacement reads back. */
+static void damage_and_recover(enum Damage how) {
+  const char *dir = fresh_dir();
+  uint64_t st = tl_seed() ^ (100 + (uint64_t)how);
+  uint8_t key[32], other[32];
+  random_key(key, &st);
+  random_key(other, &st);
+  size_t n = 500 + (size_t)(tl_rand(&st) % 1000);
+  uint8_t *payload = random_payload(n, &st);
+  rt_cache_put(key, payload, n);
+  char path[4200], opath[4200];
+  ck_assert(rt_cache_path(key, path, sizeof path));
+  ck_assert(rt_cache_path(other, opath, sizeof opath));
+  FILE *f;
+  switch (how) {
+  case FLIP_PAYLOAD:
+  case FLIP_HEADER:
+    f = fopen(path, "r+b");
+    fseek(f, how == FLIP_PAYLOAD ? RT_CACHE_HEADER_BYTES + (long)(tl_rand(&st) % n)
+                                 : (long)(tl_rand(&st) % RT_CACHE_HEADER_BYTES),
+          SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, -1, SEEK_CUR);
+    fputc(c ^ (1 << (tl_rand(&st) % 8)), f);
+    fclose(f);
+    break;
+  case TRUNCATE: ck_assert_int_eq(truncate(path, (off_t)(tl_rand(&st) % (n + 88))), 0); break;
+  case EXTEND:
+    f = fopen(path, "ab");
+    fputc('x', f);
+    fclose(f);
+    break;
+  case FOREIGN:
+    f = fopen(path, "wb");
+    fputs("\x7f" "ELF this is not a cache entry at all, just some other file", f);
+    fclose(f);
+    break;
+  case EMPTY:
+    f = fopen(path, "wb");
+    fclose(f);
+    break;
+  case OTHER_KEY: /* a valid entry of another key, under this key's name */
+    rt_cache_put(other, payload, n);
+    ck_assert_int_eq(rename(opath, path), 0);
+    break;
+  }
+  struct stat before, after;
+  ck_assert_int_eq(stat(path, &before), 0);
+  RtCacheStats s0, s1;
+  rt_cache_stats(&s0);
+  void *got;
+  size_t len;
+  ck_assert(!disk_lookup(key, &got, &len));
+  rt_cache_stats(&s1);
+  ck_assert_int_eq(s1.disk_rejected, s0.disk_rejected + 1);
+  rt_cache_put(key, payload, n);
+  ck_assert_int_eq(stat(path, &after), 0);
+  ck_assert(before.st_ino != after.st_ino); /* replaced by rename, not rewritten in place */
+  ck_assert(disk_lookup(key, &got, &len));
+  ck_assert_uint_eq(len, n);
+  ck_assert_mem_eq(got, payload, n);
+  base_free(got);
+  ck_assert_int_eq(count_files(dir, ".tmp"), 0);
+  free(payload);
+  remove_dir(dir);
+}
+
+START_TEST(damaged_entries_rejected_and_replaced) {
+  for (int how = FLIP_PAYLOAD; how <= OTHER_KEY; how++) damage_and_recover((enum Damage)how);
+}
+END_TEST
+
+/* ---- concurrency ------------------------------------------------------------------ */
+
+enum { NTHREADS = 8, NKEYS = 4, ROUNDS = 40 };
+static uint8_t ckeys[NKEYS][32];
+static uint8_t *cpayload[NKEYS];
+static size_t clen[NKEYS];
+static int cbad; /* lookups that returned wrong bytes (must stay 0) */
+
+/* Writers and readers hammer the same few keys; every hit must be exact. */
+static void *hammer(void *arg) {
+  uint64_t st = (uint64_t)(uintptr_t)arg;
+  for (int r = 0; r < ROUNDS; r++) {
+    int k = (int)(tl_rand(&st) % NKEYS);
+    if (tl_rand(&st) & 1) {
+      rt_cache_put(ckeys[k], cpayload[k], clen[k]);
+    } else {
+      void *got;
+      size_t len;
+      rt_cache_clear_memory(); /* force reads from the disk */
+      if (rt_cache_get(ckeys[k], &got, &len)) {
+        if (len != clen[k] || memcmp(got, cpayload[k], len) != 0) __atomic_add_fetch(&cbad, 1, __ATOMIC_RELAXED);
+        base_free(got);
+      }
+    }
+  }
+  return NULL;
+}
+
+START_TEST(concurrent_writers_never_corrupt) {
+  const char *dir = fresh_dir();
+  uint64_t st = tl_seed() ^ 4;
+  for (int k = 0; k < NKEYS; k++) {
+    random_key(ckeys[k], &st);
+    clen[k] = 20000 + (size_t)(tl_rand(&st) % 20000);
+    cpayload[k] = random_payload(clen[k], &st);
+  }
+  RtCacheStats s0, s1;
+  rt_cache_stats(&s0);
+  pthread_t t[NTHREADS];
+  for (int i = 0; i < NTHREADS; i++)
+    ck_assert_int_eq(pthread_create(&t[i], NULL, hammer, (void *)(uintptr_t)(st + (uint64_t)i)), 0);
+  for (int i = 0; i < NTHREADS; i++) pthread_join(t[i], NULL);
+  rt_cache_stats(&s1);
+  ck_assert_int_eq(cbad, 0);
+  ck_assert_int_eq(s1.disk_rejected, s0.disk_rejected); /* no reader saw a partial file */
+  for (int k = 0; k < NKEYS; k++) {
+    void *got;
+    size_t len;
+    rt_cache_put(ckeys[k], cpayload[k], clen[k]);
+    ck_assert(disk_lookup(ckeys[k], &got, &len));
+    ck_assert_uint_eq(len, clen[k]);
+    ck_assert_mem_eq(got, cpayload[k], len);
+    base_free(got);
+    free(cpayload[k]);
+  }
+  ck_assert_int_eq(count_files(dir, ".tmp"), 0);
+  remove_dir(dir);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("cache");
+  TCase *tc = tcase_create("sha256");
+  tcase_add_test(tc, sha256_vectors);
+  tcase_add_test(tc, sha256_streaming_matches_one_shot);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("cache");
+  tcase_add_test(tc, key_depends_on_every_field);
+  tcase_add_test(tc, put_get_round_trip);
+  tcase_add_test(tc, directory_resolution);
+  tcase_add_test(tc, off_disables_disk);
+  tcase_add_test(tc, unwritable_directory_is_no_cache);
+  tcase_add_test(tc, damaged_entries_rejected_and_replaced);
+  tcase_add_test(tc, concurrent_writers_never_corrupt);
+  suite_add_tcase(s, tc);
+  return tl_run_suite(s);
+}

@@ -1,0 +1,304 @@
+/* The emulator against real kernel bugs: the generated forward kernel, with
+ * one template (kernels/flex_fwd.cuh or kernels/tile.cuh, as embedded in the
+ * library) mutated the way a kernel change could break it, is compiled and
+ * launched on the emulator. Each negative test fails unless the emulator
+ * catches its bug: a race-check report, a bounds-check failure, or a result
+ * outside the tolerance against the float64 reference. The positive
+ * controls run the unmutated source through the same path and must pass,
+ * so a detection means the mutation, not the harness.
+ *
+ * A mutation names its exact text; if a template no longer contains it
+ * exactly once the test fails, so an edited template gets its mutation
+ * updated instead of silently testing nothing.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+#include "kernels/params.cuh"
+#include "runtime/embedded.h"
+#include "emu/emu_host.h"
+#include "runtime/npy.h"
+#include "runtime/rt.h"
+#include "testlib.h"
+
+static uint64_t rng;
+
+/* A score and a mask that keep every row alive (the mask drops about one
+ * element in eleven), so the dense per-element mask path runs too. */
+static const char kSource[] = "score sc(s, b, h, q, kv) { return s + 0.25 * float((q + 2 * kv) % 5); }\n"
+                              "mask m(b, h, q, kv) { return (q + kv) % 11 != 3; }\n";
+
+enum { B = 1, H = 2, HKV = 1, QL = 37, KL = 150 }; /* GQA, three key tiles or more, ragged tails */
+
+/* How a mutation must show up. */
+typedef enum Detect {
+  PASS,   /* a positive control: no error, result within tolerance */
+  RACE,   /* the race-check module fails the launch with a shared memory race */
+  BOUNDS, /* the launch fails its global bounds check */
+  WRONG,  /* the result is outside the tolerance (or the launch fails) */
+} Detect;
+
+/* One test: a template edit, the problem it runs on, and what must happen. */
+typedef struct Case {
+  const char *what;  /* the bug, in words */
+  const char *file;  /* embedded template to edit (NULL: none) */
+  const char *from;  /* text that must occur exactly once */
+  const char *to;    /* its replacement */
+  CgDtype dtype;     /* CG_FP16 (tensor cores) or CG_FP32 (SIMT) */
+  int E;             /* head dim (= EV) */
+  bool padded;       /* rows 16 elements apart, NaN between E and 16 */
+  bool vec16;        /* the cp.async tile path */
+  Detect detect;     /* expected outcome */
+} Case;
+
+static const Case cases[] = {
+    {"clean fp16", NULL, NULL, NULL, CG_FP16, 64, false, false, PASS},
+    {"clean fp16 cp.async", NULL, NULL, NULL, CG_FP16, 64, false, true, PASS},
+    {"clean fp16 cp.async E=15 in 16-wide rows", NULL, NULL, NULL, CG_FP16, 15, true, true, PASS},
+    {"clean fp32", NULL, NULL, NULL, CG_FP32, 15, false, false, PASS},
+    {"no barrier between the tile wait and its readers", "flex_fwd.cuh",
+     "    flex_cp_async_wait<1>();\n    __syncthreads();\n", "    flex_cp_async_wait<1>();\n",
+     CG_FP16, 64, false, false, RACE},
+    {"no barrier before the next stage's loads", "flex_fwd.cuh",
+     "    __syncthreads(); /* the next iteration's loads overwrite the other stage */\n", "\n",
+     CG_FP16, 64, false, false, RACE},
+    {"no barrier before the next stage's loads (cp.async)", "flex_fwd.cuh",
+     "    __syncthreads(); /* the next iteration's loads overwrite the other stage */\n", "\n",
+     CG_FP16, 64, false, true, RACE},
+    {"fp32: no barrier between writing P and reading it", "flex_fwd.cuh",
+     "      sP[r * PS + tr + TPR * j] = keep ? pj : 0.0f;\n    }\n    __syncthreads();\n",
+     "      sP[r * PS + tr + TPR * j] = keep ? pj : 0.0f;\n    }\n", CG_FP32, 15, false, false, RACE},
+    {"V loaded with ldmatrix without .trans", "flex_fwd.cuh", "flex_ldsm_x4_trans(bv,",
+     "flex_ldsm_x4(bv,", CG_FP16, 64, false, false, WRONG},
+    {"K ldmatrix rows from the wrong lanes", "flex_fwd.cuh",
+     "(((lane & 7) + (lane >> 4) * 8) * KS", "(((lane & 7) + ((lane >> 3) & 1) * 8) * KS",
+     CG_FP16, 64, false, false, WRONG},
+    {"Q ldmatrix column half off", "flex_fwd.cuh", "* QS + (lane >> 4) * 8) * 2;",
+     "* QS + ((lane >> 3) & 1) * 8) * 2;", CG_FP16, 64, false, false, WRONG},
+    {"interior cp.async path taken for the last rows", "tile.cuh",
+     "if (FIXED && vec16 && ncols == C && row0 + R <= nrows) {",
+     "if (FIXED && vec16 && ncols == C && row0 <= nrows) {", CG_FP16, 64, false, true, BOUNDS},
+    {"tile row tail off by one", "tile.cuh",
+     "      T x = 0;\n      if (row0 + r < nrows && c < ncols) x",
+     "      T x = 0;\n      if (row0 + r <= nrows && c < ncols) x", CG_FP16, 64, false, false, BOUNDS},
+    {"key tail off by one in the logit", "flex_fwd.cuh", "if (kj >= p.kv_len || qi >= p.q_len)",
+     "if (kj > p.kv_len || qi >= p.q_len)", CG_FP32, 15, false, false, WRONG},
+    {"output rows past Q_LEN stored", "flex_fwd.cuh", "    if (qi >= p.q_len) continue;\n", "\n",
+     CG_FP16, 64, false, false, BOUNDS},
+    {"fp32: output rows past Q_LEN stored", "flex_fwd.cuh", "  if (qi >= p.q_len) return;\n", "\n",
+     CG_FP32, 15, false, false, BOUNDS},
+    {"cp.async chunk straddling the last column", "tile.cuh",
+     "if (row_ok && c < ncols && c + 8 > ncols) {", "if (false) {", CG_FP16, 15, true, true, WRONG},
+};
+#define NCASES ((int)(sizeof cases / sizeof *cases))
+
+static const char *embedded(const char *name) {
+  for (const EmbeddedFile *e = rt_embedded; e->name; e++)
+    if (!strcmp(e->name, name)) return e->text;
+  ck_abort_msg("no embedded template %s", name);
+  return NULL;
+}
+
+/* Replace the one occurrence of `from` in `text` by `to` (into *out). */
+static void replace_once(Buf *out, const char *text, const char *from, const char *to) {
+  const char *at = strstr(text, from);
+  ck_assert_msg(at, "mutation text not found: %s", from);
+  ck_assert_msg(!strstr(at + 1, from), "mutation text found twice: %s", from);
+  buf_put(out, text, (size_t)(at - text));
+  buf_puts(out, to);
+  buf_puts(out, at + strlen(from));
+}
+
+/* The generated forward source for `c`, with its mutation spliced in where
+ * the template would be included (its include guard hides the original). */
+static char *mutated_source(const flex_kernel *k, const Case *c, CgOptions *o) {
+  char err[256];
+  ck_assert_msg(cg_options_init(o, k->mod, c->dtype, c->E, c->E, CG_SM80, false, err, sizeof err),
+                "%s", err);
+  o->mask_mode = CG_MASK_DENSE;
+  o->source = c->what;
+  Buf gen = {0}, out = {0};
+  cg_emit_cuda(&gen, k->mod, o);
+  if (!c->file) return gen.data;
+  Buf edit = {0};
+  replace_once(&edit, embedded(c->file), c->from, c->to);
+  const char *inc = "#include \"flex_fwd.cuh\"\n";
+  ck_assert_msg(strstr(gen.data, inc), "generated source does not include flex_fwd.cuh");
+  buf_puts(&edit, "\n");
+  buf_puts(&edit, !strcmp(c->file, "flex_fwd.cuh") ? "" : inc);
+  replace_once(&out, gen.data, inc, edit.data);
+  buf_free(&gen);
+  buf_free(&edit);
+  return out.data;
+}
+
+/* Inputs (rows W elements apart), outputs and the float64 reference. */
+typedef struct Data {
+  int W;                        /* row pitch of q, k, v */
+  RtArray q, k, v, out, lse;    /* emulator side */
+  RtArray rout, rlse;           /* reference outputs */
+} Data;
+
+static DLTensor view(RtArray *a, int64_t heads, int64_t rows, int E, int W, int64_t *shape,
+                     int64_t *strides) {
+  shape[0] = B, shape[1] = heads, shape[2] = rows, shape[3] = E;
+  strides[3] = 1, strides[2] = W, strides[1] = rows * W, strides[0] = heads * rows * W;
+  DLTensor t = rt_array_tensor(a);
+  t.shape = shape, t.strides = strides, t.ndim = 4;
+  return t;
+}
+
+static void data_init(Data *d, const Case *c) {
+  DLDataType dt = c->dtype == CG_FP32 ? rt_dtype(kDLFloat, 32) : rt_dtype(kDLFloat, 16);
+  DLDataType f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
+  d->W = c->padded ? 16 : c->E;
+  int64_t sq[4] = {B, H, QL, d->W}, sk[4] = {B, HKV, KL, d->W}, so[4] = {B, H, QL, c->E};
+  int64_t sl[3] = {B, H, QL};
+  rt_array_init(&d->q, dt, 4, sq), rt_array_init(&d->k, dt, 4, sk), rt_array_init(&d->v, dt, 4, sk);
+  RtArray *in[] = {&d->q, &d->k, &d->v};
+  for (int i = 0; i < 3; i++)
+    for (int64_t j = 0; j < rt_array_count(in[i]); j++)
+      rt_array_set(in[i], j, j % d->W < c->E ? tl_normal(&rng) : NAN);
+  rt_array_init(&d->out, dt, 4, so), rt_array_init(&d->lse, f32, 3, sl);
+  rt_array_init(&d->rout, f64, 4, so), rt_array_init(&d->rlse, f64, 3, sl);
+  for (int64_t j = 0; j < rt_array_count(&d->out); j++) rt_array_set(&d->out, j, NAN);
+  for (int64_t j = 0; j < rt_array_count(&d->lse); j++) rt_array_set(&d->lse, j, NAN);
+}
+
+static void data_free(Data *d) {
+  RtArray *all[] = {&d->q, &d->k, &d->v, &d->out, &d->lse, &d->rout, &d->rlse};
+  for (int i = 0; i < 7; i++) rt_array_free(all[i]);
+}
+
+static void reference(flex_kernel *k, Data *d, const Case *c) {
+  int64_t s[3][4], st[3][4];
+  DLTensor q = view(&d->q, H, QL, c->E, d->W, s[0], st[0]);
+  DLTensor kk = view(&d->k, HKV, KL, c->E, d->W, s[1], st[1]);
+  DLTensor v = view(&d->v, HKV, KL, c->E, d->W, s[2], st[2]);
+  DLTensor o = rt_array_tensor(&d->rout), l = rt_array_tensor(&d->rlse);
+  flex_args a;
+  memset(&a, 0, sizeof a);
+  a.backend = FLEX_BACKEND_REFERENCE;
+  a.q = &q, a.k = &kk, a.v = &v, a.out = &o, a.lse = &l;
+  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "reference: %s", flex_last_error());
+}
+
+/* Launch flex_fwd of module m on d; the launch error goes to msg. */
+static flex_status launch(EmuModule *m, const CgOptions *o, Data *d, const Case *c, char *msg) {
+  FlexParams p;
+  memset(&p, 0, sizeof p);
+  int W = d->W, es = c->dtype == CG_FP32 ? 4 : 2;
+  p.out = d->out.data, p.lse = d->lse.data;
+  p.q = d->q.data, p.k = d->k.data, p.v = d->v.data;
+  p.sq = (FlexStrides){(int64_t)H * QL * W, (int64_t)QL * W, W};
+  p.sk = p.sv = (FlexStrides){(int64_t)HKV * KL * W, (int64_t)KL * W, W};
+  p.so = (FlexStrides){(int64_t)H * QL * c->E, (int64_t)QL * c->E, c->E};
+  p.lse_b = H * QL, p.lse_h = QL;
+  int32_t sizes[5] = {B, H, HKV, QL, KL};
+  memcpy(p.sizes, sizes, sizeof sizes);
+  p.B = B, p.H = H, p.HKV = HKV, p.G = H / HKV, p.q_len = QL, p.kv_len = KL, p.E = p.EV = c->E;
+  p.scale = (float)(1.0 / sqrt((double)c->E));
+  p.vec16 = c->vec16;
+  ck_assert(!c->vec16 || ((uintptr_t)p.q % 16 == 0 && (uintptr_t)p.k % 16 == 0 &&
+                          (uintptr_t)p.v % 16 == 0 && W * es % 16 == 0));
+  /* Exactly the bytes each tensor spans: a padded row's tail is inside, the
+   * last row's padding is not. */
+  EmuRange r[5] = {
+      {(uintptr_t)p.q, (uint64_t)(((int64_t)B * H * QL - 1) * W + c->E) * es, "q"},
+      {(uintptr_t)p.k, (uint64_t)(((int64_t)B * HKV * KL - 1) * W + c->E) * es, "k"},
+      {(uintptr_t)p.v, (uint64_t)(((int64_t)B * HKV * KL - 1) * W + c->E) * es, "v"},
+      {(uintptr_t)p.out, (uint64_t)rt_array_count(&d->out) * es, "out"},
+      {(uintptr_t)p.lse, (uint64_t)rt_array_count(&d->lse) * 4, "lse"}};
+  CgLaunch g = cg_launch_fwd(o, B, H, QL);
+  EmuLaunch L;
+  memset(&L, 0, sizeof L);
+  L.kernel = "flex_fwd";
+  L.params = &p;
+  L.grid = (EmuDim){g.grid[0], g.grid[1], g.grid[2]};
+  L.block = (EmuDim){g.block[0], g.block[1], g.block[2]};
+  L.smem_bytes = g.smem;
+  L.ranges = r;
+  L.nranges = 5;
+  flex_status st = emu_module_launch(m, &L, NULL);
+  snprintf(msg, EMU_ERR_LEN, "%s", L.error);
+  return st;
+}
+
+/* Relative norm error of the emulator's out and lse (tl_rel_err: NaN, a
+ * shape mismatch or an all-zero reference give infinity). */
+static double result_err(const Data *d) {
+  double eo = tl_rel_err(&d->out, &d->rout), el = tl_rel_err(&d->lse, &d->rlse);
+  return eo >= el ? eo : el;
+}
+
+/* Build (plain or race-check) and run case c; returns the launch status. */
+static flex_status run_case(const Case *c, bool race, char *msg, double *err) {
+  flex_kernel *k = NULL;
+  ck_assert_msg(flex_kernel_from_source(&k, "broken.score", kSource, strlen(kSource), NULL) ==
+                FLEX_OK, "%s", flex_last_error());
+  CgOptions o;
+  char *src = mutated_source(k, c, &o);
+  EmuBuildOpts bo = {.racecheck = race};
+  Buf log = {0};
+  EmuModule *m = NULL;
+  flex_status st = emu_module_get(&m, src, &bo, &log);
+  ck_assert_msg(st == FLEX_OK, "%s: the mutated source does not build:\n%s", c->what,
+                log.data ? log.data : "");
+  Data d;
+  data_init(&d, c);
+  reference(k, &d, c);
+  st = launch(m, &o, &d, c, msg);
+  *err = st == FLEX_OK ? result_err(&d) : INFINITY;
+  fprintf(stderr, "  %-48s %s: status %d, error %.3g%s%s\n", c->what, race ? "race-check" : "plain",
+          st, *err, msg[0] ? ": " : "", msg);
+  data_free(&d);
+  buf_free(&log);
+  base_free(src);
+  flex_kernel_free(k);
+  return st;
+}
+
+START_TEST(mutation) {
+  const Case *c = &cases[_i];
+  double tol = c->dtype == CG_FP32 ? 1e-4 : 5e-3, err;
+  char msg[EMU_ERR_LEN];
+  flex_status st;
+  switch (c->detect) {
+  case PASS:
+    for (int race = 0; race < 2; race++) {
+      st = run_case(c, race, msg, &err);
+      ck_assert_msg(st == FLEX_OK, "%s: %s", c->what, msg);
+      ck_assert_msg(err < tol, "%s: error %g", c->what, err);
+    }
+    break;
+  case RACE:
+    st = run_case(c, true, msg, &err);
+    ck_assert_msg(st != FLEX_OK && strstr(msg, "shared memory race"),
+                  "%s went undetected (status %d, error %g): %s", c->what, st, err, msg);
+    break;
+  case BOUNDS:
+    st = run_case(c, false, msg, &err);
+    ck_assert_msg(st != FLEX_OK && strstr(msg, "outside every allocation"),
+                  "%s went undetected (status %d, error %g): %s", c->what, st, err, msg);
+    break;
+  case WRONG:
+    st = run_case(c, false, msg, &err);
+    ck_assert_msg(st != FLEX_OK || !(err < tol), "%s went undetected (error %g)", c->what, err);
+    break;
+  }
+}
+END_TEST
+
+int main(void) {
+  rng = tl_seed();
+  Suite *s = suite_create("emu_broken");
+  TCase *tc = tcase_create("mutations");
+  tcase_set_timeout(tc, 120);
+  tcase_add_loop_test(tc, mutation, 0, NCASES);
+  suite_add_tcase(s, tc);
+  return tl_run_suite(s);
+}

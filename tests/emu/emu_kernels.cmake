@@ -1,0 +1,25 @@
+# The emulator against the reference over the whole cross product (every
+# sample x dtype x shape variant: many minutes on two cores), and the
+# emulator timing case (prints seconds, asserts nothing but success).
+add_test(NAME check_emu_kernels_full COMMAND check_emu_kernels --full)
+set_tests_properties(check_emu_kernels_full PROPERTIES LABELS slow TIMEOUT 3600
+  ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+add_test(NAME check_emu_kernels_timing COMMAND check_emu_kernels --timing)
+set_tests_properties(check_emu_kernels_timing PROPERTIES LABELS slow TIMEOUT 600
+  ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+# Fifteen samples x three dtypes on two shared cores: minutes, more under load.
+set_tests_properties(check_emu_kernels PROPERTIES TIMEOUT 1500)
+# The same cases on the GPU (the CUDA backend against the reference); they
+# exit 77 (skipped) where there is no CUDA device.
+add_test(NAME check_emu_kernels_gpu COMMAND check_emu_kernels --cuda)
+set_tests_properties(check_emu_kernels_gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
+  ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+add_test(NAME check_emu_kernels_gpu_full COMMAND check_emu_kernels --cuda --full)
+set_tests_properties(check_emu_kernels_gpu_full PROPERTIES LABELS slow SKIP_RETURN_CODE 77
+  TIMEOUT 3600 ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+# Every row of the tile table and every shape of bench/tile_sweep.txt on the
+# emulator against the reference (causal, relpos_bias with a grad buffer,
+# paged BlockMask lists; interior and edge tiles, GQA).
+add_test(NAME check_tiles COMMAND check_emu_kernels --tiles)
+set_tests_properties(check_tiles PROPERTIES TIMEOUT 1200
+  ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")

@@ -1,0 +1,65 @@
+/* testlib_cuda.c: run a host-tensor attention call on the CUDA backend.
+ *
+ * The numerical suites build their tensors in host memory for the emulator.
+ * tl_cuda_call mirrors every tensor of a flex_args on the device
+ * (flex_mirror_wrap: compact device copies), runs the call with the CUDA
+ * backend on the call's stream, and copies the outputs back into the host
+ * tensors, so the same suites can check the GPU against the float64
+ * reference when there is one. flex.h and flex_mirror.h alone. */
+#include <string.h>
+
+#include "runtime/flex_mirror.h"
+#include "testlib.h"
+
+enum { MAXM = 10 + 2 * 16 + 8 + 4 };
+
+flex_status tl_cuda_call(flex_kernel *k, const flex_args *host, bool backward) {
+  flex_mirror m[MAXM];
+  memset(m, 0, sizeof m);
+  if (host->nbuffers > 16) return FLEX_ERR_INVALID;
+  int n = 0;
+  flex_status st = FLEX_OK;
+  flex_args a = *host;
+  a.backend = FLEX_BACKEND_CUDA;
+  const DLTensor **slots[10] = {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.dout, &a.dlse, &a.dq, &a.dk, &a.dv};
+  for (int i = 0; i < 10 && !st; i++, n++) {
+    st = flex_mirror_wrap(&m[n], FLEX_BACKEND_CUDA, *slots[i], a.stream);
+    *slots[i] = m[n].dev;
+  }
+  flex_buffer bufs[16];
+  for (int i = 0; i < a.nbuffers && !st; i++) {
+    bufs[i] = a.buffers[i];
+    st = flex_mirror_wrap(&m[n], FLEX_BACKEND_CUDA, bufs[i].tensor, a.stream);
+    bufs[i].tensor = m[n++].dev;
+    if (!st) st = flex_mirror_wrap(&m[n], FLEX_BACKEND_CUDA, bufs[i].grad, a.stream);
+    bufs[i].grad = m[n++].dev;
+  }
+  a.buffers = bufs;
+  flex_block_mask bm;
+  if (a.block_mask && !st) {
+    bm = *a.block_mask;
+    const DLTensor **ms[8] = {&bm.kv_num_blocks, &bm.kv_indices, &bm.full_kv_num_blocks,
+                              &bm.full_kv_indices, &bm.q_num_blocks, &bm.q_indices,
+                              &bm.full_q_num_blocks, &bm.full_q_indices};
+    for (int i = 0; i < 8 && !st; i++, n++) {
+      st = flex_mirror_wrap(&m[n], FLEX_BACKEND_CUDA, *ms[i], a.stream);
+      *ms[i] = m[n].dev;
+    }
+    a.block_mask = &bm;
+  }
+  /* packed offsets and a paged cache's table and lengths (NULL: none) */
+  const DLTensor **ix[4] = {&a.cu_seqlens_q, &a.cu_seqlens_kv, &a.page_table, &a.kv_lens};
+  for (int i = 0; i < 4 && !st; i++, n++) {
+    st = flex_mirror_wrap(&m[n], FLEX_BACKEND_CUDA, *ix[i], a.stream);
+    *ix[i] = m[n].dev;
+  }
+  if (!st) st = backward ? flex_backward(k, &a) : flex_forward(k, &a);
+  if (!st) st = flex_sync(FLEX_BACKEND_CUDA, a.stream);
+  /* Outputs back: out and lse from a forward; dq, dk, dv and buffer
+   * gradients from a backward. */
+  for (int i = 3; !st && !backward && i < 5; i++) st = flex_mirror_pull(&m[i], a.stream);
+  for (int i = 7; !st && backward && i < 10; i++) st = flex_mirror_pull(&m[i], a.stream);
+  for (int i = 0; !st && backward && i < a.nbuffers; i++) st = flex_mirror_pull(&m[10 + 2 * i + 1], a.stream);
+  for (int i = 0; i < n; i++) flex_mirror_free(&m[i]);
+  return st;
+}

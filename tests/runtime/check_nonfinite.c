@@ -1,0 +1,294 @@
+/* Non-finite values are never hidden (DSL.md, "Semantics"): a NaN, +inf or
+ * -inf in Q, K, V, dO or a float buffer, placed at a fresh random position
+ * each run, forward and backward, on the float64 reference and on the
+ * emulator (the generated CUDA: fp32 SIMT and fp16 tensor-core kernels).
+ *
+ * The reference is checked against the rule itself: a NaN in a row's
+ * unmasked t makes LSE and O NaN, a +inf makes LSE +inf and O NaN, and
+ * no such row becomes finite, -inf, or fully masked; an element the mask
+ * removes never contributes (its outputs stay finite).
+ *
+ * The emulator is checked against the reference element by element: where
+ * the reference is NaN the emulator is NaN, where it is +-inf the emulator
+ * is the same infinity, and the elements finite on both sides meet the
+ * project's relative-norm tolerance. Where the non-finite element is one
+ * the mask removes (or that t = -inf removes), DSL.md lets a kernel's tile
+ * arithmetic (0 * NaN) make an output NaN; such a case accepts NaN where
+ * the reference is finite, and nothing else: never another finite number.
+ * The emulator's outputs start as a finite sentinel, so an output it never
+ * writes cannot pass as "NaN, allowed". */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/flex.h"
+#include "runtime/npy.h"
+#include "testlib.h"
+
+static uint64_t rng;
+
+enum { T_Q, T_K, T_V, T_DO, T_BUF };
+static const char *const tnames[] = {"q", "k", "v", "dout", "buffer"};
+
+/* A kernel and where its poisoned element goes. */
+typedef struct Case {
+  const char *name;
+  const char *src;
+  const char *buffer; /* f32[KV_LEN] when grad, else f32[H] (NULL: none) */
+  bool grad;          /* the buffer is `grad` */
+  bool masked;        /* the element sits where the mask removes it */
+} Case;
+
+/* Mask of the masked cases: query rows 0..4 see no key; keys >= 32 are
+ * masked for every row (QL = 37). */
+#define SHIFTED "mask shifted(b, h, q, kv) { return q >= kv + 5; }\n"
+
+static const Case cases[] = {
+    {"identity", "score ident(s, b, h, q, kv) { return s; }\n", NULL, false, false},
+    {"bias", "buffer bias: f32[KV_LEN] grad;\nscore sb(s, b, h, q, kv) { return s + bias[kv]; }\n", "bias",
+     true, false},
+    {"alibi",
+     "buffer slopes: f32[H];\nscore al(s, b, h, q, kv) { return s + slopes[h] * float(kv - q); }\n",
+     "slopes", false, false},
+    {"shifted", SHIFTED, NULL, false, true},
+};
+enum { NCASES = sizeof cases / sizeof *cases };
+
+enum { B = 1, H = 4, HKV = 2, QL = 37, KL = 70, E = 16 };
+static const double SENTINEL = 4096.0; /* exact in fp16, bf16, fp32 */
+
+typedef struct Tensors {
+  TlPair q, k, v, dout, out, lse, dq, dk, dv, grad;
+  TlPair buf; /* the buffer, fp32 both sides (x only is used) */
+  flex_buffer fb[2];
+} Tensors;
+
+static void sentinel(TlPair *p) {
+  for (int64_t i = 0; i < rt_array_count(&p->x); i++) rt_array_set(&p->x, i, SENTINEL);
+}
+
+static void tensors_init(Tensors *t, const Case *c, DLDataType dt) {
+  int64_t qs[4] = {B, H, QL, E}, ks[4] = {B, HKV, KL, E}, ls[3] = {B, H, QL};
+  int64_t bs[1] = {c->grad ? KL : H};
+  DLDataType f32 = rt_dtype(kDLFloat, 32);
+  memset(t, 0, sizeof *t);
+  tl_pair_init(&t->q, dt, 4, qs, true, &rng), tl_pair_init(&t->k, dt, 4, ks, true, &rng);
+  tl_pair_init(&t->v, dt, 4, ks, true, &rng), tl_pair_init(&t->dout, dt, 4, qs, true, &rng);
+  tl_pair_init(&t->out, dt, 4, qs, false, &rng), tl_pair_init(&t->lse, f32, 3, ls, false, &rng);
+  tl_pair_init(&t->dq, dt, 4, qs, false, &rng), tl_pair_init(&t->dk, dt, 4, ks, false, &rng);
+  tl_pair_init(&t->dv, dt, 4, ks, false, &rng);
+  TlPair *outs[] = {&t->out, &t->lse, &t->dq, &t->dk, &t->dv};
+  for (int i = 0; i < 5; i++) sentinel(outs[i]);
+  if (!c->buffer) return;
+  tl_pair_init(&t->buf, f32, 1, bs, true, &rng);
+  for (int64_t i = 0; i < bs[0]; i++) rt_array_set(&t->buf.x, i, c->grad ? tl_normal(&rng) : 0.05 + 0.2 * (double)i);
+  tl_pair_init(&t->grad, f32, 1, bs, false, &rng);
+  sentinel(&t->grad);
+  t->fb[0] = (flex_buffer){c->buffer, &t->buf.tx, c->grad ? &t->grad.tx : NULL};
+  t->fb[1] = (flex_buffer){c->buffer, &t->buf.tx, c->grad ? &t->grad.tref : NULL};
+}
+
+static void tensors_free(Tensors *t, const Case *c) {
+  TlPair *all[] = {&t->q, &t->k, &t->v, &t->dout, &t->out, &t->lse, &t->dq, &t->dk, &t->dv};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) tl_pair_free(all[i]);
+  if (c->buffer) tl_pair_free(&t->buf), tl_pair_free(&t->grad);
+}
+
+static flex_args args_for(Tensors *t, const Case *c, bool ref) {
+  flex_args a;
+  memset(&a, 0, sizeof a);
+#define T(P) (ref ? &t->P.tref : &t->P.tx)
+  a.backend = ref ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
+  a.q = T(q), a.k = T(k), a.v = T(v), a.out = T(out), a.lse = T(lse), a.dout = T(dout);
+  a.dq = T(dq), a.dk = T(dk), a.dv = T(dv);
+#undef T
+  if (c->buffer) a.buffers = &t->fb[ref ? 1 : 0], a.nbuffers = 1;
+  return a;
+}
+
+/* Put v at one element of both twins; returns the flat index. */
+static int64_t poison(TlPair *p, int64_t i, double v) {
+  rt_array_set(&p->x, i, v);
+  rt_array_set(&p->ref, i, rt_array_get(&p->x, i));
+  return i;
+}
+
+static int64_t idx4(int d1, int d2, int d3, int D1, int D2, int D3, int b) {
+  return (((int64_t)b * D1 + d1) * D2 + d2) * D3 + d3;
+}
+
+static int pick(int lo, int hi) { return lo + (int)(tl_rand(&rng) % (uint64_t)(hi - lo)); }
+
+/* x against ref by the rule above; what: for messages. */
+static void compare(const char *what, const char *label, const TlPair *p, double tol,
+                    bool allow_nan) {
+  double num = 0, den = 0;
+  int64_t n = rt_array_count(&p->x), finite = 0, extra_nan = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double x = rt_array_get(&p->x, i), r = rt_array_get(&p->ref, i);
+    if (isnan(r)) {
+      ck_assert_msg(isnan(x), "%s: %s[%lld]: reference NaN, emulator %g", label, what, (long long)i, x);
+    } else if (isinf(r)) {
+      ck_assert_msg(x == r, "%s: %s[%lld]: reference %g, emulator %g", label, what, (long long)i, r, x);
+    } else if (isnan(x)) {
+      ck_assert_msg(allow_nan, "%s: %s[%lld]: reference %g, emulator NaN", label, what, (long long)i, r);
+      extra_nan++;
+    } else {
+      ck_assert_msg(isfinite(x), "%s: %s[%lld]: reference %g, emulator %g", label, what, (long long)i, r, x);
+      num += (x - r) * (x - r), den += r * r, finite++;
+    }
+  }
+  double err = den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+  fprintf(stderr, "    %s: %lld finite, err %.2g, %lld NaN where the reference is finite\n", what,
+          (long long)finite, err, (long long)extra_nan);
+  ck_assert_msg(err < tol, "%s: %s: relative error %g over the finite elements (tol %g)", label, what,
+                err, tol);
+}
+
+static int64_t count_nonfinite(const RtArray *a) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < rt_array_count(a); i++) n += !isfinite(rt_array_get(a, i));
+  return n;
+}
+
+/* The reference forward against the rule; qrow: the poisoned Q row's flat
+ * row index (B*H*QL numbering) or -1. */
+static void check_reference_forward(const char *label, const Tensors *t, const Case *c, int which,
+                                    double val, int64_t qrow, bool removed) {
+  for (int64_t r = 0; r < B * H * QL; r++) {
+    double lse = rt_array_get(&t->lse.ref, r);
+    int i = (int)(r % QL);
+    bool masked_row = c->masked && i < 5;
+    if (masked_row) {
+      ck_assert_msg(lse == -INFINITY, "%s: reference LSE of fully masked row %lld is %g", label,
+                    (long long)r, lse);
+    } else {
+      ck_assert_msg(lse != -INFINITY, "%s: reference row %lld became fully masked (LSE -inf)", label,
+                    (long long)r);
+    }
+    bool nonfinite_row = isnan(lse) || lse == INFINITY;
+    for (int e = 0; e < E; e++) {
+      double o = rt_array_get(&t->out.ref, r * E + e);
+      if (masked_row) ck_assert_msg(o == 0.0, "%s: reference O of a fully masked row is %g", label, o);
+      /* A NaN or +inf LSE: O is NaN (DSL.md). */
+      if (nonfinite_row) ck_assert_msg(isnan(o), "%s: row %lld has LSE %g but O %g", label, (long long)r, lse, o);
+    }
+  }
+  if (removed) {
+    /* What the mask removes never contributes: every O finite. */
+    ck_assert_msg(count_nonfinite(&t->out.ref) == 0,
+                  "%s: a masked non-finite element reached the reference's O", label);
+    return;
+  }
+  if (which == T_Q && isnan(val))
+    ck_assert_msg(isnan(rt_array_get(&t->lse.ref, qrow)), "%s: NaN in Q kept, but LSE is %g", label,
+                  rt_array_get(&t->lse.ref, qrow));
+  if (which != T_DO)
+    ck_assert_msg(count_nonfinite(&t->out.ref) > 0, "%s: a kept non-finite input left O finite", label);
+}
+
+static void run_case(int ci, int di, int which, double val) {
+  const Case *c = &cases[ci];
+  const TlDtype *d = &tl_dtypes[di];
+  DLDataType dt = rt_dtype(d->code, d->bits);
+  char label[160];
+  flex_kernel *k = NULL;
+  ck_assert_msg(flex_kernel_from_source(&k, c->name, c->src, strlen(c->src), NULL) == FLEX_OK, "%s",
+                flex_last_error());
+  Tensors t;
+  tensors_init(&t, c, dt);
+  int b = 0, h = pick(0, H), hk = pick(0, HKV), e = pick(0, E);
+  /* Kept positions anywhere; masked ones: Q and dO rows 0..4 (no key at
+   * all), K and V keys 32..69 (masked for every row). */
+  int i = c->masked ? pick(0, 5) : pick(0, QL), j = c->masked ? pick(32, KL) : pick(0, KL);
+  int64_t qrow = -1;
+  switch (which) {
+  case T_Q: poison(&t.q, idx4(h, i, e, H, QL, E, b), val), qrow = ((int64_t)b * H + h) * QL + i; break;
+  case T_K: poison(&t.k, idx4(hk, j, e, HKV, KL, E, b), val); break;
+  case T_V: poison(&t.v, idx4(hk, j, e, HKV, KL, E, b), val); break;
+  case T_DO: poison(&t.dout, idx4(h, i, e, H, QL, E, b), val); break;
+  default: poison(&t.buf, c->grad ? j : h, val); break;
+  }
+  snprintf(label, sizeof label, "%s %s: %g in %s at h %d hkv %d q %d kv %d e %d", c->name, d->name,
+           val, tnames[which], h, hk, i, j, e);
+  fprintf(stderr, "  %s\n", label);
+
+  /* A bias of -inf on key j is a score of -inf: the element is removed as a
+   * mask would (DSL.md). */
+  bool removed = c->masked || (which == T_BUF && c->grad && val == -INFINITY);
+
+  /* Forward on both. */
+  flex_args r = args_for(&t, c, true), a = args_for(&t, c, false);
+  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "%s: reference forward: %s", label, flex_last_error());
+  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s: emu forward: %s", label, flex_last_error());
+  check_reference_forward(label, &t, c, which, val, qrow, removed);
+  /* An infinity in Q or K makes some s = -inf: those elements are removed
+   * too, and a kernel's 0 * inf there may give NaN. */
+  bool allow = removed || which == T_K || which == T_Q;
+  compare("out", label, &t.out, d->tol, allow);
+  compare("lse", label, &t.lse, d->tol, allow);
+
+  /* Backward: both read the reference's O and LSE, rounded as the kernels read them. */
+  TlPair *ol[] = {&t.out, &t.lse};
+  for (int n = 0; n < 2; n++)
+    for (int64_t x = 0; x < rt_array_count(&ol[n]->x); x++) {
+      rt_array_set(&ol[n]->x, x, rt_array_get(&ol[n]->ref, x));
+      rt_array_set(&ol[n]->ref, x, rt_array_get(&ol[n]->x, x));
+    }
+  ck_assert_msg(flex_backward(k, &r) == FLEX_OK, "%s: reference backward: %s", label, flex_last_error());
+  ck_assert_msg(flex_backward(k, &a) == FLEX_OK, "%s: emu backward: %s", label, flex_last_error());
+  int64_t bad = count_nonfinite(&t.dq.ref) + count_nonfinite(&t.dk.ref) + count_nonfinite(&t.dv.ref);
+  if (removed)
+    ck_assert_msg(bad == 0, "%s: a masked non-finite element reached the reference's gradients", label);
+  else
+    ck_assert_msg(bad > 0, "%s: a kept non-finite input left every gradient finite", label);
+  compare("dq", label, &t.dq, d->gtol, allow);
+  compare("dk", label, &t.dk, d->gtol, allow);
+  compare("dv", label, &t.dv, d->gtol, allow);
+  if (c->grad) compare("dbias", label, &t.grad, d->gtol, allow);
+  tensors_free(&t, c);
+  flex_kernel_free(k);
+}
+
+static const double values[3] = {NAN, INFINITY, -INFINITY};
+
+/* _i = (dtype fp32 or fp16) * 3 + value: Q, K, V, dO on the identity
+ * score, kept. */
+START_TEST(kept_inputs) {
+  int di = _i / 3 == 0 ? 0 : 1;
+  for (int w = T_Q; w <= T_DO; w++) run_case(0, di, w, values[_i % 3]);
+}
+END_TEST
+
+/* Float buffers: a grad buffer and a buffer multiplied by kv - q. */
+START_TEST(kept_buffers) {
+  int di = _i / 3 == 0 ? 0 : 1;
+  run_case(1, di, T_BUF, values[_i % 3]);
+  run_case(2, di, T_BUF, values[_i % 3]);
+}
+END_TEST
+
+/* Q, K, V, dO where the mask removes them. */
+START_TEST(masked_inputs) {
+  int di = _i / 3 == 0 ? 0 : 1;
+  for (int w = T_Q; w <= T_DO; w++) run_case(3, di, w, values[_i % 3]);
+}
+END_TEST
+
+int main(void) {
+  rng = tl_seed();
+  Suite *s = suite_create("nonfinite");
+  TCase *tc = tcase_create("nonfinite");
+  tcase_set_timeout(tc, 300);
+  tcase_add_loop_test(tc, kept_inputs, 0, 6);
+  tcase_add_loop_test(tc, kept_buffers, 0, 6);
+  tcase_add_loop_test(tc, masked_inputs, 0, 6);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
