@@ -121,6 +121,31 @@ static void pack_kv(void *ctx, int64_t item, int worker) {
   }
 }
 
+/* The same for the bf16 products (a->bf16): K^T as E2 rows of 32-bit words,
+ * word (e2, j) the pair (K[j][2 e2], K[j][2 e2 + 1]), so a row of Q (bf16
+ * pairs along E) times a row of words is vdpbf16ps's operand shape; V as
+ * words (j2, e) = (V[2 j2][e], V[2 j2 + 1][e]), pairs of keys, for P V.
+ * Padding (an odd E, an odd last key, columns past EV) stays zero. */
+static void pack_kv_bf16(void *ctx, int64_t item, int worker) {
+  CpuAttn *a = ctx;
+  const FlexParams *p = a->p;
+  (void)worker;
+  int64_t head = a->chunk0 + item;
+  int b = (int)(head / p->HKV), kvh = (int)(head % p->HKV), E = a->E, E2 = (E + 1) / 2;
+  uint32_t *kt = (uint32_t *)a->kt + item * (int64_t)E2 * a->ldk;
+  uint16_t *vp = (uint16_t *)((uint32_t *)a->vp + item * (int64_t)((p->kv_len + 1) / 2) * a->EVp);
+  for (int j = 0; j < p->kv_len; j++) {
+    const uint16_t *kr = (const uint16_t *)p->k + b * p->sk.b + kvh * p->sk.h + j * p->sk.row;
+    for (int e2 = 0; e2 < E2; e2++) {
+      uint32_t hi = 2 * e2 + 1 < E ? kr[2 * e2 + 1] : 0;
+      kt[(int64_t)e2 * a->ldk + j] = kr[2 * e2] | hi << 16;
+    }
+    const uint16_t *vr = (const uint16_t *)p->v + b * p->sv.b + kvh * p->sv.h + j * p->sv.row;
+    uint16_t *d = vp + (int64_t)(j / 2) * a->EVp * 2 + (j & 1);
+    for (int e = 0; e < a->EV; e++) d[2 * e] = vr[e];
+  }
+}
+
 /* Dropout on keys kv0 .. kv0 + n - 1 of row qi of (b, h) (b as the call
  * indexes it; the bits see b + b0): x[j] zeroed where dropped, or with
  * `mult`, set to M = keep / (1 - p). One Philox call per four keys. */
@@ -143,27 +168,44 @@ static void fwd_item(void *ctx, int64_t item, int worker) {
   const FlexParams *p = a->p;
   const CpuKern *K = a->K;
   int64_t local = item / ((int64_t)p->G * a->nqt), head = a->chunk0 + local;
-  int qt = (int)(item % a->nqt), g = (int)(item / a->nqt % p->G);
+  /* the last query tiles first: under a causal mask they have the most
+   * keys, and the pool hands items out in order, so the long items start
+   * early and the short ones fill in at the end */
+  int qt = a->nqt - 1 - (int)(item % a->nqt), g = (int)(item / a->nqt % p->G);
   int b = (int)(head / p->HKV), kvh = (int)(head % p->HKV), h = kvh * p->G + g;
   int q0 = qt * a->bm, m = imin(a->bm, p->q_len - q0);
   int E = a->E, EVp = a->EVp, bnp = a->bnp;
   float *Q = a->scratch + (size_t)worker * a->scratch_per;
   float *S = Q + (size_t)a->bm * E, *O = S + (size_t)a->bm * bnp;
   float *mrow = O + (size_t)a->bm * EVp, *lrow = mrow + a->bm;
-  for (int i = 0; i < m; i++) { /* Q * scale, so that S = Q K^T needs no pass of its own */
-    load_row(Q + (size_t)i * E, p->q, b * p->sq.b + h * p->sq.h + (int64_t)(q0 + i) * p->sq.row, E, a->dtype);
-    K->scale(Q + (size_t)i * E, E, p->scale);
+  /* bf16: Q's rows as pairs (E2 words, in Q's place) and P rounded to bf16 */
+  int E2 = (E + 1) / 2;
+  uint32_t *Qb = (uint32_t *)Q;
+  uint16_t *Pb = (uint16_t *)(lrow + a->bm);
+  for (int i = 0; i < m; i++) {
+    int64_t off = b * p->sq.b + h * p->sq.h + (int64_t)(q0 + i) * p->sq.row;
+    if (a->bf16) { /* the scale is applied to S by the product */
+      uint16_t *d = (uint16_t *)(Qb + (size_t)i * E2);
+      memcpy(d, (const uint16_t *)p->q + off, sizeof(uint16_t) * (size_t)E);
+      if (E & 1) d[E] = 0;
+    } else { /* Q * scale, so that S = Q K^T needs no pass of its own */
+      load_row(Q + (size_t)i * E, p->q, off, E, a->dtype);
+      K->scale(Q + (size_t)i * E, E, p->scale);
+    }
     mrow[i] = -INFINITY, lrow[i] = 0;
   }
   memset(O, 0, sizeof(float) * (size_t)m * (size_t)EVp);
   const float *kt = a->kt + local * E * a->ldk;
   const float *vp = a->vp + local * p->kv_len * EVp;
+  const uint32_t *ktb = (const uint32_t *)a->kt + local * E2 * a->ldk;
+  const uint32_t *vpb = (const uint32_t *)a->vp + local * ((p->kv_len + 1) / 2) * EVp;
   uint64_t tiles = 0;
   for (int kv0 = 0; kv0 < p->kv_len; kv0 += a->bn) {
     int n = imin(a->bn, p->kv_len - kv0), cls = tile_cls(a, b, h, q0, kv0);
     if (cls == CPU_EMPTY) continue;
     tiles++;
-    K->gemm(m, bnp, E, Q, E, 1, kt + kv0, a->ldk, S, bnp, false);
+    if (a->bf16) K->gemm_bf16(m, bnp, E2, Qb, E2, ktb + kv0, a->ldk, S, bnp, p->scale, false);
+    else K->gemm(m, bnp, E, Q, E, 1, kt + kv0, a->ldk, S, bnp, false);
     scores(a, S, bnp, m, n, b, h, q0, kv0, cls);
     for (int i = 0; i < m; i++) {
       float *t = S + (size_t)i * bnp, mt = K->row_max(t, n), mo = mrow[i];
@@ -172,14 +214,25 @@ static void fwd_item(void *ctx, int64_t item, int worker) {
         memset(t, 0, sizeof(float) * (size_t)n);
         continue;
       }
-      float alpha = mo == -INFINITY ? 0.0f : expf(mo - mn);
+      float alpha = mo == -INFINITY ? 0.0f : mo == mn ? 1.0f : expf(mo - mn);
       lrow[i] = lrow[i] * alpha + K->exp_sum(t, n, mn);
       if (alpha != 1.0f) K->scale(O + (size_t)i * EVp, EVp, alpha);
       mrow[i] = mn;
     }
     if (p->drop_p > 0.0f) /* after the row sums, before P V; 1 / (1 - p) scales O at the end */
       for (int i = 0; i < m; i++) drop_row(p, b, h, q0 + i, kv0, n, S + (size_t)i * bnp, false);
-    K->gemm(m, EVp, n, S, bnp, 1, vp + (int64_t)kv0 * EVp, EVp, O, EVp, true);
+    if (a->bf16) { /* P to bf16, as FlashAttention does before P V (l summed the fp32 P) */
+      int n2 = n + (n & 1); /* an odd last tile: the pad key's P is 0 */
+      for (int i = 0; i < m; i++) {
+        float *t = S + (size_t)i * bnp;
+        if (n & 1) t[n] = 0.0f;
+        K->to_bf16(Pb + (size_t)i * bnp, t, n2);
+      }
+      K->gemm_bf16(m, EVp, n2 / 2, (const uint32_t *)Pb, bnp / 2, vpb + (int64_t)(kv0 / 2) * EVp,
+                   EVp, O, EVp, 1.0f, true);
+    } else {
+      K->gemm(m, EVp, n, S, bnp, 1, vp + (int64_t)kv0 * EVp, EVp, O, EVp, true);
+    }
   }
   for (int i = 0; i < m; i++) {
     float *o = O + (size_t)i * EVp, lse;
@@ -214,7 +267,7 @@ void cpu_attn_fwd(CpuAttn *a) {
   a->vp = base_alloc(sizeof(float) * (size_t)(chunk * p->kv_len * a->EVp) + 64);
   for (a->chunk0 = 0; a->chunk0 < kvheads; a->chunk0 += chunk) {
     int64_t n = kvheads - a->chunk0 < chunk ? kvheads - a->chunk0 : chunk;
-    cpu_pool_run(n, pack_kv, a);
+    cpu_pool_run(n, a->bf16 ? pack_kv_bf16 : pack_kv, a);
     cpu_pool_run(n * p->G * a->nqt, fwd_item, a);
   }
   base_free(a->kt);
