@@ -32,38 +32,13 @@
 
 #include "cpu/attn.h"
 #include "kernels/philox.cuh"
-#include "runtime/npy.h"
 
 /* ---- element conversion ------------------------------------------------------ */
 
-static inline float half_to_float(uint16_t h) {
-  uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
-  if (e == 0x1f) bits = s | 0x7f800000u | (m << 13);
-  else if (e) bits = s | ((e + 112) << 23) | (m << 13);
-  else if (!m) bits = s;
-  else { /* subnormal: m * 2^-24 */
-    float f = (float)m * 5.9604644775390625e-8f;
-    return s ? -f : f;
-  }
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
 /* n elements at element offset off of base (dtype dt) into dst as fp32. */
 static void load_row(float *dst, const void *base, int64_t off, int n, CgDtype dt) {
-  if (dt == CG_FP32) {
-    memcpy(dst, (const float *)base + off, sizeof(float) * (size_t)n);
-  } else {
-    const uint16_t *s = (const uint16_t *)base + off;
-    if (dt == CG_BF16)
-      for (int i = 0; i < n; i++) {
-        uint32_t bits = (uint32_t)s[i] << 16;
-        memcpy(&dst[i], &bits, 4);
-      }
-    else
-      for (int i = 0; i < n; i++) dst[i] = half_to_float(s[i]);
-  }
+  if (dt == CG_FP32) memcpy(dst, (const float *)base + off, sizeof(float) * (size_t)n);
+  else cpu_kern()->from16(dst, (const uint16_t *)base + off, n, dt == CG_BF16);
 }
 
 /* n fp32 values times mul into base at element offset off, rounded once to dt. */
@@ -72,11 +47,7 @@ static void store_row(void *base, int64_t off, const float *src, int n, float mu
     float *d = (float *)base + off;
     for (int i = 0; i < n; i++) d[i] = src[i] * mul;
   } else {
-    uint16_t *d = (uint16_t *)base + off;
-    for (int i = 0; i < n; i++) {
-      double v = (double)(src[i] * mul);
-      d[i] = dt == CG_BF16 ? rt_bf16_from_double(v) : rt_half_from_double(v);
-    }
+    cpu_kern()->to16((uint16_t *)base + off, src, n, mul, dt == CG_BF16);
   }
 }
 

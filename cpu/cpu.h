@@ -105,6 +105,10 @@ typedef struct CpuKern {
   void (*scale)(float *y, int n, float a);
   /* dt[j] = P[j] * (dP[j] - D) for j < n (in place in dP). */
   void (*dt_row)(float *dP, const float *P, int n, float D);
+  /* n fp16 or bf16 (bf16 true) values to fp32. */
+  void (*from16)(float *dst, const uint16_t *src, int n, bool bf16);
+  /* n values src[j] * mul rounded once to fp16 or bf16 (nearest even). */
+  void (*to16)(uint16_t *dst, const float *src, int n, float mul, bool bf16);
   /* bf16 products, NULL below AVX512-BF16 (kern.h): C[m x n] = alpha A B,
    * or C += alpha A B (acc), n a multiple of 32. A is bf16 row-major with
    * lda 32-bit words (bf16 pairs along k) a row; B is k2 rows of words, each

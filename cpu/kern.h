@@ -18,6 +18,10 @@
 #include <string.h>
 
 #include "cpu/cpu.h"
+#include "runtime/tensor.h"
+#if VW >= 8
+#include <immintrin.h>
+#endif
 
 typedef float vf __attribute__((vector_size(VW * 4)));
 typedef int32_t vi __attribute__((vector_size(VW * 4)));
@@ -93,7 +97,6 @@ static void gemm(int m, int n, int k, const float *A, int64_t ars, int64_t aps, 
  * half the instructions of the portable version below. x is clamped to
  * [-104, 89] first (e^-104 rounds to 0, e^89 to +inf) so that +-inf do
  * not make r = inf - inf; min and max are ordered so that a NaN x is kept. */
-#include <immintrin.h>
 static inline vf vexp(vf x) {
   __m512 xc = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), (__m512)x));
   __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
@@ -245,6 +248,66 @@ static void dt_row(float *dP, const float *P, int n, float D) {
   for (; j < n; j++) dP[j] = P[j] == 0 ? 0.0f : P[j] * (dP[j] - D);
 }
 
+/* ---- 16-bit conversions ---------------------------------------------------------- */
+
+typedef uint16_t vh __attribute__((vector_size(VW * 2), aligned(2), may_alias));
+typedef uint32_t vu __attribute__((vector_size(VW * 4)));
+
+static float half_to_float(uint16_t h) {
+  uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
+  if (e == 0x1f) bits = s | 0x7f800000u | (m << 13);
+  else if (e) bits = s | ((e + 112) << 23) | (m << 13);
+  else if (!m) bits = s;
+  else { /* subnormal: m * 2^-24 */
+    float f = (float)m * 5.9604644775390625e-8f;
+    return s ? -f : f;
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+/* bf16: a shift; fp16: vcvtph2ps where the table has F16C (VW >= 8). */
+static void from16(float *dst, const uint16_t *src, int n, bool bf16) {
+  int j = 0;
+  if (bf16) {
+    for (; j + VW <= n; j += VW) ST(dst + j, (vf)(__builtin_convertvector(*(const vh *)(src + j), vu) << 16));
+    for (; j < n; j++) {
+      uint32_t b = (uint32_t)src[j] << 16;
+      memcpy(dst + j, &b, 4);
+    }
+    return;
+  }
+#if VW >= 8
+  for (; j + 8 <= n; j += 8)
+    _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + j))));
+#endif
+  for (; j < n; j++) dst[j] = half_to_float(src[j]);
+}
+
+/* Rounded to nearest even, as rt_bf16_from_double and rt_half_from_double
+ * of the same fp32 values (a NaN stays a NaN). */
+static void to16(uint16_t *dst, const float *src, int n, float mul, bool bf16) {
+  int j = 0;
+  if (bf16) {
+    for (; j + VW <= n; j += VW) {
+      vf x = LD(src + j) * mul;
+      vu b = (vu)x, nan = (vu)(x != x);
+      vu r = (b + 0x7fff + ((b >> 16) & 1)) >> 16;
+      *(vh *)(dst + j) = __builtin_convertvector((r & ~nan) | (nan & 0x7fc0), vh);
+    }
+    for (; j < n; j++) dst[j] = rt_bf16_from_double((double)(src[j] * mul));
+    return;
+  }
+#if VW >= 8
+  for (; j + 8 <= n; j += 8)
+    _mm_storeu_si128((__m128i *)(dst + j),
+                     _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + j), _mm256_set1_ps(mul)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; j < n; j++) dst[j] = rt_half_from_double((double)(src[j] * mul));
+}
+
 #ifdef KERN_BF16
 /* ---- bf16 products (AVX512-BF16) ---------------------------------------------------
  *
@@ -325,5 +388,5 @@ static void to_bf16(uint16_t *dst, const float *x, int n) {
 #define KERN_BF16_FNS NULL, NULL
 #endif
 
-const CpuKern KERN_TABLE = {KERN_NAME, NR, gemm, exp_sum, exp_sub, row_max, scale, dt_row,
-                            KERN_BF16_FNS};
+const CpuKern KERN_TABLE = {KERN_NAME, NR,     gemm, exp_sum, exp_sub, row_max, scale,
+                            dt_row,    from16, to16, KERN_BF16_FNS};
