@@ -280,14 +280,14 @@ int main(int argc, char **argv) {
     return 1;
   }
   t_start = now() - t_start;
-  printf("cpu backend: %d threads, kernels %s; B=1 H=8 fp32, best of %d\n", cpu_pool_size(),
-         cpu_kern()->name, reps);
   if (ratio) {
     printf("cpu backend: %d threads, kernels %s\n", cpu_pool_size(), cpu_kern()->name);
     for (int li = 0; li < nL; li++)
       for (int ei = 0; ei < nE; ei++) ratios(Ls[li], Es[ei], masks, dts, reps_set ? reps : 7);
     return 0;
   }
+  printf("cpu backend: %d threads, kernels %s; B=1 H=8 fp32, best of %d\n", cpu_pool_size(),
+         cpu_kern()->name, reps);
   const int B = 1, H = 8;
   for (int li = 0; li < nL; li++)
     for (int ei = 0; ei < nE; ei++) {
