@@ -544,7 +544,8 @@ END_TEST
  * against the reference: odd E (a pad element), odd and tile-crossing
  * lengths, GQA, softcap + causal, with an fp32 O (the kernel's own error)
  * and a bf16 O, forward and backward at the bf16 tolerances. */
-static void bf16_case(const char *src, int B, int H, int HKV, int QL, int KL, int E, bool f32_out) {
+static void bf16_case(const char *src, int B, int H, int HKV, int QL, int KL, int E, bool f32_out,
+                      int block_q, int block_kv) {
   flex_kernel *k = load(src);
   Call c;
   call_init_as(&c, rt_dtype(kDLBfloat, 16), B, H, QL, KL, E);
@@ -569,15 +570,25 @@ static void bf16_case(const char *src, int B, int H, int HKV, int QL, int KL, in
     c.a[i].k = &c.k.t, c.a[i].v = &c.v.t, c.a[i].out = &c.out[i].t;
     c.a[i].dk = &c.dk[i].t, c.a[i].dv = &c.dv[i].t;
   }
+  flex_block_mask *bm = NULL; /* a caller's BlockMask (a window): tiles cut to its blocks */
+  flex_kernel *win = block_q ? load("mask w(b, h, q, kv) { return q - kv < 90 && kv - q < 150; }\n") : NULL;
+  if (win) {
+    ck_assert_msg(flex_block_mask_create(&bm, win, &c.a[1], B, H, QL, KL, block_q, block_kv, NULL) == FLEX_OK,
+                  "%s", flex_last_error());
+    c.a[0].block_mask = c.a[1].block_mask = bm;
+  }
   for (int i = 1; i >= 0; i--) {
     ck_assert_msg(flex_forward(k, &c.a[i]) == FLEX_OK, "bf16 forward: %s", flex_last_error());
     ck_assert_msg(flex_backward(k, &c.a[i]) == FLEX_OK, "bf16 backward: %s", flex_last_error());
   }
+  if (bm) flex_block_mask_free(bm);
+  if (win) flex_kernel_free(win);
   double eo = tl_rel_err(&c.out[0].a, &c.out[1].a), el = tl_rel_err(&c.lse[0].a, &c.lse[1].a);
   double eq = tl_rel_err(&c.dq[0].a, &c.dq[1].a), ek = tl_rel_err(&c.dk[0].a, &c.dk[1].a);
   double ev = tl_rel_err(&c.dv[0].a, &c.dv[1].a);
-  fprintf(stderr, "  bf16 %s B%d H%d/%d L%d/%d E%d %s O: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g\n",
-          cpu_kern()->name, B, H, HKV, QL, KL, E, f32_out ? "fp32" : "bf16", eo, el, eq, ek, ev);
+  fprintf(stderr, "  bf16 %s B%d H%d/%d L%d/%d E%d %s O blocks %dx%d: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g\n",
+          cpu_kern()->name, B, H, HKV, QL, KL, E, f32_out ? "fp32" : "bf16", block_q, block_kv, eo, el,
+          eq, ek, ev);
   ck_assert_msg(eo < 3e-2 && el < 3e-2, "bf16 E%d: out %g lse %g", E, eo, el);
   ck_assert_msg(eq < 6e-2 && ek < 6e-2 && ev < 6e-2, "bf16 E%d: dq %g dk %g dv %g", E, eq, ek, ev);
   call_free(&c);
@@ -589,9 +600,11 @@ static const char softcap_causal[] = "param float softcap = 20.0;\n"
                                      "mask causal(b, h, q, kv) { return q >= kv; }\n";
 
 START_TEST(bf16_attention) {
-  bf16_case("score f(s, b, h, q, kv) { return s; }\n", 2, 4, 2, 70, 131, 15, true);
-  bf16_case(softcap_causal, 1, 3, 1, 200, 200, 72, true);
-  bf16_case(softcap_causal, 2, 2, 2, 129, 257, 64, false);
+  bf16_case("score f(s, b, h, q, kv) { return s; }\n", 2, 4, 2, 70, 131, 15, true, 0, 0);
+  bf16_case(softcap_causal, 1, 3, 1, 200, 200, 72, true, 0, 0);
+  bf16_case(softcap_causal, 2, 2, 2, 129, 257, 64, false, 0, 0);
+  bf16_case(softcap_causal, 1, 2, 2, 150, 333, 32, true, 64, 64); /* forward and backward blocks */
+  bf16_case("score f(s, b, h, q, kv) { return s * 0.5; }\n", 1, 2, 1, 150, 333, 24, true, 64, 192);
 }
 END_TEST
 
