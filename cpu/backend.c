@@ -27,8 +27,8 @@
  * softmax's rescaling and the products' loads, with or without a mask. A
  * causal mask costs more partial keys at the diagonal with 128 than with
  * 64 (about 1/32 of its keys at L = 4096), but each of its tiles costs less:
- * causal / dense forward time measured 0.51-0.53 at L = 4096 with 128 keys,
- * 0.57-0.58 with 64 (bench/RESULTS.md). */
+ * causal / dense forward time measured 0.51-0.56 at L = 4096 with 128 keys,
+ * 0.57-0.59 with 64 (bench/RESULTS.md). */
 enum { FWD_BM = 64, FWD_BN = 128, BWD_BM = 64, BWD_BN = 64 };
 
 static flex_status cpu_open(RtRun *r) {
