@@ -83,13 +83,20 @@ static void pack_kv(void *ctx, int64_t item, int worker) {
   int64_t head = a->chunk0 + item;
   int b = (int)(head / p->HKV), kvh = (int)(head % p->HKV);
   float *kt = a->kt + item * (int64_t)a->E * a->ldk, *vp = a->vp + item * (int64_t)p->kv_len * a->EVp;
-  float row[512];
-  for (int j = 0; j < p->kv_len; j++) {
-    load_row(row, p->k, b * p->sk.b + kvh * p->sk.h + j * p->sk.row, a->E, a->dtype);
-    for (int e = 0; e < a->E; e++) kt[(int64_t)e * a->ldk + j] = row[e];
+  /* K^T 16 keys at a time, so that each row of K^T gets 64 contiguous
+   * bytes instead of one element per cache line */
+  float rows[16][512];
+  for (int j0 = 0; j0 < p->kv_len; j0 += 16) {
+    int jn = imin(16, p->kv_len - j0);
+    for (int jj = 0; jj < jn; jj++)
+      load_row(rows[jj], p->k, b * p->sk.b + kvh * p->sk.h + (int64_t)(j0 + jj) * p->sk.row, a->E,
+               a->dtype);
+    for (int e = 0; e < a->E; e++)
+      for (int jj = 0; jj < jn; jj++) kt[(int64_t)e * a->ldk + j0 + jj] = rows[jj][e];
+  }
+  for (int j = 0; j < p->kv_len; j++)
     load_row(vp + (int64_t)j * a->EVp, p->v, b * p->sv.b + kvh * p->sv.h + j * p->sv.row, a->EV,
              a->dtype);
-  }
 }
 
 /* The same for the bf16 products (a->bf16): K^T as E2 rows of 32-bit words,
@@ -105,12 +112,16 @@ static void pack_kv_bf16(void *ctx, int64_t item, int worker) {
   int b = (int)(head / p->HKV), kvh = (int)(head % p->HKV), E = a->E, E2 = (E + 1) / 2;
   uint32_t *kt = (uint32_t *)a->kt + item * (int64_t)E2 * a->ldk;
   uint16_t *vp = (uint16_t *)((uint32_t *)a->vp + item * (int64_t)((p->kv_len + 1) / 2) * a->EVp);
+  for (int j0 = 0; j0 < p->kv_len; j0 += 16) { /* 16 keys at a time, as pack_kv */
+    int jn = imin(16, p->kv_len - j0);
+    for (int e2 = 0; e2 < E2; e2++)
+      for (int jj = 0; jj < jn; jj++) {
+        const uint16_t *kr = (const uint16_t *)p->k + b * p->sk.b + kvh * p->sk.h + (int64_t)(j0 + jj) * p->sk.row;
+        uint32_t hi = 2 * e2 + 1 < E ? kr[2 * e2 + 1] : 0;
+        kt[(int64_t)e2 * a->ldk + j0 + jj] = kr[2 * e2] | hi << 16;
+      }
+  }
   for (int j = 0; j < p->kv_len; j++) {
-    const uint16_t *kr = (const uint16_t *)p->k + b * p->sk.b + kvh * p->sk.h + j * p->sk.row;
-    for (int e2 = 0; e2 < E2; e2++) {
-      uint32_t hi = 2 * e2 + 1 < E ? kr[2 * e2 + 1] : 0;
-      kt[(int64_t)e2 * a->ldk + j] = kr[2 * e2] | hi << 16;
-    }
     const uint16_t *vr = (const uint16_t *)p->v + b * p->sv.b + kvh * p->sv.h + j * p->sv.row;
     uint16_t *d = vp + (int64_t)(j / 2) * a->EVp * 2 + (j & 1);
     for (int e = 0; e < a->EV; e++) d[2 * e] = vr[e];
