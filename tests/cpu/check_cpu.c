@@ -15,6 +15,8 @@
  *   checked    an out-of-range buffer read is reported with the buffer's name
  *   cache      a second call compiles nothing; a second process loads the
  *              object code from the disk cache
+ *   row_helpers  the table's exp_sum, exp_sub and row_max (the forward's
+ *              softmax) against binary64, with -inf, NaN and tails
  *   dispatch   cpu_kern() picks the AVX512-BF16 table exactly where CPUID
  *              has it, and FLEXC_CPU_ISA forces each lower table (children)
  *   bf16       the bf16 products (vdpbf16ps) and P's rounding against
@@ -434,30 +436,92 @@ static void child_isa(const char *isa, Buf *out) {
   ck_assert_int_eq(tl_run(cmd, out), 0);
 }
 
-START_TEST(dispatch) {
+/* The table cpu_kern() should pick on this CPU with FLEXC_CPU_ISA=isa. */
+static const char *expected_table(const char *isa) {
   __builtin_cpu_init();
-  bool bf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
   bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  bool bf16 = avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
   bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const char *best = bf16 ? "avx512bf16" : avx512 ? "avx512" : avx2 ? "avx2" : "generic";
-  fprintf(stderr, "  dispatch: this CPU's table %s\n", best);
-  ck_assert_str_eq(cpu_kern()->name, best);
-  ck_assert_int_eq(cpu_kern()->gemm_bf16 != NULL, bf16);
-  /* Forced lower tables: the forward of a bf16 call runs on each (the child
-   * checks it against the reference). */
+  int level = bf16 ? 3 : avx512 ? 2 : avx2 ? 1 : 0, cap = 3;
+  if (isa && !strcmp(isa, "avx512")) cap = 2;
+  if (isa && !strcmp(isa, "avx2")) cap = 1;
+  if (isa && !strcmp(isa, "generic")) cap = 0;
+  static const char *const names[4] = {"generic", "avx2", "avx512", "avx512bf16"};
+  return names[level < cap ? level : cap];
+}
+
+START_TEST(dispatch) {
+  const char *here = expected_table(getenv("FLEXC_CPU_ISA"));
+  fprintf(stderr, "  dispatch: this CPU's table %s, this process's %s\n", expected_table(NULL), here);
+  ck_assert_str_eq(cpu_kern()->name, here);
+  ck_assert_int_eq(cpu_kern()->gemm_bf16 != NULL, !strcmp(here, "avx512bf16"));
+  /* Every table in a child: the forward of a bf16 call runs on each (the
+   * child checks it against the reference). */
   const char *isa[4] = {"", "avx512", "avx2", "generic"};
-  const char *want[4] = {best, avx512 ? "avx512" : avx2 ? "avx2" : "generic", avx2 ? "avx2" : "generic",
-                         "generic"};
   for (int i = 0; i < 4; i++) {
+    const char *want = expected_table(isa[i]);
     Buf out = {0};
     child_isa(isa[i], &out);
     char line[64];
-    snprintf(line, sizeof line, "table=%s ok", want[i]);
+    snprintf(line, sizeof line, "table=%s ok", want);
     ck_assert_msg(strstr(out.data, line), "FLEXC_CPU_ISA=%s: want %s, child said: %s", isa[i], line,
                   out.data);
     buf_free(&out);
   }
+}
+END_TEST
+
+/* The table's row helpers (the forward's softmax): exp_sum and exp_sub
+ * element by element against binary64 exp of the same fp32 argument (the
+ * kernels' exp is Cephes' 1-2 ulp; 2 allowed), -inf -> 0, NaN kept, sums
+ * and row_max with tails of every length below a vector. */
+static double ulps(float got, double want) {
+  if (want == 0) return got == 0 ? 0 : INFINITY;
+  double ulp = fabs(want) < 1.17549435e-38 ? ldexp(1, -149) : ldexp(1, ilogb(want) - 23);
+  return fabs((double)got - want) / ulp;
+}
+
+START_TEST(row_helpers) {
+  const CpuKern *K = cpu_kern();
+  float x[67], y[67];
+  double worst = 0;
+  for (int rep = 0; rep < 400; rep++) {
+    int n = 1 + (int)(tl_rand(&rng) % 67);
+    float mx = (float)(tl_uniform(&rng) * 20 - 10);
+    for (int j = 0; j < n; j++) x[j] = mx - (float)(tl_uniform(&rng) * 110); /* e^0 .. e^-110 */
+    if (n > 2) x[tl_rand(&rng) % (uint64_t)n] = -INFINITY;
+    memcpy(y, x, sizeof x);
+    float sum = K->exp_sum(y, n, mx);
+    double want_sum = 0;
+    for (int j = 0; j < n; j++) {
+      double want = exp((double)(x[j] - mx));
+      want_sum += want;
+      double e = ulps(y[j], want);
+      ck_assert_msg(e <= 2.0 && !isnan(y[j]), "%s exp_sum: e^%.9g = %.9g, want %.9g (%.2f ulp)",
+                    K->name, (double)(x[j] - mx), (double)y[j], want, e);
+      if (e > worst) worst = e;
+    }
+    double got_sum = 0; /* the reduction, against the elements it returned */
+    for (int j = 0; j < n; j++) got_sum += y[j];
+    ck_assert_msg(fabs(sum - got_sum) <= 1e-6 * got_sum + 1e-44 && fabs(sum - want_sum) <= 1e-5 * want_sum + 1e-44,
+                  "%s exp_sum n %d: sum %.9g, elements sum to %.9g, want %.9g", K->name, n,
+                  (double)sum, got_sum, want_sum);
+    memcpy(y, x, sizeof x);
+    K->exp_sub(y, n, mx);
+    for (int j = 0; j < n; j++) {
+      double want = isinf(x[j]) ? 0 : exp((double)(x[j] - mx));
+      ck_assert_msg(ulps(y[j], want) <= 2.0, "%s exp_sub: e^(%.9g - %.9g) = %.9g, want %.9g", K->name,
+                    (double)x[j], (double)mx, (double)y[j], want);
+    }
+    float m = -INFINITY;
+    for (int j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
+    ck_assert_msg(K->row_max(x, n) == m, "%s row_max n %d", K->name, n);
+    x[tl_rand(&rng) % (uint64_t)n] = NAN; /* anywhere, tails included */
+    ck_assert_msg(isnan(K->row_max(x, n)), "%s row_max n %d: a NaN is lost", K->name, n);
+    memcpy(y, x, sizeof x);
+    ck_assert_msg(isnan(K->exp_sum(y, n, mx)), "%s exp_sum n %d: a NaN is lost", K->name, n);
+  }
+  fprintf(stderr, "  row helpers (%s): exp worst %.2f ulp\n", K->name, worst);
 }
 END_TEST
 
@@ -671,6 +735,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, cache);
   tcase_add_test(tc, disk_cache);
   tcase_add_test(tc, dispatch);
+  tcase_add_test(tc, row_helpers);
   tcase_add_test(tc, bf16_products);
   tcase_add_test(tc, bf16_attention);
   suite_add_tcase(s, tc);
