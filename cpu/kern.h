@@ -1,9 +1,11 @@
 /* kern.h: the CPU kernels, written once over GCC vector types of VW floats
- * and compiled once per ISA level: kern_avx512.c (VW 16), kern_avx2.c
- * (VW 8) and kern_generic.c (VW 4, SSE2) each set VW, MR and KERN_NAME,
- * a `#pragma GCC target` where needed, and include this file, which
- * defines the table KERN_TABLE. cpu_kern() picks one at run time, so the
- * library needs no -march flag.
+ * and compiled once per ISA level: kern_avx512bf16.c and kern_avx512.c
+ * (VW 16), kern_avx2.c (VW 8) and kern_generic.c (VW 4, SSE2) each set VW,
+ * MR and KERN_NAME, a `#pragma GCC target` where needed, and include this
+ * file, which defines the table KERN_TABLE; KERN_BF16 adds the bf16
+ * products (AVX512-BF16). cpu_kern() picks one at run time, so the library
+ * needs no -march flag. Where VW is 16, exp, the row max and the row sum
+ * use AVX-512 intrinsics (vscalefps, mask registers, tree reductions).
  *
  * gemm is a register-blocked micro-kernel: MR rows x 2 vectors of C held in
  * registers while k runs, A broadcast one element at a time (any row and
