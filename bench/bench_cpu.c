@@ -3,6 +3,13 @@
  *
  *   bench_cpu [--L 2048,4096] [--E 64,128] [--masks none,causal,softcap] [--reps N]
  *             [--no-bwd] [--jit-only]
+ *   bench_cpu --ratios [--dtypes fp32,bf16,fp16] [--L ..] [--E ..] [--masks ..] [--reps N]
+ *
+ * --ratios is for a shared machine, where absolute times move with the
+ * neighbours' load: forwards only, every (mask, dtype) of a shape run once
+ * per round, in turn, for --reps rounds (default 7), printing each
+ * variant's median time and the medians over rounds of the ratios taken
+ * within one round: dtype / fp32 per mask and mask / none per dtype.
  *
  * fp32, B=1, H=8, L=S. For each shape and mask: the forward and backward
  * through the public API (best of --reps runs after one warm-up), their
@@ -23,6 +30,7 @@
 #include "cpu/cpu.h"
 #include "runtime/flex.h"
 #include "runtime/rt.h"
+#include "runtime/tensor.h"
 
 static double now(void) {
   struct timespec ts;
@@ -93,6 +101,101 @@ static double roofline(int H, int L, int E) {
   return 4.0 * H * (double)L * L * E / best / 1e9;
 }
 
+/* t as dtype dt (fp32 data rounded once: bf16 or fp16), a new tensor. */
+static DLTensor *convert(const DLTensor *t, int dt) {
+  DLDataType d = dt == 0 ? (DLDataType){kDLFloat, 32, 1}
+                         : dt == 1 ? (DLDataType){kDLBfloat, 16, 1} : (DLDataType){kDLFloat, 16, 1};
+  DLTensor *o = NULL;
+  if (flex_tensor_alloc(&o, FLEX_BACKEND_CPU, d, t->ndim, t->shape, NULL)) {
+    fprintf(stderr, "%s\n", flex_last_error());
+    exit(1);
+  }
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+  const float *f = t->data;
+  for (int64_t i = 0; i < n; i++) {
+    if (dt == 0) ((float *)o->data)[i] = f[i];
+    else ((uint16_t *)o->data)[i] = dt == 1 ? rt_bf16_from_double(f[i]) : rt_half_from_double(f[i]);
+  }
+  return o;
+}
+
+static double median(double *x, int n) {
+  qsort(x, (size_t)n, sizeof *x, cmp);
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+static const char *const dtype_names[3] = {"fp32", "bf16", "fp16"};
+
+/* --ratios for one shape: forwards of every (mask, dtype), interleaved. */
+static void ratios(int L, int E, const bool *masks, const bool *dts, int rounds) {
+  enum { MAXR = 64 };
+  if (rounds > MAXR) rounds = MAXR;
+  if (rounds < 1) rounds = 1;
+  const int B = 1, H = 8;
+  uint64_t rng = 0x5eed + (uint64_t)L * 131 + (uint64_t)E;
+  DLTensor *src[4], *ts[3][4], *lse = tensor(B, H, L, 1, 3, &rng);
+  for (int i = 0; i < 4; i++) src[i] = tensor(B, H, L, E, 4, &rng);
+  flex_kernel *ks[3] = {NULL, NULL, NULL};
+  flex_args args[3][3];
+  for (int d = 0; d < 3; d++)
+    for (int i = 0; i < 4; i++) ts[d][i] = dts[d] ? convert(src[i], d) : NULL;
+  for (int mi = 0; mi < 3; mi++) {
+    if (!masks[mi]) continue;
+    if (flex_kernel_from_source(&ks[mi], mask_names[mi], sources[mi], strlen(sources[mi]), NULL)) {
+      fprintf(stderr, "%s\n", flex_last_error());
+      exit(1);
+    }
+    for (int d = 0; d < 3; d++) {
+      flex_args *a = &args[mi][d];
+      memset(a, 0, sizeof *a);
+      a->backend = FLEX_BACKEND_CPU;
+      a->q = ts[d][0], a->k = ts[d][1], a->v = ts[d][2], a->out = ts[d][3], a->lse = lse;
+    }
+  }
+  static double t[3][3][MAXR];
+  for (int r = -1; r < rounds; r++) /* round -1 warms up (JIT, pages) */
+    for (int x = 0; x < 9; x++) {
+      int v = (x + (r < 0 ? 0 : r)) % 9, mi = v / 3, d = v % 3; /* a rotating order */
+      if (!masks[mi] || !dts[d]) continue;
+      double t0 = now();
+      if (flex_forward(ks[mi], &args[mi][d])) {
+        fprintf(stderr, "%s\n", flex_last_error());
+        exit(1);
+      }
+      if (r >= 0) t[mi][d][r] = now() - t0;
+    }
+  printf("\nL=S=%d E=%d B=%d H=%d, forward, %d interleaved rounds: median ms\n", L, E, B, H, rounds);
+  double x[MAXR];
+  for (int mi = 0; mi < 3; mi++)
+    for (int d = 0; d < 3; d++) {
+      if (!masks[mi] || !dts[d]) continue;
+      memcpy(x, t[mi][d], sizeof(double) * (size_t)rounds);
+      printf("  %-8s %-5s %8.1f ms  %6.1f GFLOP/s\n", mask_names[mi], dtype_names[d],
+             median(x, rounds) * 1e3, 4.0 * B * H * (double)L * L * E * (mi ? 0.5 : 1.0) / median(x, rounds) / 1e9);
+    }
+  for (int mi = 0; mi < 3; mi++)
+    for (int d = 1; d < 3; d++) {
+      if (!masks[mi] || !dts[d] || !dts[0]) continue;
+      for (int r = 0; r < rounds; r++) x[r] = t[mi][0][r] / t[mi][d][r];
+      printf("  %-8s speed-up %s over fp32 (fp32 time / %s time): median %.2f\n", mask_names[mi],
+             dtype_names[d], dtype_names[d], median(x, rounds));
+    }
+  for (int mi = 1; mi < 3; mi++)
+    for (int d = 0; d < 3; d++) {
+      if (!masks[mi] || !masks[0] || !dts[d]) continue;
+      for (int r = 0; r < rounds; r++) x[r] = t[mi][d][r] / t[0][d][r];
+      printf("  %-8s / none forward time, %s: median %.3f\n", mask_names[mi], dtype_names[d],
+             median(x, rounds));
+    }
+  for (int mi = 0; mi < 3; mi++) flex_kernel_free(ks[mi]);
+  for (int d = 0; d < 3; d++)
+    for (int i = 0; i < 4; i++)
+      if (ts[d][i]) flex_tensor_free(ts[d][i]);
+  for (int i = 0; i < 4; i++) flex_tensor_free(src[i]);
+  flex_tensor_free(lse);
+}
+
 static double run(flex_kernel *k, flex_args *a, bool bwd, int reps) {
   double t[16];
   if (reps > 16) reps = 16;
@@ -147,11 +250,17 @@ int main(int argc, char **argv) {
     return 0;
   }
   int Ls[4] = {2048, 4096}, Es[4] = {64, 128}, nL = 2, nE = 2, reps = 3;
-  bool masks[3] = {true, true, true}, bwd = true;
+  bool masks[3] = {true, true, true}, bwd = true, ratio = false, dts[3] = {true, true, true};
+  bool reps_set = false;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--L") && i + 1 < argc) nL = parse_list(argv[++i], Ls, 4);
     else if (!strcmp(argv[i], "--E") && i + 1 < argc) nE = parse_list(argv[++i], Es, 4);
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]), reps_set = true;
+    else if (!strcmp(argv[i], "--ratios")) ratio = true;
+    else if (!strcmp(argv[i], "--dtypes") && i + 1 < argc) {
+      const char *m = argv[++i];
+      for (int j = 0; j < 3; j++) dts[j] = strstr(m, dtype_names[j]) != NULL;
+    }
     else if (!strcmp(argv[i], "--no-bwd")) bwd = false;
     else if (!strcmp(argv[i], "--jit-only")) nL = 0;
     else if (!strcmp(argv[i], "--masks") && i + 1 < argc) {
@@ -159,7 +268,9 @@ int main(int argc, char **argv) {
       for (int j = 0; j < 3; j++) masks[j] = strstr(m, mask_names[j]) != NULL;
     } else {
       fprintf(stderr, "usage: bench_cpu [--L 2048,4096] [--E 64,128] [--masks none,causal,softcap] "
-                      "[--reps N] [--no-bwd] [--jit-only]\n");
+                      "[--reps N] [--no-bwd] [--jit-only]\n"
+                      "       bench_cpu --ratios [--dtypes fp32,bf16,fp16] [--L ..] [--E ..] "
+                      "[--masks ..] [--reps N]\n");
       return 2;
     }
   }
@@ -169,6 +280,12 @@ int main(int argc, char **argv) {
     return 1;
   }
   t_start = now() - t_start;
+  if (ratio) {
+    printf("cpu backend: %d threads, kernels %s\n", cpu_pool_size(), cpu_kern()->name);
+    for (int li = 0; li < nL; li++)
+      for (int ei = 0; ei < nE; ei++) ratios(Ls[li], Es[ei], masks, dts, reps_set ? reps : 7);
+    return 0;
+  }
   printf("cpu backend: %d threads, kernels %s; B=1 H=8 fp32, best of %d\n", cpu_pool_size(),
          cpu_kern()->name, reps);
   const int B = 1, H = 8;

@@ -15,6 +15,9 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 
+STAT = "best"
+
+
 def timed(fn, reps):
     fn()
     ts = []
@@ -22,6 +25,10 @@ def timed(fn, reps):
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
+    if STAT == "median":  # as bench_cpu --ratios prints
+        ts.sort()
+        n = len(ts)
+        return ts[n // 2] if n % 2 else 0.5 * (ts[n // 2 - 1] + ts[n // 2])
     return min(ts)  # best of: on a shared machine the others measure the neighbours
 
 
@@ -32,11 +39,14 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--no-bwd", action="store_true")
+    ap.add_argument("--median", action="store_true", help="median of --reps instead of the best")
     a = ap.parse_args()
+    global STAT
+    STAT = "median" if a.median else "best"
     if a.threads:
         torch.set_num_threads(a.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"cpu capability {torch.backends.cpu.get_cpu_capability()}; B=1 H=8 fp32, best of {a.reps}")
+          f"cpu capability {torch.backends.cpu.get_cpu_capability()}; B=1 H=8 fp32, {STAT} of {a.reps}")
     # Every shape and score_mod is a recompilation; past dynamo's limit
     # flex_attention would silently run unfused, so raise the limit and
     # make hitting it an error.

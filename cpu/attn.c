@@ -32,38 +32,13 @@
 
 #include "cpu/attn.h"
 #include "kernels/philox.cuh"
-#include "runtime/npy.h"
 
 /* ---- element conversion ------------------------------------------------------ */
 
-static inline float half_to_float(uint16_t h) {
-  uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
-  if (e == 0x1f) bits = s | 0x7f800000u | (m << 13);
-  else if (e) bits = s | ((e + 112) << 23) | (m << 13);
-  else if (!m) bits = s;
-  else { /* subnormal: m * 2^-24 */
-    float f = (float)m * 5.9604644775390625e-8f;
-    return s ? -f : f;
-  }
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
 /* n elements at element offset off of base (dtype dt) into dst as fp32. */
 static void load_row(float *dst, const void *base, int64_t off, int n, CgDtype dt) {
-  if (dt == CG_FP32) {
-    memcpy(dst, (const float *)base + off, sizeof(float) * (size_t)n);
-  } else {
-    const uint16_t *s = (const uint16_t *)base + off;
-    if (dt == CG_BF16)
-      for (int i = 0; i < n; i++) {
-        uint32_t bits = (uint32_t)s[i] << 16;
-        memcpy(&dst[i], &bits, 4);
-      }
-    else
-      for (int i = 0; i < n; i++) dst[i] = half_to_float(s[i]);
-  }
+  if (dt == CG_FP32) memcpy(dst, (const float *)base + off, sizeof(float) * (size_t)n);
+  else cpu_kern()->from16(dst, (const uint16_t *)base + off, n, dt == CG_BF16);
 }
 
 /* n fp32 values times mul into base at element offset off, rounded once to dt. */
@@ -72,11 +47,7 @@ static void store_row(void *base, int64_t off, const float *src, int n, float mu
     float *d = (float *)base + off;
     for (int i = 0; i < n; i++) d[i] = src[i] * mul;
   } else {
-    uint16_t *d = (uint16_t *)base + off;
-    for (int i = 0; i < n; i++) {
-      double v = (double)(src[i] * mul);
-      d[i] = dt == CG_BF16 ? rt_bf16_from_double(v) : rt_half_from_double(v);
-    }
+    cpu_kern()->to16((uint16_t *)base + off, src, n, mul, dt == CG_BF16);
   }
 }
 
@@ -112,12 +83,48 @@ static void pack_kv(void *ctx, int64_t item, int worker) {
   int64_t head = a->chunk0 + item;
   int b = (int)(head / p->HKV), kvh = (int)(head % p->HKV);
   float *kt = a->kt + item * (int64_t)a->E * a->ldk, *vp = a->vp + item * (int64_t)p->kv_len * a->EVp;
-  float row[512];
-  for (int j = 0; j < p->kv_len; j++) {
-    load_row(row, p->k, b * p->sk.b + kvh * p->sk.h + j * p->sk.row, a->E, a->dtype);
-    for (int e = 0; e < a->E; e++) kt[(int64_t)e * a->ldk + j] = row[e];
+  /* K^T 16 keys at a time, so that each row of K^T gets 64 contiguous
+   * bytes instead of one element per cache line */
+  float rows[16][512];
+  for (int j0 = 0; j0 < p->kv_len; j0 += 16) {
+    int jn = imin(16, p->kv_len - j0);
+    for (int jj = 0; jj < jn; jj++)
+      load_row(rows[jj], p->k, b * p->sk.b + kvh * p->sk.h + (int64_t)(j0 + jj) * p->sk.row, a->E,
+               a->dtype);
+    for (int e = 0; e < a->E; e++)
+      for (int jj = 0; jj < jn; jj++) kt[(int64_t)e * a->ldk + j0 + jj] = rows[jj][e];
+  }
+  for (int j = 0; j < p->kv_len; j++)
     load_row(vp + (int64_t)j * a->EVp, p->v, b * p->sv.b + kvh * p->sv.h + j * p->sv.row, a->EV,
              a->dtype);
+}
+
+/* The same for the bf16 products (a->bf16): K^T as E2 rows of 32-bit words,
+ * word (e2, j) the pair (K[j][2 e2], K[j][2 e2 + 1]), so a row of Q (bf16
+ * pairs along E) times a row of words is vdpbf16ps's operand shape; V as
+ * words (j2, e) = (V[2 j2][e], V[2 j2 + 1][e]), pairs of keys, for P V.
+ * Padding (an odd E, an odd last key, columns past EV) stays zero. */
+static void pack_kv_bf16(void *ctx, int64_t item, int worker) {
+  CpuAttn *a = ctx;
+  const FlexParams *p = a->p;
+  (void)worker;
+  int64_t head = a->chunk0 + item;
+  int b = (int)(head / p->HKV), kvh = (int)(head % p->HKV), E = a->E, E2 = (E + 1) / 2;
+  uint32_t *kt = (uint32_t *)a->kt + item * (int64_t)E2 * a->ldk;
+  uint16_t *vp = (uint16_t *)((uint32_t *)a->vp + item * (int64_t)((p->kv_len + 1) / 2) * a->EVp);
+  for (int j0 = 0; j0 < p->kv_len; j0 += 16) { /* 16 keys at a time, as pack_kv */
+    int jn = imin(16, p->kv_len - j0);
+    for (int e2 = 0; e2 < E2; e2++)
+      for (int jj = 0; jj < jn; jj++) {
+        const uint16_t *kr = (const uint16_t *)p->k + b * p->sk.b + kvh * p->sk.h + (int64_t)(j0 + jj) * p->sk.row;
+        uint32_t hi = 2 * e2 + 1 < E ? kr[2 * e2 + 1] : 0;
+        kt[(int64_t)e2 * a->ldk + j0 + jj] = kr[2 * e2] | hi << 16;
+      }
+  }
+  for (int j = 0; j < p->kv_len; j++) {
+    const uint16_t *vr = (const uint16_t *)p->v + b * p->sv.b + kvh * p->sv.h + j * p->sv.row;
+    uint16_t *d = vp + (int64_t)(j / 2) * a->EVp * 2 + (j & 1);
+    for (int e = 0; e < a->EV; e++) d[2 * e] = vr[e];
   }
 }
 
@@ -143,27 +150,44 @@ static void fwd_item(void *ctx, int64_t item, int worker) {
   const FlexParams *p = a->p;
   const CpuKern *K = a->K;
   int64_t local = item / ((int64_t)p->G * a->nqt), head = a->chunk0 + local;
-  int qt = (int)(item % a->nqt), g = (int)(item / a->nqt % p->G);
+  /* the last query tiles first: under a causal mask they have the most
+   * keys, and the pool hands items out in order, so the long items start
+   * early and the short ones fill in at the end */
+  int qt = a->nqt - 1 - (int)(item % a->nqt), g = (int)(item / a->nqt % p->G);
   int b = (int)(head / p->HKV), kvh = (int)(head % p->HKV), h = kvh * p->G + g;
   int q0 = qt * a->bm, m = imin(a->bm, p->q_len - q0);
   int E = a->E, EVp = a->EVp, bnp = a->bnp;
   float *Q = a->scratch + (size_t)worker * a->scratch_per;
   float *S = Q + (size_t)a->bm * E, *O = S + (size_t)a->bm * bnp;
   float *mrow = O + (size_t)a->bm * EVp, *lrow = mrow + a->bm;
-  for (int i = 0; i < m; i++) { /* Q * scale, so that S = Q K^T needs no pass of its own */
-    load_row(Q + (size_t)i * E, p->q, b * p->sq.b + h * p->sq.h + (int64_t)(q0 + i) * p->sq.row, E, a->dtype);
-    K->scale(Q + (size_t)i * E, E, p->scale);
+  /* bf16: Q's rows as pairs (E2 words, in Q's place) and P rounded to bf16 */
+  int E2 = (E + 1) / 2;
+  uint32_t *Qb = (uint32_t *)Q;
+  uint16_t *Pb = (uint16_t *)(lrow + a->bm);
+  for (int i = 0; i < m; i++) {
+    int64_t off = b * p->sq.b + h * p->sq.h + (int64_t)(q0 + i) * p->sq.row;
+    if (a->bf16) { /* the scale is applied to S by the product */
+      uint16_t *d = (uint16_t *)(Qb + (size_t)i * E2);
+      memcpy(d, (const uint16_t *)p->q + off, sizeof(uint16_t) * (size_t)E);
+      if (E & 1) d[E] = 0;
+    } else { /* Q * scale, so that S = Q K^T needs no pass of its own */
+      load_row(Q + (size_t)i * E, p->q, off, E, a->dtype);
+      K->scale(Q + (size_t)i * E, E, p->scale);
+    }
     mrow[i] = -INFINITY, lrow[i] = 0;
   }
   memset(O, 0, sizeof(float) * (size_t)m * (size_t)EVp);
   const float *kt = a->kt + local * E * a->ldk;
   const float *vp = a->vp + local * p->kv_len * EVp;
+  const uint32_t *ktb = (const uint32_t *)a->kt + local * E2 * a->ldk;
+  const uint32_t *vpb = (const uint32_t *)a->vp + local * ((p->kv_len + 1) / 2) * EVp;
   uint64_t tiles = 0;
   for (int kv0 = 0; kv0 < p->kv_len; kv0 += a->bn) {
     int n = imin(a->bn, p->kv_len - kv0), cls = tile_cls(a, b, h, q0, kv0);
     if (cls == CPU_EMPTY) continue;
     tiles++;
-    K->gemm(m, bnp, E, Q, E, 1, kt + kv0, a->ldk, S, bnp, false);
+    if (a->bf16) K->gemm_bf16(m, bnp, E2, Qb, E2, ktb + kv0, a->ldk, S, bnp, p->scale, false);
+    else K->gemm(m, bnp, E, Q, E, 1, kt + kv0, a->ldk, S, bnp, false);
     scores(a, S, bnp, m, n, b, h, q0, kv0, cls);
     for (int i = 0; i < m; i++) {
       float *t = S + (size_t)i * bnp, mt = K->row_max(t, n), mo = mrow[i];
@@ -172,14 +196,25 @@ static void fwd_item(void *ctx, int64_t item, int worker) {
         memset(t, 0, sizeof(float) * (size_t)n);
         continue;
       }
-      float alpha = mo == -INFINITY ? 0.0f : expf(mo - mn);
+      float alpha = mo == -INFINITY ? 0.0f : mo == mn ? 1.0f : expf(mo - mn);
       lrow[i] = lrow[i] * alpha + K->exp_sum(t, n, mn);
       if (alpha != 1.0f) K->scale(O + (size_t)i * EVp, EVp, alpha);
       mrow[i] = mn;
     }
     if (p->drop_p > 0.0f) /* after the row sums, before P V; 1 / (1 - p) scales O at the end */
       for (int i = 0; i < m; i++) drop_row(p, b, h, q0 + i, kv0, n, S + (size_t)i * bnp, false);
-    K->gemm(m, EVp, n, S, bnp, 1, vp + (int64_t)kv0 * EVp, EVp, O, EVp, true);
+    if (a->bf16) { /* P to bf16, as FlashAttention does before P V (l summed the fp32 P) */
+      int n2 = n + (n & 1); /* an odd last tile: the pad key's P is 0 */
+      for (int i = 0; i < m; i++) {
+        float *t = S + (size_t)i * bnp;
+        if (n & 1) t[n] = 0.0f;
+        K->to_bf16(Pb + (size_t)i * bnp, t, n2);
+      }
+      K->gemm_bf16(m, EVp, n2 / 2, (const uint32_t *)Pb, bnp / 2, vpb + (int64_t)(kv0 / 2) * EVp,
+                   EVp, O, EVp, 1.0f, true);
+    } else {
+      K->gemm(m, EVp, n, S, bnp, 1, vp + (int64_t)kv0 * EVp, EVp, O, EVp, true);
+    }
   }
   for (int i = 0; i < m; i++) {
     float *o = O + (size_t)i * EVp, lse;
@@ -214,7 +249,7 @@ void cpu_attn_fwd(CpuAttn *a) {
   a->vp = base_alloc(sizeof(float) * (size_t)(chunk * p->kv_len * a->EVp) + 64);
   for (a->chunk0 = 0; a->chunk0 < kvheads; a->chunk0 += chunk) {
     int64_t n = kvheads - a->chunk0 < chunk ? kvheads - a->chunk0 : chunk;
-    cpu_pool_run(n, pack_kv, a);
+    cpu_pool_run(n, a->bf16 ? pack_kv_bf16 : pack_kv, a);
     cpu_pool_run(n * p->G * a->nqt, fwd_item, a);
   }
   base_free(a->kt);

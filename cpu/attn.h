@@ -27,6 +27,7 @@ typedef struct CpuAttn {
   CpuWalk walk;           /* tile classes */
   CgDtype dtype;          /* q, k, v, dout and outputs */
   CgDtype out_dtype;      /* O: dtype, or CG_FP32 for an fp32 O (CgOptions.out_f32) */
+  bool bf16;              /* forward: bf16 inputs multiplied by K->gemm_bf16 (attn.c) */
   int E, EV, Ep, EVp;     /* head dims and their padding to K->nr */
   int bm, bn, bnp;        /* query rows and keys per tile; bn padded to K->nr */
   int nqt, nkt;           /* query and key tiles */

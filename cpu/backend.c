@@ -24,9 +24,12 @@
 #include "runtime/launch.h"
 
 /* Tiles when the call has no block lists: 128 keys amortise the online
- * softmax's rescaling; with a mask, 64 keys keep the diagonal's partial
- * tiles small (causal costs about half of dense). */
-enum { FWD_BM = 64, FWD_BN = 128, FWD_BN_MASKED = 64, BWD_BM = 64, BWD_BN = 64 };
+ * softmax's rescaling and the products' loads, with or without a mask. A
+ * causal mask costs more partial keys at the diagonal with 128 than with
+ * 64 (about 1/32 of its keys at L = 4096), but each of its tiles costs less:
+ * causal / dense forward time measured 0.51-0.56 at L = 4096 with 128 keys,
+ * 0.57-0.59 with 64 (bench/RESULTS.md). */
+enum { FWD_BM = 64, FWD_BN = 128, BWD_BM = 64, BWD_BN = 64 };
 
 static flex_status cpu_open(RtRun *r) {
   r->arch = CG_SM80;
@@ -239,11 +242,13 @@ static void attn_init(const RtRun *r, const FlexParams *p, CpuAttn *a, bool bwd)
   a->E = p->E, a->EV = p->EV;
   a->Ep = round_up(p->E, a->K->nr), a->EVp = round_up(p->EV, a->K->nr);
   int bm = bwd ? BWD_BM : FWD_BM;
-  int bn = bwd ? BWD_BN : r->c->mod->mask || p->kv_list.num ? FWD_BN_MASKED : FWD_BN;
+  int bn = bwd ? BWD_BN : FWD_BN;
   if (p->kv_list.num) bm = tile_in(p->block_q, bm), bn = tile_in(p->block_kv, bn);
   a->bm = bm, a->bn = bn, a->bnp = round_up(bn, a->K->nr);
   a->nqt = (p->q_len + bm - 1) / bm, a->nkt = (p->kv_len + bn - 1) / bn;
   a->ldk = (int64_t)a->nkt * bn + a->bnp + 16;
+  /* bf16 products where the CPU has them; key tiles start at even keys */
+  a->bf16 = !bwd && a->dtype == CG_BF16 && a->K->gemm_bf16 && bn % 2 == 0;
   walk_init(r, p, &a->walk, bm, bn);
 }
 
@@ -255,7 +260,8 @@ static void attn_free(CpuAttn *a) {
 static flex_status run_fwd(RtRun *r, const FlexParams *p) {
   CpuAttn a;
   attn_init(r, p, &a, false);
-  a.scratch_per = (size_t)a.bm * (size_t)(a.E + a.bnp + a.EVp + 2) + 64;
+  /* Q, S, O, m and l; then P in bf16 for the bf16 products */
+  a.scratch_per = (size_t)a.bm * (size_t)(a.E + a.bnp + a.EVp + 2) + (size_t)a.bm * (size_t)a.bnp / 2 + 64;
   a.scratch = base_alloc(sizeof(float) * a.scratch_per * (size_t)cpu_pool_size());
   cpu_attn_fwd(&a);
   r->tiles = a.tiles;

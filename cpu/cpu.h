@@ -89,7 +89,7 @@ int cpu_pool_size(void);
  * are padded by the caller to a multiple of cpu_kern()->nr (zeros in the
  * padding), so the kernels never need a column tail. */
 typedef struct CpuKern {
-  const char *name; /* "avx512", "avx2", "generic" */
+  const char *name; /* "avx512bf16", "avx512", "avx2", "generic" */
   int nr;           /* column multiple the kernels need */
   /* C[m x n] (+)= A[m x k] . B[k x n] (acc: add to C; else overwrite); A's
    * element (r, p) is A[r * ars + p * aps] (A^T: swap the strides). */
@@ -105,10 +105,22 @@ typedef struct CpuKern {
   void (*scale)(float *y, int n, float a);
   /* dt[j] = P[j] * (dP[j] - D) for j < n (in place in dP). */
   void (*dt_row)(float *dP, const float *P, int n, float D);
+  /* n fp16 or bf16 (bf16 true) values to fp32. */
+  void (*from16)(float *dst, const uint16_t *src, int n, bool bf16);
+  /* n values src[j] * mul rounded once to fp16 or bf16 (nearest even). */
+  void (*to16)(uint16_t *dst, const float *src, int n, float mul, bool bf16);
+  /* bf16 products, NULL below AVX512-BF16 (kern.h): C[m x n] = alpha A B,
+   * or C += alpha A B (acc), n a multiple of 32. A is bf16 row-major with
+   * lda 32-bit words (bf16 pairs along k) a row; B is k2 rows of words, each
+   * word the pair (B[2p][j], B[2p+1][j]), ldb words apart; k = 2 k2. */
+  void (*gemm_bf16)(int m, int n, int k2, const uint32_t *A, int64_t lda, const uint32_t *B,
+                    int64_t ldb, float *C, int64_t ldc, float alpha, bool acc);
+  /* dst[j] = x[j] rounded to bf16 (nearest even) for j < n. */
+  void (*to_bf16)(uint16_t *dst, const float *x, int n);
 } CpuKern;
 
 /* The best table for this CPU. */
 const CpuKern *cpu_kern(void);
-extern const CpuKern cpu_kern_avx512, cpu_kern_avx2, cpu_kern_generic;
+extern const CpuKern cpu_kern_avx512bf16, cpu_kern_avx512, cpu_kern_avx2, cpu_kern_generic;
 
 #endif

@@ -1,9 +1,11 @@
 /* kern.h: the CPU kernels, written once over GCC vector types of VW floats
- * and compiled once per ISA level: kern_avx512.c (VW 16), kern_avx2.c
- * (VW 8) and kern_generic.c (VW 4, SSE2) each set VW, MR and KERN_NAME,
- * a `#pragma GCC target` where needed, and include this file, which
- * defines the table KERN_TABLE. cpu_kern() picks one at run time, so the
- * library needs no -march flag.
+ * and compiled once per ISA level: kern_avx512bf16.c and kern_avx512.c
+ * (VW 16), kern_avx2.c (VW 8) and kern_generic.c (VW 4, SSE2) each set VW,
+ * MR and KERN_NAME, a `#pragma GCC target` where needed, and include this
+ * file, which defines the table KERN_TABLE; KERN_BF16 adds the bf16
+ * products (AVX512-BF16). cpu_kern() picks one at run time, so the library
+ * needs no -march flag. Where VW is 16, exp, the row max and the row sum
+ * use AVX-512 intrinsics (vscalefps, mask registers, tree reductions).
  *
  * gemm is a register-blocked micro-kernel: MR rows x 2 vectors of C held in
  * registers while k runs, A broadcast one element at a time (any row and
@@ -18,6 +20,10 @@
 #include <string.h>
 
 #include "cpu/cpu.h"
+#include "runtime/tensor.h"
+#if VW >= 8
+#include <immintrin.h>
+#endif
 
 typedef float vf __attribute__((vector_size(VW * 4)));
 typedef int32_t vi __attribute__((vector_size(VW * 4)));
@@ -86,6 +92,29 @@ static void gemm(int m, int n, int k, const float *A, int64_t ars, int64_t aps, 
 }
 
 /* e^x for a vector: 1-2 ulp; overflow +inf, underflow 0, NaN kept. */
+#if VW == 16
+/* AVX-512: the same reduction (n = round(x log2 e), r = x - n ln 2 in two
+ * parts) and polynomial, with vroundscaleps for the rounding and vscalefps
+ * for y 2^n, which overflows to +inf and underflows to 0 by itself: about
+ * half the instructions of the portable version below. x is clamped to
+ * [-104, 89] first (e^-104 rounds to 0, e^89 to +inf) so that +-inf do
+ * not make r = inf - inf; min and max are ordered so that a NaN x is kept. */
+static inline vf vexp(vf x) {
+  __m512 xc = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), (__m512)x));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507E-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073E-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894E-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459E-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201E-1f));
+  y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  return (vf)_mm512_scalef_ps(y, n);
+}
+#else
 static inline vf vexp(vf x) {
   const float hi = 88.72283935546875f, lo = -103.972084045410f;
   vf xc = vsel(x < splat(lo), splat(lo), x);
@@ -111,6 +140,7 @@ static inline vf vexp(vf x) {
   y = vsel(x < splat(lo), splat(0), y);
   return vsel(x != x, x, y);
 }
+#endif
 
 /* Load n < VW floats, the rest `fill`. */
 static inline vf load_part(const float *x, int n, float fill) {
@@ -124,11 +154,18 @@ static inline void store_part(float *x, int n, vf v) {
   memcpy(x, t, sizeof(float) * (size_t)n);
 }
 
+/* A tree of adds (16 dependent scalar adds cost a third of a 128-key row's
+ * exp_sum on AVX-512). */
 static inline float hsum(vf v) {
-  float t[VW], s = 0;
+#if VW == 16
+  return _mm512_reduce_add_ps((__m512)v);
+#else
+  float t[VW];
   ST(t, v);
-  for (int i = 0; i < VW; i++) s += t[i];
-  return s;
+  for (int w = VW / 2; w > 0; w /= 2)
+    for (int i = 0; i < w; i++) t[i] += t[i + w];
+  return t[0];
+#endif
 }
 
 static float exp_sum(float *x, int n, float mx) {
@@ -159,6 +196,26 @@ static void exp_sub(float *x, int n, float lse) {
   }
 }
 
+#if VW == 16
+/* AVX-512: vmaxps returns its second operand where either is NaN, so
+ * max(v, m) ignores a NaN v; NaNs are noted in a mask register instead. */
+static float row_max(const float *x, int n) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  int j = 0;
+  for (; j + VW <= n; j += VW) {
+    __m512 v = _mm512_loadu_ps(x + j);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    m = _mm512_max_ps(v, m);
+  }
+  if (j < n) {
+    __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), (__mmask16)((1u << (n - j)) - 1), x + j);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    m = _mm512_max_ps(v, m);
+  }
+  return nan ? NAN : _mm512_reduce_max_ps(m);
+}
+#else
 static float row_max(const float *x, int n) {
   vf m = splat(-INFINITY);
   vi nan = {0};
@@ -183,6 +240,7 @@ static float row_max(const float *x, int n) {
   }
   return r;
 }
+#endif
 
 static void scale(float *y, int n, float a) {
   int j = 0;
@@ -199,4 +257,145 @@ static void dt_row(float *dP, const float *P, int n, float D) {
   for (; j < n; j++) dP[j] = P[j] == 0 ? 0.0f : P[j] * (dP[j] - D);
 }
 
-const CpuKern KERN_TABLE = {KERN_NAME, NR, gemm, exp_sum, exp_sub, row_max, scale, dt_row};
+/* ---- 16-bit conversions ---------------------------------------------------------- */
+
+typedef uint16_t vh __attribute__((vector_size(VW * 2), aligned(2), may_alias));
+typedef uint32_t vu __attribute__((vector_size(VW * 4)));
+
+static float half_to_float(uint16_t h) {
+  uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
+  if (e == 0x1f) bits = s | 0x7f800000u | (m << 13);
+  else if (e) bits = s | ((e + 112) << 23) | (m << 13);
+  else if (!m) bits = s;
+  else { /* subnormal: m * 2^-24 */
+    float f = (float)m * 5.9604644775390625e-8f;
+    return s ? -f : f;
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+/* bf16: a shift; fp16: vcvtph2ps where the table has F16C (VW >= 8). */
+static void from16(float *dst, const uint16_t *src, int n, bool bf16) {
+  int j = 0;
+  if (bf16) {
+    for (; j + VW <= n; j += VW) ST(dst + j, (vf)(__builtin_convertvector(*(const vh *)(src + j), vu) << 16));
+    for (; j < n; j++) {
+      uint32_t b = (uint32_t)src[j] << 16;
+      memcpy(dst + j, &b, 4);
+    }
+    return;
+  }
+#if VW >= 8
+  for (; j + 8 <= n; j += 8)
+    _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + j))));
+#endif
+  for (; j < n; j++) dst[j] = half_to_float(src[j]);
+}
+
+/* Rounded to nearest even, as rt_bf16_from_double and rt_half_from_double
+ * of the same fp32 values (a NaN stays a NaN). */
+static void to16(uint16_t *dst, const float *src, int n, float mul, bool bf16) {
+  int j = 0;
+  if (bf16) {
+    for (; j + VW <= n; j += VW) {
+      vf x = LD(src + j) * mul;
+      vu b = (vu)x, nan = (vu)(x != x);
+      vu r = (b + 0x7fff + ((b >> 16) & 1)) >> 16;
+      *(vh *)(dst + j) = __builtin_convertvector((r & ~nan) | (nan & 0x7fc0), vh);
+    }
+    for (; j < n; j++) dst[j] = rt_bf16_from_double((double)(src[j] * mul));
+    return;
+  }
+#if VW >= 8
+  for (; j + 8 <= n; j += 8)
+    _mm_storeu_si128((__m128i *)(dst + j),
+                     _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + j), _mm256_set1_ps(mul)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; j < n; j++) dst[j] = rt_half_from_double((double)(src[j] * mul));
+}
+
+#ifdef KERN_BF16
+/* ---- bf16 products (AVX512-BF16) ---------------------------------------------------
+ *
+ * vdpbf16ps multiplies pairs of bf16 and adds both products into one fp32
+ * lane: c[i] += a[2i] b[2i] + a[2i+1] b[2i+1] (products exact, the sum in
+ * fp32, denormals flushed). So the operands are read as 32-bit words, each a
+ * pair of bf16 along k: a word of A is (A[r][2p], A[r][2p+1]), a bf16 row
+ * as stored (k contiguous), broadcast to every lane; a word of B is
+ * (B[2p][j], B[2p+1][j]), two rows of B interleaved, loaded 16 columns at a
+ * time. One instruction does twice the multiply-adds of an fp32 FMA. */
+#include <immintrin.h>
+
+static inline __attribute__((always_inline)) void block_bf16(const int mr, int k2,
+                                                              const uint32_t *A, int64_t lda,
+                                                              const uint32_t *B, int64_t ldb,
+                                                              float *C, int64_t ldc, float alpha,
+                                                              bool acc) {
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < mr; r++) c0[r] = c1[r] = _mm512_setzero_ps();
+  for (int p = 0; p < k2; p++) {
+    __m512bh b0 = (__m512bh)_mm512_loadu_si512(B + p * ldb);
+    __m512bh b1 = (__m512bh)_mm512_loadu_si512(B + p * ldb + 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < mr; r++) {
+      __m512bh a = (__m512bh)_mm512_set1_epi32((int)A[r * lda + p]);
+      c0[r] = _mm512_dpbf16_ps(c0[r], a, b0);
+      c1[r] = _mm512_dpbf16_ps(c1[r], a, b1);
+    }
+  }
+  __m512 al = _mm512_set1_ps(alpha);
+#pragma GCC unroll 16
+  for (int r = 0; r < mr; r++) {
+    float *c = C + r * ldc;
+    __m512 x0 = _mm512_mul_ps(c0[r], al), x1 = _mm512_mul_ps(c1[r], al);
+    if (acc) x0 = _mm512_add_ps(x0, _mm512_loadu_ps(c)), x1 = _mm512_add_ps(x1, _mm512_loadu_ps(c + 16));
+    _mm512_storeu_ps(c, x0);
+    _mm512_storeu_ps(c + 16, x1);
+  }
+}
+
+static void tail_bf16(int mr, int k2, const uint32_t *A, int64_t lda, const uint32_t *B,
+                      int64_t ldb, float *C, int64_t ldc, float alpha, bool acc) {
+  switch (mr) {
+#define ROWS(R) case R: block_bf16(R, k2, A, lda, B, ldb, C, ldc, alpha, acc); break;
+  ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7)
+#undef ROWS
+  default: break;
+  }
+}
+
+static void gemm_bf16(int m, int n, int k2, const uint32_t *A, int64_t lda, const uint32_t *B,
+                      int64_t ldb, float *C, int64_t ldc, float alpha, bool acc) {
+  for (int j = 0; j < n; j += 32) {
+    int i = 0;
+    for (; i + MR <= m; i += MR)
+      block_bf16(MR, k2, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, alpha, acc);
+    if (i < m) tail_bf16(m - i, k2, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, alpha, acc);
+  }
+}
+
+/* n floats to bf16, rounded to nearest even (vcvtne2ps2bf16; NaN stays NaN). */
+static void to_bf16(uint16_t *dst, const float *x, int n) {
+  int j = 0;
+  for (; j + 32 <= n; j += 32) {
+    __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + j + 16), _mm512_loadu_ps(x + j));
+    _mm512_storeu_si512(dst + j, (__m512i)h);
+  }
+  if (j < n) {
+    __mmask16 lo = (__mmask16)(n - j >= 16 ? 0xffff : (1u << (n - j)) - 1);
+    __mmask16 hi = (__mmask16)(n - j <= 16 ? 0 : (1u << (n - j - 16)) - 1);
+    __m512bh h = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, x + j + 16), _mm512_maskz_loadu_ps(lo, x + j));
+    _mm512_mask_storeu_epi16(dst + j, (__mmask32)lo | (__mmask32)hi << 16, (__m512i)h);
+  }
+}
+#define KERN_BF16_FNS gemm_bf16, to_bf16
+#else
+#define KERN_BF16_FNS NULL, NULL
+#endif
+
+const CpuKern KERN_TABLE = {KERN_NAME, NR,     gemm, exp_sum, exp_sub, row_max, scale,
+                            dt_row,    from16, to16, KERN_BF16_FNS};

@@ -15,6 +15,13 @@
  *   checked    an out-of-range buffer read is reported with the buffer's name
  *   cache      a second call compiles nothing; a second process loads the
  *              object code from the disk cache
+ *   row_helpers  the table's exp_sum, exp_sub and row_max (the forward's
+ *              softmax) against binary64, with -inf, NaN and tails
+ *   dispatch   cpu_kern() picks the AVX512-BF16 table exactly where CPUID
+ *              has it, and FLEXC_CPU_ISA forces each lower table (children)
+ *   bf16       the bf16 products (vdpbf16ps) and P's rounding against
+ *              binary64 over random shapes; bf16 attention (the forward on
+ *              those products) against the reference, fp32 and bf16 O
  */
 #include <check.h>
 #include <math.h>
@@ -420,6 +427,270 @@ START_TEST(disk_cache) {
 }
 END_TEST
 
+/* ---- the kernel tables ------------------------------------------------------------ */
+
+/* The table a child process picks with FLEXC_CPU_ISA=isa ("" for none). */
+static void child_isa(const char *isa, Buf *out) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "FLEXC_CPU_ISA='%s' '%s' --isa-child", isa, self);
+  ck_assert_int_eq(tl_run(cmd, out), 0);
+}
+
+/* The table cpu_kern() should pick on this CPU with FLEXC_CPU_ISA=isa. */
+static const char *expected_table(const char *isa) {
+  __builtin_cpu_init();
+  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  bool bf16 = avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  int level = bf16 ? 3 : avx512 ? 2 : avx2 ? 1 : 0, cap = 3;
+  if (isa && !strcmp(isa, "avx512")) cap = 2;
+  if (isa && !strcmp(isa, "avx2")) cap = 1;
+  if (isa && !strcmp(isa, "generic")) cap = 0;
+  static const char *const names[4] = {"generic", "avx2", "avx512", "avx512bf16"};
+  return names[level < cap ? level : cap];
+}
+
+START_TEST(dispatch) {
+  const char *here = expected_table(getenv("FLEXC_CPU_ISA"));
+  fprintf(stderr, "  dispatch: this CPU's table %s, this process's %s\n", expected_table(NULL), here);
+  ck_assert_str_eq(cpu_kern()->name, here);
+  ck_assert_int_eq(cpu_kern()->gemm_bf16 != NULL, !strcmp(here, "avx512bf16"));
+  /* Every table in a child: the forward of a bf16 call runs on each (the
+   * child checks it against the reference). */
+  const char *isa[4] = {"", "avx512", "avx2", "generic"};
+  for (int i = 0; i < 4; i++) {
+    const char *want = expected_table(isa[i]);
+    Buf out = {0};
+    child_isa(isa[i], &out);
+    char line[64];
+    snprintf(line, sizeof line, "table=%s ok", want);
+    ck_assert_msg(strstr(out.data, line), "FLEXC_CPU_ISA=%s: want %s, child said: %s", isa[i], line,
+                  out.data);
+    buf_free(&out);
+  }
+}
+END_TEST
+
+/* The table's row helpers (the forward's softmax): exp_sum and exp_sub
+ * element by element against binary64 exp of the same fp32 argument (the
+ * kernels' exp is Cephes' 1-2 ulp; 2 allowed), -inf -> 0, NaN kept, sums
+ * and row_max with tails of every length below a vector. */
+static double ulps(float got, double want) {
+  if (want == 0) return got == 0 ? 0 : INFINITY;
+  double ulp = fabs(want) < 1.17549435e-38 ? ldexp(1, -149) : ldexp(1, ilogb(want) - 23);
+  return fabs((double)got - want) / ulp;
+}
+
+START_TEST(row_helpers) {
+  const CpuKern *K = cpu_kern();
+  float x[67], y[67];
+  double worst = 0;
+  for (int rep = 0; rep < 400; rep++) {
+    int n = 1 + (int)(tl_rand(&rng) % 67);
+    float mx = (float)(tl_uniform(&rng) * 20 - 10);
+    for (int j = 0; j < n; j++) x[j] = mx - (float)(tl_uniform(&rng) * 110); /* e^0 .. e^-110 */
+    if (n > 2) x[tl_rand(&rng) % (uint64_t)n] = -INFINITY;
+    memcpy(y, x, sizeof x);
+    float sum = K->exp_sum(y, n, mx);
+    double want_sum = 0;
+    for (int j = 0; j < n; j++) {
+      double want = exp((double)(x[j] - mx));
+      want_sum += want;
+      double e = ulps(y[j], want);
+      ck_assert_msg(e <= 2.0 && !isnan(y[j]), "%s exp_sum: e^%.9g = %.9g, want %.9g (%.2f ulp)",
+                    K->name, (double)(x[j] - mx), (double)y[j], want, e);
+      if (e > worst) worst = e;
+    }
+    double got_sum = 0; /* the reduction, against the elements it returned */
+    for (int j = 0; j < n; j++) got_sum += y[j];
+    ck_assert_msg(fabs(sum - got_sum) <= 1e-6 * got_sum + 1e-44 && fabs(sum - want_sum) <= 1e-5 * want_sum + 1e-44,
+                  "%s exp_sum n %d: sum %.9g, elements sum to %.9g, want %.9g", K->name, n,
+                  (double)sum, got_sum, want_sum);
+    memcpy(y, x, sizeof x);
+    K->exp_sub(y, n, mx);
+    for (int j = 0; j < n; j++) {
+      double want = isinf(x[j]) ? 0 : exp((double)(x[j] - mx));
+      ck_assert_msg(ulps(y[j], want) <= 2.0, "%s exp_sub: e^(%.9g - %.9g) = %.9g, want %.9g", K->name,
+                    (double)x[j], (double)mx, (double)y[j], want);
+    }
+    float m = -INFINITY;
+    for (int j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
+    ck_assert_msg(K->row_max(x, n) == m, "%s row_max n %d", K->name, n);
+    x[tl_rand(&rng) % (uint64_t)n] = NAN; /* anywhere, tails included */
+    ck_assert_msg(isnan(K->row_max(x, n)), "%s row_max n %d: a NaN is lost", K->name, n);
+    memcpy(y, x, sizeof x);
+    ck_assert_msg(isnan(K->exp_sum(y, n, mx)), "%s exp_sum n %d: a NaN is lost", K->name, n);
+  }
+  fprintf(stderr, "  row helpers (%s): exp worst %.2f ulp\n", K->name, worst);
+}
+END_TEST
+
+/* A random bf16 value (a normal sample rounded). */
+static uint16_t rand_bf16(void) { return rt_bf16_from_double(tl_normal(&rng)); }
+static double bf16_val(uint16_t h) {
+  uint32_t b = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+
+/* C (+)= alpha A B through gemm_bf16 against binary64, over shapes with row
+ * tails (m not a multiple of the 8-row block), odd k (a zero pad element),
+ * several 32-column blocks, and row strides wider than the data. */
+START_TEST(bf16_products) {
+  const CpuKern *K = cpu_kern();
+  if (!K->gemm_bf16) {
+    fprintf(stderr, "  bf16 products: table %s has none (no AVX512-BF16 here)\n", K->name);
+    return;
+  }
+  const int ms[] = {1, 7, 8, 13, 64}, ks[] = {1, 2, 15, 64, 129}, ns[] = {32, 96};
+  for (int mi = 0; mi < 5; mi++)
+    for (int ki = 0; ki < 5; ki++)
+      for (int ni = 0; ni < 2; ni++)
+        for (int acc = 0; acc < 2; acc++) {
+          int m = ms[mi], k = ks[ki], n = ns[ni], k2 = (k + 1) / 2;
+          int64_t lda = k2 + 3, ldb = n + 32, ldc = n + 16;
+          uint32_t *A = calloc((size_t)(m * lda), 4), *B = calloc((size_t)(k2 * ldb), 4);
+          float *C = malloc(sizeof(float) * (size_t)(m * ldc));
+          double *ref = malloc(sizeof(double) * (size_t)(m * n)), alpha = acc ? 1.0 : 0.125 + tl_uniform(&rng);
+          uint16_t *a16 = (uint16_t *)A;
+          for (int r = 0; r < m; r++)
+            for (int p = 0; p < k; p++) a16[r * lda * 2 + p] = rand_bf16();
+          for (int p = 0; p < k; p++)
+            for (int j = 0; j < n; j++) {
+              uint16_t v = rand_bf16();
+              B[(p / 2) * ldb + j] |= (uint32_t)v << (16 * (p & 1));
+            }
+          for (int r = 0; r < m; r++)
+            for (int j = 0; j < n; j++) {
+              double c0 = acc ? tl_normal(&rng) : NAN; /* overwritten when !acc */
+              C[r * ldc + j] = (float)c0;
+              double s = 0;
+              for (int p = 0; p < k; p++)
+                s += bf16_val(a16[r * lda * 2 + p]) * bf16_val((uint16_t)(B[(p / 2) * ldb + j] >> (16 * (p & 1))));
+              ref[r * n + j] = (acc ? (double)(float)c0 : 0.0) + (double)(float)alpha * s;
+            }
+          K->gemm_bf16(m, n, k2, A, lda, B, ldb, C, ldc, (float)alpha, acc);
+          double num = 0, den = 0;
+          bool nan = false;
+          for (int r = 0; r < m; r++)
+            for (int j = 0; j < n; j++) {
+              double d = C[r * ldc + j] - ref[r * n + j];
+              nan |= isnan(C[r * ldc + j]);
+              num += d * d, den += ref[r * n + j] * ref[r * n + j];
+            }
+          double err = sqrt(num / den);
+          ck_assert_msg(!nan && err < 1e-5, "gemm_bf16 m %d n %d k %d acc %d: rel err %g%s", m, n, k,
+                        acc, err, nan ? " (NaN)" : "");
+          free(A), free(B), free(C), free(ref);
+        }
+  /* P's rounding: every element as rt_bf16_from_double, tails included; a
+   * NaN stays a NaN, infinities and ties to even as the runtime rounds. */
+  float x[80];
+  uint16_t got[80];
+  for (int n = 1; n <= 77; n += 19) {
+    for (int j = 0; j < n; j++) x[j] = (float)tl_normal(&rng);
+    if (n > 3) x[0] = NAN, x[1] = INFINITY, x[2] = 1.00390625f; /* 1 + 2^-8: a tie, to 1.0 */
+    memset(got, 0xa5, sizeof got);
+    K->to_bf16(got, x, n);
+    for (int j = 0; j < n; j++) {
+      uint16_t want = rt_bf16_from_double(x[j]);
+      ck_assert_msg(isnan(x[j]) ? isnan(bf16_val(got[j])) : got[j] == want,
+                    "to_bf16 n %d [%d] of %.9g: 0x%04x, want 0x%04x", n, j, (double)x[j], got[j], want);
+    }
+    ck_assert_msg(got[n] == 0xa5a5, "to_bf16 n %d wrote past n", n);
+  }
+  fprintf(stderr, "  bf16 products (%s): 100 shapes and P's rounding pass\n", K->name);
+}
+END_TEST
+
+/* bf16 q, k, v (forward on the bf16 products where the table has them)
+ * against the reference: odd E (a pad element), odd and tile-crossing
+ * lengths, GQA, softcap + causal, with an fp32 O (the kernel's own error)
+ * and a bf16 O, forward and backward at the bf16 tolerances. */
+static void bf16_case(const char *src, int B, int H, int HKV, int QL, int KL, int E, bool f32_out,
+                      int block_q, int block_kv) {
+  flex_kernel *k = load(src);
+  Call c;
+  call_init_as(&c, rt_dtype(kDLBfloat, 16), B, H, QL, KL, E);
+  if (HKV != H) { /* GQA: fresh k, v with HKV heads (and their gradients) */
+    int64_t ks[4] = {B, HKV, KL, E};
+    TlArr *kv[] = {&c.k, &c.v, &c.dk[0], &c.dv[0], &c.dk[1], &c.dv[1]};
+    for (int i = 0; i < 6; i++) {
+      DLDataType dt = kv[i]->t.dtype;
+      tl_arr_free(kv[i]);
+      tl_arr_init(kv[i], dt, 4, ks);
+      if (i < 2) tl_arr_normal(kv[i], &rng);
+      else tl_arr_poison(kv[i]);
+    }
+  }
+  if (f32_out) {
+    int64_t qs[4] = {B, H, QL, E};
+    tl_arr_free(&c.out[0]);
+    tl_arr_init(&c.out[0], rt_dtype(kDLFloat, 32), 4, qs);
+    tl_arr_poison(&c.out[0]);
+  }
+  for (int i = 0; i < 2; i++) {
+    c.a[i].k = &c.k.t, c.a[i].v = &c.v.t, c.a[i].out = &c.out[i].t;
+    c.a[i].dk = &c.dk[i].t, c.a[i].dv = &c.dv[i].t;
+  }
+  flex_block_mask *bm = NULL; /* a caller's BlockMask (a window): tiles cut to its blocks */
+  flex_kernel *win = block_q ? load("mask w(b, h, q, kv) { return q - kv < 90 && kv - q < 150; }\n") : NULL;
+  if (win) {
+    ck_assert_msg(flex_block_mask_create(&bm, win, &c.a[1], B, H, QL, KL, block_q, block_kv, NULL) == FLEX_OK,
+                  "%s", flex_last_error());
+    c.a[0].block_mask = c.a[1].block_mask = bm;
+  }
+  for (int i = 1; i >= 0; i--) {
+    ck_assert_msg(flex_forward(k, &c.a[i]) == FLEX_OK, "bf16 forward: %s", flex_last_error());
+    ck_assert_msg(flex_backward(k, &c.a[i]) == FLEX_OK, "bf16 backward: %s", flex_last_error());
+  }
+  if (bm) flex_block_mask_free(bm);
+  if (win) flex_kernel_free(win);
+  double eo = tl_rel_err(&c.out[0].a, &c.out[1].a), el = tl_rel_err(&c.lse[0].a, &c.lse[1].a);
+  double eq = tl_rel_err(&c.dq[0].a, &c.dq[1].a), ek = tl_rel_err(&c.dk[0].a, &c.dk[1].a);
+  double ev = tl_rel_err(&c.dv[0].a, &c.dv[1].a);
+  fprintf(stderr, "  bf16 %s B%d H%d/%d L%d/%d E%d %s O blocks %dx%d: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g\n",
+          cpu_kern()->name, B, H, HKV, QL, KL, E, f32_out ? "fp32" : "bf16", block_q, block_kv, eo, el,
+          eq, ek, ev);
+  ck_assert_msg(eo < 3e-2 && el < 3e-2, "bf16 E%d: out %g lse %g", E, eo, el);
+  ck_assert_msg(eq < 6e-2 && ek < 6e-2 && ev < 6e-2, "bf16 E%d: dq %g dk %g dv %g", E, eq, ek, ev);
+  call_free(&c);
+  flex_kernel_free(k);
+}
+
+static const char softcap_causal[] = "param float softcap = 20.0;\n"
+                                     "score f(s, b, h, q, kv) { return softcap * tanh(s / softcap); }\n"
+                                     "mask causal(b, h, q, kv) { return q >= kv; }\n";
+
+START_TEST(bf16_attention) {
+  bf16_case("score f(s, b, h, q, kv) { return s; }\n", 2, 4, 2, 70, 131, 15, true, 0, 0);
+  bf16_case(softcap_causal, 1, 3, 1, 200, 200, 72, true, 0, 0);
+  bf16_case(softcap_causal, 2, 2, 2, 129, 257, 64, false, 0, 0);
+  bf16_case(softcap_causal, 1, 2, 2, 150, 333, 32, true, 64, 64); /* forward and backward blocks */
+  bf16_case("score f(s, b, h, q, kv) { return s * 0.5; }\n", 1, 2, 1, 150, 333, 24, true, 64, 192);
+}
+END_TEST
+
+/* The child of dispatch: its table, and a bf16 forward on it checked. */
+static int isa_child(void) {
+  rng = tl_seed();
+  flex_kernel *k = NULL;
+  if (flex_kernel_from_source(&k, "isa.score", softcap_causal, strlen(softcap_causal), NULL)) return 1;
+  Call c;
+  call_init_as(&c, rt_dtype(kDLBfloat, 16), 1, 2, 70, 131, 33);
+  for (int i = 1; i >= 0; i--)
+    if (flex_forward(k, &c.a[i])) {
+      printf("%s\n", flex_last_error());
+      return 1;
+    }
+  double eo = tl_rel_err(&c.out[0].a, &c.out[1].a), el = tl_rel_err(&c.lse[0].a, &c.lse[1].a);
+  printf("table=%s %s out %.2g lse %.2g\n", cpu_kern()->name, eo < 3e-2 && el < 3e-2 ? "ok" : "FAILED", eo, el);
+  call_free(&c);
+  flex_kernel_free(k);
+  return 0;
+}
+
 /* The child of disk_cache: compile score f_TAG and run it on one element. */
 static int jit_child(unsigned long tag) {
   char src[256];
@@ -444,6 +715,7 @@ static int jit_child(unsigned long tag) {
 int main(int argc, char **argv) {
   self = argv[0];
   if (argc == 3 && !strcmp(argv[1], "--jit-child")) return jit_child(strtoul(argv[2], NULL, 10));
+  if (argc == 2 && !strcmp(argv[1], "--isa-child")) return isa_child();
   rng = tl_seed();
   if (!flex_backend_available(FLEX_BACKEND_CPU)) {
     printf("skipped: %s\n", flex_last_error());
@@ -462,6 +734,10 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, checked);
   tcase_add_test(tc, cache);
   tcase_add_test(tc, disk_cache);
+  tcase_add_test(tc, dispatch);
+  tcase_add_test(tc, row_helpers);
+  tcase_add_test(tc, bf16_products);
+  tcase_add_test(tc, bf16_attention);
   suite_add_tcase(s, tc);
   return tl_run_suite(s);
 }

@@ -17,3 +17,8 @@ set_tests_properties(check_cpu_kernels_avx2 PROPERTIES SKIP_RETURN_CODE 77 TIMEO
 add_test(NAME check_cpu_kernels_generic COMMAND check_emu_kernels --cpu)
 set_tests_properties(check_cpu_kernels_generic PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
   ENVIRONMENT "CK_DEFAULT_TIMEOUT=300;FLEXC_CPU_ISA=generic;FLEXC_THREADS=1;FLEXC_CPU_PACK_MB=0;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+# check_cpu's kernel-table tests (row_helpers, bf16 attention, dispatch) on
+# the baseline table too.
+add_test(NAME check_cpu_generic COMMAND check_cpu)
+set_tests_properties(check_cpu_generic PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
+  ENVIRONMENT "CK_DEFAULT_TIMEOUT=120;FLEXC_CPU_ISA=generic;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache;FLEXC_BIN=$<TARGET_FILE:flexc>")
