@@ -3,7 +3,8 @@
  *
  *   open -> sorted check (host) -> options -> mask plan -> params ->
  *   prepare -> sorted check (device) -> block lists (built or the
- *   caller's) -> forward | backward (pre, main, dq) -> checked-run verdict
+ *   caller's) -> forward (whole, or split-KV partials and their combine) |
+ *   backward (pre, main, dq) -> checked-run verdict
  *   -> outputs converted -> free
  *
  * The backend supplies memory, copies and launches; everything it shares
@@ -18,9 +19,9 @@
 #include "runtime/tensor.h"
 
 const char *rt_entry_name(RtEntry e) {
-  static const char *const names[RT_NENTRIES] = {"flex_mask_build", "flex_mask_lists", "flex_fwd",
-                                                 "flex_bwd_pre",    "flex_bwd",        "flex_bwd_dq",
-                                                 "flex_sorted_check"};
+  static const char *const names[RT_NENTRIES] = {
+      "flex_mask_build", "flex_mask_lists", "flex_fwd",   "flex_fwd_combine",
+      "flex_bwd_pre",    "flex_bwd",        "flex_bwd_dq", "flex_sorted_check"};
   return names[e];
 }
 
@@ -414,6 +415,53 @@ static flex_status backward(RtRun *r, Work *w, FlexParams *p) {
   return st;
 }
 
+/* ---- the forward, split or not ------------------------------------------------------ */
+
+/* Key chunks of the forward (docs/decoding.md): flex_args.kv_splits when
+ * given, clamped to the key tiles; else, when the grid has fewer CTAs than
+ * the device has SMs, enough chunks for about two CTAs per SM, each chunk
+ * at least two key tiles, at most RT_SPLIT_MAX. 1: not split. A backend
+ * that runs the forward whole (no sm_count: cpu) never splits. */
+static int kv_splits(RtRun *r) {
+  const RtCall *c = r->c;
+  if (!r->be->sm_count || c->QL == 0 || c->KL == 0) return 1;
+  const int tiles = cg_fwd_kv_tiles(&r->opts, c->KL), want = c->args->kv_splits;
+  if (want > 0) return want < tiles ? want : tiles;
+  int sms = r->be->sm_count(r);
+  if (sms <= 0) sms = RT_SPLIT_DEFAULT_SMS;
+  const CgLaunch g = cg_launch_fwd(&r->opts, c->B, c->H, c->QL);
+  const int64_t ctas = (int64_t)g.grid[0] * g.grid[1] * g.grid[2];
+  if (ctas >= sms) return 1;
+  int64_t s = (2 * (int64_t)sms + ctas - 1) / ctas;
+  if (s > tiles / 2) s = tiles / 2;
+  if (s > RT_SPLIT_MAX) s = RT_SPLIT_MAX;
+  return s < 2 ? 1 : (int)s;
+}
+
+/* flex_fwd over the whole key range, or into S partials in memory of ours
+ * merged by flex_fwd_combine into O and LSE. */
+static flex_status forward(RtRun *r, Work *w, const FlexParams *p) {
+  const RtCall *c = r->c;
+  const int S = kv_splits(r);
+  if (S > last_stats.kv_splits) last_stats.kv_splits = S;
+  if (S <= 1)
+    return launch(r, RT_ENTRY_FWD, cg_launch_fwd(&r->opts, c->B, c->H, c->QL), p,
+                  &last_stats.fwd_tiles);
+  const size_t rows = (size_t)S * (size_t)c->B * (size_t)c->H * (size_t)c->QL;
+  void *po, *plse;
+  flex_status st = alloc(r, w, &po, rows * (size_t)c->EV * 4);
+  if (!st) st = alloc(r, w, &plse, rows * 4);
+  if (st) return st;
+  FlexParams f = *p;
+  f.kv_splits = S, f.part_o = po, f.part_lse = plse;
+  st = launch(r, RT_ENTRY_FWD, cg_launch_fwd_split(&r->opts, c->B, c->H, c->QL, S), &f,
+              &last_stats.fwd_tiles);
+  if (!st)
+    st = launch(r, RT_ENTRY_FWD_COMBINE, cg_launch_fwd_combine(&r->opts, c->B, c->H, c->QL), &f,
+                NULL);
+  return st;
+}
+
 /* ---- one call ------------------------------------------------------------------------ */
 
 /* What the kernels are generated with, and the mask plan. */
@@ -460,7 +508,7 @@ static flex_status run(RtRun *r, Work *w) {
   if (!st) st = mask_lists(r, w, &p);
   if (st) return st;
   if (!c->backward)
-    st = launch(r, RT_ENTRY_FWD, cg_launch_fwd(&r->opts, c->B, c->H, c->QL), &p, &last_stats.fwd_tiles);
+    st = forward(r, w, &p);
   else
     st = backward(r, w, &p);
   if (!st && w->bounds) st = bounds_verdict(r, w);
