@@ -431,7 +431,7 @@ static int kv_splits(RtRun *r) {
   if (sms <= 0) sms = RT_SPLIT_DEFAULT_SMS;
   const CgLaunch g = cg_launch_fwd(&r->opts, c->B, c->H, c->QL);
   const int64_t ctas = (int64_t)g.grid[0] * g.grid[1] * g.grid[2];
-  if (ctas >= sms) return 1;
+  if (ctas == 0 || ctas >= sms) return 1; /* an empty batch launches nothing */
   int64_t s = (2 * (int64_t)sms + ctas - 1) / ctas;
   if (s > tiles / 2) s = tiles / 2;
   if (s > RT_SPLIT_MAX) s = RT_SPLIT_MAX;
