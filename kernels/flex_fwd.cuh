@@ -14,6 +14,10 @@
  * K and V; scale, then the score function, then the mask (skipped on blocks a
  * BlockMask lists as full), keys past KV_LEN are -inf. Fully masked rows
  * give O = 0 and LSE = -inf.
+ *
+ * Split-KV (FlexParams.kv_splits > 1, docs/decoding.md): each CTA walks one
+ * chunk of the key tiles and writes fp32 partials; flex_fwd_combine_body
+ * merges them by LSE.
  */
 #ifndef FLEX_FWD_CUH
 #define FLEX_FWD_CUH

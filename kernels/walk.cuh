@@ -16,6 +16,9 @@
  * tiles as `full`, so empty tiles are never loaded and full ones never run
  * the per-element mask.
  *
+ * A split-KV forward restricts the walk to its chunk of key tiles (init's
+ * col_lo, col_hi); lists and implicit classification work inside it.
+ *
  * Under FLEXC_EMU every visited tile is counted (thread 0 of the CTA), so
  * tests can check that the walk visits exactly the live tiles.
  */
