@@ -59,6 +59,9 @@ typedef struct CgOptions {
                           kernels are exactly the unpaged ones */
   bool out_f32;        /* O is fp32 whatever the input dtype: flex_fwd writes it, flex_bwd_pre reads it */
   bool dropout;        /* dropout on (p > 0): FLEX_DROPOUT defined, the kernels draw Philox bits */
+  bool pack_gqa;       /* forward only: grouped-query packing, the rows of a kernel head are the
+                          G query heads of a kv head (FlexParams.pack_g, pack_q_len; wrappers map
+                          them back for the user's functions; docs/decoding.md) */
   CgTiles fwd;         /* forward tiles */
   CgTiles bwd;         /* backward main tiles */
   const char *source;  /* the .score file's name, for the header comment */

@@ -360,6 +360,8 @@ void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o) {
              o->fast_math ? ", fast math (approximate exp, log, tanh, sigmoid, sin, cos, pow)" : "",
              o->dropout ? ", dropout (Philox4x32-10, kernels/philox.cuh)" : "",
              o->paged ? ", K/V paged" : "");
+  if (o->pack_gqa)
+    buf_puts(out, "/* grouped-query packing: a tile's rows are the query heads of one kv head */\n");
   if (o->fast_math) buf_puts(out, "#define FLEX_FAST_MATH 1\n");
   if (o->dropout) buf_puts(out, "#define FLEX_DROPOUT 1\n");
   buf_puts(out, "#include \"common.cuh\"\n");

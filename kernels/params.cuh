@@ -85,6 +85,9 @@ typedef struct FlexParams {
   float *part_o;                   /* S > 1: partial O [S, B, H, Q_LEN, EV] fp32, each normalised
                                       by its own row sum */
   float *part_lse;                 /* S > 1: partial LSE [S, B, H, Q_LEN] fp32 (-inf: no live key) */
+  /* ---- grouped-query packing (kernels generated with CgOptions.pack_gqa) ---- */
+  int32_t pack_g;                  /* G: H and G above are then HKV and 1, q_len G Q_LEN */
+  int32_t pack_q_len;              /* the call's Q_LEN */
 } FlexParams;
 
 /* The checked-run record: [0] nonzero once a load failed, [1] its site

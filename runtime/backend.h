@@ -110,6 +110,10 @@ bool rt_emu_available(void);
  * to the key tiles). */
 #define RT_SPLIT_MAX 64
 
+/* The longest Q_LEN a forward packs the query heads of a group for
+ * (grouped-query packing, docs/decoding.md). */
+#define RT_PACK_MAX_Q_LEN 16
+
 /* One call, forward or backward (c->backward), through the run sequence. */
 flex_status rt_run(const RtBackend *be, const RtCall *c);
 
@@ -123,6 +127,7 @@ typedef struct RtRunStats {
   int64_t blocks[3];   /* built masks: empty, full, partial blocks */
   bool vec16;          /* the 16-byte cp.async path was on */
   int sorted_checks;   /* flex_sorted_check launches (the `sorted` check where the buffers live) */
+  bool pack_gqa;       /* the forward ran grouped-query packed (docs/decoding.md) */
   int kv_splits;       /* key chunks of the forward (1: not split; 0: no forward on a device
                           backend); a packed or paged call: the most of its sequences */
 } RtRunStats;

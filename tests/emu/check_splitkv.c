@@ -46,6 +46,12 @@ static const char *const window_softcap =
     "param int window = 300;\nparam float cap = 5.0;\n"
     "score softcap(s, b, h, q, kv) { return cap * tanh(s / cap); }\n"
     "mask sliding(b, h, q, kv) { let d = q + KV_LEN - Q_LEN - kv; return d >= 0 && d < window; }\n";
+/* A window per head (wider for later heads) with ALiBi: under grouped-query
+ * packing the classifier and both functions must see each row's own head. */
+static const char *const head_window =
+    "buffer slopes: f32[H];\n"
+    "score alibi(s, b, h, q, kv) { return s + slopes[h] * float(kv - (q + KV_LEN - Q_LEN)); }\n"
+    "mask hwin(b, h, q, kv) { let d = q + KV_LEN - Q_LEN - kv; return d >= 0 && d < 40 * (h + 1); }\n";
 /* No mask, identity score. */
 static const char *const plain = "score ident(s, b, h, q, kv) { return s; }\n";
 /* Undecidable: the runtime builds the BlockMask (the walk's list mode). */
@@ -149,6 +155,8 @@ static const Case cases[] = {
     {"mha q16 causal alibi fp16", causal_alibi, B_SLOPES, 1, 1, 4, 4, 16, 1500, 64, 48, 0},
     {"gqa8 q1 plain fp32", plain, B_NONE, 0, 1, 8, 1, 1, 3000, 64, 64, 0},
     {"gqa8 q1 plain fp16", plain, B_NONE, 1, 1, 8, 1, 1, 1200, 64, 64, 0},
+    {"gqa8 q16 head window fp32", head_window, B_SLOPES, 0, 2, 8, 1, 16, 500, 32, 32, 0},
+    {"gqa4 q16 head window bf16", head_window, B_SLOPES, 2, 1, 8, 2, 16, 450, 64, 64, 0},
     {"mha q4 live lists fp32", live_mask, B_LIVE, 0, 2, 2, 2, 4, 700, 32, 40, 0},
     {"gqa8 q16 live lists bf16", live_mask, B_LIVE, 2, 1, 8, 1, 16, 900, 64, 64, 0},
     {"gqa4 q4 causal dropout fp32", causal_alibi, B_SLOPES, 0, 1, 4, 1, 4, 500, 32, 32, 0.25f},
@@ -191,8 +199,12 @@ START_TEST(decoding) {
     RtRunStats st = rt_run_last_stats();
     double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
     double so = t ? rel_err(&out.x, &o1) : 0, sl = t ? rel_err(&lse.x, &l1) : 0;
-    fprintf(stderr, "  %-30s splits %d -> %2d (tiles %llu): out %.2g lse %.2g; vs unsplit %.2g %.2g\n",
-            c->name, splits[t], st.kv_splits, (unsigned long long)st.fwd_tiles, eo, el, so, sl);
+    fprintf(stderr, "  %-30s splits %d -> %2d%s (tiles %llu): out %.2g lse %.2g; vs unsplit %.2g %.2g\n",
+            c->name, splits[t], st.kv_splits, st.pack_gqa ? " packed" : "",
+            (unsigned long long)st.fwd_tiles, eo, el, so, sl);
+    /* grouped-query packing: on for GQA without lists or dropout (every case has Q_LEN <= 16) */
+    bool pack = c->H > c->HKV && c->bufs != B_LIVE && c->drop == 0 && !getenv("FLEXC_PACK_GQA");
+    ck_assert_msg(st.pack_gqa == pack, "%s: packed %d, want %d", c->name, st.pack_gqa, pack);
     if (splits[t]) {
       ck_assert_msg(st.kv_splits == splits[t], "%s: kv_splits %d ran %d chunks", c->name, splits[t],
                     st.kv_splits);
@@ -216,6 +228,64 @@ START_TEST(decoding) {
       for (int e = 0; e < c->EV; e++)
         ck_assert(rt_array_get(&out.x, ((int64_t)h * c->QL + 1) * c->EV + e) == 0.0);
     }
+  TlPair *all[] = {&q, &kk, &v, &out, &lse};
+  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  rt_array_free(&o1), rt_array_free(&l1);
+  buffers_free(&bf);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* Grouped-query packing against the same call unpacked ($FLEXC_PACK_GQA=0):
+ * both against the reference and each other, and the packed walk visits
+ * 1 / G of the tiles (each K/V tile once per group: the masks here do not
+ * depend on the head, or, for the head window, the unpacked count is at
+ * least the packed one). _i: cases[] index of a GQA case. */
+START_TEST(gqa_packing) {
+  static const int which[4] = {0, 1, 5, 6}; /* causal fp32, window bf16, head windows fp32 / bf16 */
+  const Case *c = &cases[which[_i]];
+  const TlDtype *td = &tl_dtypes[c->dt];
+  DLDataType dt = rt_dtype(td->code, td->bits), f32 = rt_dtype(kDLFloat, 32);
+  flex_kernel *k = load(c->src);
+  int64_t qs[4] = {c->B, c->H, c->QL, c->E}, ks[4] = {c->B, c->HKV, c->KL, c->E};
+  int64_t vs[4] = {c->B, c->HKV, c->KL, c->EV}, os[4] = {c->B, c->H, c->QL, c->EV};
+  int64_t ls[3] = {c->B, c->H, c->QL};
+  TlPair q, kk, v, out, lse;
+  tl_pair_init(&q, dt, 4, qs, true, &rng), tl_pair_init(&kk, dt, 4, ks, true, &rng);
+  tl_pair_init(&v, dt, 4, vs, true, &rng);
+  tl_pair_init(&out, dt, 4, os, false, &rng), tl_pair_init(&lse, f32, 3, ls, false, &rng);
+  RtArray o1, l1; /* the packed run */
+  rt_array_init(&o1, rt_dtype(kDLFloat, 64), 4, os), rt_array_init(&l1, rt_dtype(kDLFloat, 64), 3, ls);
+  Buffers bf;
+  buffers_init(&bf, c);
+  flex_args a = {0}, r = {0};
+  a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
+  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
+  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
+  a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
+  a.kv_splits = 1;
+  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+  uint64_t tiles[2];
+  for (int t = 0; t < 2; t++) {
+    if (t) setenv("FLEXC_PACK_GQA", "0", 1);
+    poison(&out), poison(&lse);
+    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s: %s", c->name, flex_last_error());
+    RtRunStats st = rt_run_last_stats();
+    tiles[t] = st.fwd_tiles;
+    ck_assert(st.pack_gqa == (t == 0));
+    double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
+    double so = t ? rel_err(&out.x, &o1) : 0, sl = t ? rel_err(&lse.x, &l1) : 0;
+    fprintf(stderr, "  %-30s %s: tiles %llu, out %.2g lse %.2g; packed vs unpacked %.2g %.2g\n",
+            c->name, t ? "unpacked" : "packed  ", (unsigned long long)st.fwd_tiles, eo, el, so, sl);
+    ck_assert_msg(eo < td->tol && el < td->tol, "%s: out %g lse %g", c->name, eo, el);
+    ck_assert_msg(so < td->tol && sl < td->tol, "%s: packed vs unpacked out %g lse %g", c->name, so, sl);
+    if (t == 0) copy_array(&o1, &out.x), copy_array(&l1, &lse.x);
+  }
+  unsetenv("FLEXC_PACK_GQA");
+  const uint64_t G = (uint64_t)(c->H / c->HKV);
+  if (c->src == head_window) ck_assert(tiles[1] >= tiles[0] && tiles[0] > 0);
+  else ck_assert_msg(tiles[1] == G * tiles[0], "unpacked %llu tiles, packed %llu, G %llu",
+                     (unsigned long long)tiles[1], (unsigned long long)tiles[0], (unsigned long long)G);
   TlPair *all[] = {&q, &kk, &v, &out, &lse};
   for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
   rt_array_free(&o1), rt_array_free(&l1);
@@ -441,6 +511,7 @@ static Suite *suite(void) {
   TCase *t = tcase_create("emu");
   tcase_set_timeout(t, 600);
   tcase_add_loop_test(t, decoding, 0, (int)(sizeof cases / sizeof cases[0]));
+  tcase_add_loop_test(t, gqa_packing, 0, 4);
   tcase_add_loop_test(t, nonfinite_logits, 0, 2);
   tcase_add_loop_test(t, paged_split, 0, 2);
   tcase_add_loop_test(t, varlen_split, 0, 2);
