@@ -467,11 +467,11 @@ static flex_status forward(RtRun *r, Work *w, const FlexParams *p) {
  * RT_PACK_MAX_Q_LEN) on a kernel backend with G = H / HKV > 1 runs as a
  * call of HKV heads of G Q_LEN rows, so each K/V tile is read once per
  * group instead of once per query head, and a row tile's rows are live
- * rows of the group's heads instead of padding past Q_LEN. The rows of a group must
- * be evenly spaced in q, out and lse (head stride = Q_LEN x row stride:
- * contiguous tensors); the walk's lists are per query head and dropout's
- * bits per (head, query), so a call with a BlockMask or dropout is not
- * packed. $FLEXC_PACK_GQA=0 turns it off. */
+ * rows of the group's heads instead of padding past Q_LEN. The rows of a
+ * group must be evenly spaced in q, out and lse (head stride = Q_LEN x row
+ * stride: contiguous tensors); the walk's lists are per query head and
+ * dropout's bits per (head, query), so a call with a BlockMask or dropout
+ * is not packed. $FLEXC_PACK_GQA=0 turns it off. */
 static bool pack_gqa(const RtRun *r, const FlexParams *p) {
   const RtCall *c = r->c;
   const CgOptions *o = &r->opts;
