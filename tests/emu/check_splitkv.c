@@ -18,8 +18,11 @@
  *  - +inf and NaN logits in one chunk of a row: LSE +inf / NaN and O NaN,
  *    as the unsplit kernel gives (DSL.md);
  *  - a paged K/V cache and a packed (varlen) batch, split per sequence;
- *  - kv_splits < 0 is FLEX_ERR_INVALID with a message; the reference
- *    backend accepts and ignores a count.
+ *  - grouped-query packing: on exactly for GQA calls without lists or
+ *    dropout; packed against unpacked ($FLEXC_PACK_GQA=0) results and tile
+ *    counts, with a per-head window and ALiBi;
+ *  - kv_splits < 0 is FLEX_ERR_INVALID with a message; the reference and
+ *    cpu backends accept and ignore a count.
  *
  * Fresh random inputs every run (tl_seed); outputs are poisoned with NaN
  * before every run. */
@@ -480,6 +483,45 @@ START_TEST(clamped) {
 }
 END_TEST
 
+/* The cpu backend (where built) computes rows whole: a forced count is
+ * accepted and ignored (one chunk ran), the result still the reference's. */
+START_TEST(cpu_ignores) {
+  if (!rt_cpu_available()) {
+    fprintf(stderr, "  cpu backend not built or not starting: %s\n", flex_last_error());
+    return;
+  }
+  const Case *c = &cases[0];
+  DLDataType f32 = rt_dtype(kDLFloat, 32);
+  flex_kernel *k = load(c->src);
+  int64_t qs[4] = {c->B, c->H, c->QL, c->E}, ks[4] = {c->B, c->HKV, c->KL, c->E};
+  int64_t ls[3] = {c->B, c->H, c->QL};
+  TlPair q, kk, v, out, lse;
+  tl_pair_init(&q, f32, 4, qs, true, &rng), tl_pair_init(&kk, f32, 4, ks, true, &rng);
+  tl_pair_init(&v, f32, 4, ks, true, &rng), tl_pair_init(&out, f32, 4, qs, false, &rng);
+  tl_pair_init(&lse, f32, 3, ls, false, &rng);
+  Buffers bf;
+  buffers_init(&bf, c);
+  flex_args a = {0}, r = {0};
+  a.backend = FLEX_BACKEND_CPU, r.backend = FLEX_BACKEND_REFERENCE;
+  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
+  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
+  a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
+  a.kv_splits = 7;
+  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "cpu: %s", flex_last_error());
+  RtRunStats st = rt_run_last_stats();
+  double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
+  fprintf(stderr, "  cpu kv_splits 7 -> %d chunk(s): out %.2g lse %.2g\n", st.kv_splits, eo, el);
+  ck_assert_int_eq(st.kv_splits, 1);
+  ck_assert(!st.pack_gqa);
+  ck_assert_msg(eo < 1e-4 && el < 1e-4, "cpu: out %g lse %g", eo, el);
+  TlPair *all[] = {&q, &kk, &v, &out, &lse};
+  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  buffers_free(&bf);
+  flex_kernel_free(k);
+}
+END_TEST
+
 /* kv_splits < 0: FLEX_ERR_INVALID naming it, on the emulator and the reference. */
 START_TEST(negative_splits) {
   DLDataType f32 = rt_dtype(kDLFloat, 32);
@@ -517,6 +559,7 @@ static Suite *suite(void) {
   tcase_add_loop_test(t, varlen_split, 0, 2);
   tcase_add_test(t, clamped);
   tcase_add_test(t, negative_splits);
+  tcase_add_test(t, cpu_ignores);
   suite_add_tcase(s, t);
   return s;
 }
