@@ -31,7 +31,8 @@ static const struct {
      "          [--check-bounds] [--trust-sorted] [--fast-math]\n"
      "          [--dropout P --seed S [--offset O]]\n"
      "          [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
-     "          [--page-table PT.npy --kv-lens KL.npy] [--kv-splits N] --out DIR\n"
+     "          [--page-table PT.npy --kv-lens KL.npy] [--repeat N] [--threads N]\n"
+     "          [--kv-splits N] --out DIR\n"
      "  Forward (and with --dout, backward) attention; writes out.npy, lse.npy and\n"
      "  dq.npy dk.npy dv.npy d_NAME.npy into DIR. --fast-math: hardware\n"
      "  approximations of exp, log, tanh, sigmoid, sin, cos, pow (emu and cuda).\n"
@@ -45,6 +46,9 @@ static const struct {
      "  --page-table/--kv-lens: a paged key/value cache (int32 [B, MAX_PAGES] and\n"
      "  [B]); k and v are pools (pages, page size 16..256, heads, head dim); q is\n"
      "  padded, or packed with --cu-seqlens-q alone; forward only.\n"
+     "  --repeat N: make each call N times and print the median times (the files\n"
+     "  hold the last call's results). --threads N: worker threads of the cpu and\n"
+     "  emu backends (default: every core for cpu, 2 for emu).\n"
      "  --kv-splits N: split-KV decoding on emu and cuda: 0 automatic (default),\n"
      "  1 never, N key chunks (clamped to the key tiles).\n"},
     {"emit", cli_emit, "emit FILE --target cuda|ptx|cubin --arch SM --head-dim E --dtype T   emit kernels",

@@ -6,7 +6,8 @@
  *             [--check-bounds] [--trust-sorted] [--fast-math]
  *             [--dropout P --seed S [--offset O]]
  *             [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]
- *             [--page-table PT.npy --kv-lens KL.npy] [--kv-splits N] --out DIR
+ *             [--page-table PT.npy --kv-lens KL.npy] [--repeat N] [--threads N]
+ *             [--kv-splits N] --out DIR
  *
  * Q, K, V and dO are cast to --dtype (the reference then computes in float64
  * from the cast values); buffers are converted to their declared dtype.
@@ -27,6 +28,11 @@
  * --dropout P (in [0, 1)) drops attention weights by the Philox bits of
  * --seed S at --offset O (unsigned 64-bit integers; DSL.md "Dropout"); the
  * backward uses the same three.
+ *
+ * --repeat N makes each call N times, each waited for, and prints the
+ * median times (a benchmark of any backend without a program of one's
+ * own); --threads N sizes the cpu backend's pool and the emulator's
+ * workers (FLEXC_THREADS, FLEXC_EMU_THREADS, set before the first call).
  *
  * Every tensor is mirrored on the backend (flex_mirror.h: on the cuda
  * backend a device copy, outputs in the dtype of q, lse and gradients in
@@ -63,6 +69,8 @@ typedef struct RunOpts {
   int kv_splits;  /* --kv-splits N: 0 automatic */
   bool have_dropout, have_seed;
   uint64_t seed, offset; /* --seed S, --offset O */
+  int repeat;            /* --repeat N: calls timed (the median is printed) */
+  int threads;           /* --threads N: cpu and emu worker threads (0: every core) */
 } RunOpts;
 
 /* Everything one run allocates, freed together. */
@@ -137,6 +145,15 @@ static int parse_opt(RunOpts *o, const char *opt, char *val) {
     else o->offset = u;
     return 0;
   }
+  if (!strcmp(opt, "--repeat") || !strcmp(opt, "--threads")) {
+    errno = 0;
+    long n = strtol(val, &end, 10);
+    bool rep = opt[2] == 'r';
+    if (end == val || *end || errno || n < 1 || n > (rep ? 100000 : 1024))
+      return cli_input_error("%s must be an integer in 1..%d, got '%s'", opt, rep ? 100000 : 1024, val);
+    *(rep ? &o->repeat : &o->threads) = (int)n;
+    return 0;
+  }
   if (!strcmp(opt, "--kv-splits")) {
     errno = 0;
     long n = strtol(val, &end, 10);
@@ -154,6 +171,7 @@ static int parse_opt(RunOpts *o, const char *opt, char *val) {
 static int parse_args(RunOpts *o, int argc, char **argv) {
   memset(o, 0, sizeof *o);
   o->dtype = F32;
+  o->repeat = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check-bounds")) o->check_bounds = true;
     else if (!strcmp(argv[i], "--trust-sorted")) o->trust_sorted = true;
@@ -343,6 +361,44 @@ static void shape_str(char *out, size_t cap, const DLTensor *t) {
     w += snprintf(out + w, cap - (size_t)w, "%s%lld", d ? "x" : "", (long long)t->shape[d]);
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The median of n times (sorted in place). */
+static double median(double *t, int n) {
+  qsort(t, (size_t)n, sizeof *t, cmp_double);
+  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* Call `fn` o->repeat times, each waited for; the median time in *ms. */
+static bool timed(const RunOpts *o, flex_status (*fn)(flex_kernel *, const flex_args *),
+                  flex_kernel *kern, const flex_args *a, double *ms) {
+  double *t = malloc(sizeof *t * (size_t)o->repeat);
+  if (!t) {
+    fprintf(stderr, "flexc: error: out of memory\n");
+    return false;
+  }
+  for (int i = 0; i < o->repeat; i++) {
+    double t0 = now();
+    if (fn(kern, a)) {
+      cli_call_error(flex_last_error());
+      free(t);
+      return false;
+    }
+    if (flex_sync(o->backend, NULL)) { /* launches are asynchronous */
+      fprintf(stderr, "flexc: error: %s\n", flex_last_error());
+      free(t);
+      return false;
+    }
+    t[i] = (now() - t0) * 1e3;
+  }
+  *ms = median(t, o->repeat);
+  free(t);
+  return true;
+}
+
 static const char *dtype_flag(DLDataType t) {
   return t.code == kDLBfloat ? "bf16" : t.bits == 16 ? "fp16" : "fp32";
 }
@@ -363,24 +419,12 @@ static int execute(const RunOpts *o, flex_kernel *kern, RunState *s) {
   a.kv_splits = o->kv_splits;
   a.cu_seqlens_q = s->cu_q.dev, a.cu_seqlens_kv = s->cu_kv.dev; /* NULL when not given */
   a.page_table = s->pages.dev, a.kv_lens = s->kv_lens.dev;
-  double t0 = now();
-  if (flex_forward(kern, &a)) {
-    cli_call_error(flex_last_error());
-    return 1;
-  }
-  if (flex_sync(o->backend, NULL)) { /* launches are asynchronous */
-    fprintf(stderr, "flexc: error: %s\n", flex_last_error());
-    return 1;
-  }
-  double t1 = now(), t2 = t1;
+  double fwd_ms = 0, bwd_ms = 0;
+  if (!timed(o, flex_forward, kern, &a, &fwd_ms)) return 1;
   if (o->dout) {
     a.dout = s->dout.dev, a.dlse = o->dlse ? s->dlse.dev : NULL;
     a.dq = s->dq.dev, a.dk = s->dk.dev, a.dv = s->dv.dev;
-    if (flex_backward(kern, &a) || flex_sync(o->backend, NULL)) {
-      fprintf(stderr, "flexc: error: %s\n", flex_last_error());
-      return 1;
-    }
-    t2 = now();
+    if (!timed(o, flex_backward, kern, &a, &bwd_ms)) return 1;
   }
   bool ok = write_result(o->out, "out", &s->out) && write_result(o->out, "lse", &s->lse);
   if (ok && o->dout) {
@@ -398,8 +442,9 @@ static int execute(const RunOpts *o, flex_kernel *kern, RunState *s) {
   shape_str(qs, sizeof qs, s->q.host), shape_str(ks, sizeof ks, s->k.host);
   shape_str(vs, sizeof vs, s->v.host);
   printf("%s: q %s k %s v %s (%s): forward %.3f ms", flex_backend_name(o->backend), qs, ks, vs,
-         dtype_flag(o->dtype), (t1 - t0) * 1e3);
-  if (o->dout) printf(", backward %.3f ms", (t2 - t1) * 1e3);
+         dtype_flag(o->dtype), fwd_ms);
+  if (o->dout) printf(", backward %.3f ms", bwd_ms);
+  if (o->repeat > 1) printf(" (medians of %d calls)", o->repeat);
   printf(" -> %s\n", o->out);
   return 0;
 }
@@ -408,6 +453,13 @@ int cli_run(int argc, char **argv) {
   RunOpts o;
   int st = parse_args(&o, argc, argv);
   if (st) return st;
+  /* Before the first call: both pools are created on first use. */
+  if (o.threads) {
+    char n[16];
+    snprintf(n, sizeof n, "%d", o.threads);
+    setenv("FLEXC_THREADS", n, 1);
+    setenv("FLEXC_EMU_THREADS", n, 1);
+  }
   /* Without the backend nothing else is worth doing: say so first. */
   if (!flex_backend_available(o.backend)) {
     fprintf(stderr, "flexc: error: %s\n", flex_last_error());

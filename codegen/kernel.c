@@ -235,8 +235,11 @@ bool cg_options_retile(CgOptions *o, char *err, size_t errlen) {
 
 static unsigned cdiv(int a, int b) { return (unsigned)((a + b - 1) / b); }
 
+/* An empty dimension stays 0: the run sequence launches nothing for it (a
+ * packed sequence without queries has no query tiles and no mask rows; one
+ * block of it would write a row the mask's arrays do not have). */
 static CgLaunch launch(unsigned gx, int gy, int gz, int threads, size_t smem) {
-  CgLaunch l = {{gx ? gx : 1, (unsigned)gy, (unsigned)gz}, {(unsigned)threads, 1, 1}, smem};
+  CgLaunch l = {{gx, (unsigned)gy, (unsigned)gz}, {(unsigned)threads, 1, 1}, smem};
   return l;
 }
 

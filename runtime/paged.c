@@ -24,31 +24,12 @@
 
 enum { PAGE_MIN = 16, PAGE_MAX = 256 };
 
-static flex_status wrong_device(const char *name, const DLTensor *t, const DLTensor *q) {
-  char a[64], b[64];
-  return rt_err(FLEX_ERR_INVALID, "%s: expected q's device %s, got %s", name,
-                rt_device_text(a, sizeof a, q), rt_device_text(b, sizeof b, t));
-}
-
-/* A tensor of rank `ndim` and shape `want` (-1: any) on q's device;
- * `layout` names the dims. */
+/* A tensor of rank `ndim` and shape `want` (-1: any) on q's device (q
+ * NULL: any); `layout` names the dims. */
 static flex_status shaped(const char *name, const DLTensor *t, const DLTensor *q, int ndim,
                           const int64_t *want, const char *layout) {
-  if (!t) return rt_err(FLEX_ERR_INVALID, "%s: the tensor is missing (expected %s)", name, layout);
-  if (t->ndim != ndim || !t->shape)
-    return rt_err(FLEX_ERR_INVALID, "%s: a paged call expects a rank-%d tensor %s, got rank %d", name,
-                  ndim, layout, (int)t->ndim);
-  for (int d = 0; want && d < ndim; d++)
-    if (want[d] >= 0 && t->shape[d] != want[d]) {
-      char w[128], g[128];
-      int64_t ws[8];
-      for (int e = 0; e < ndim; e++) ws[e] = want[e] >= 0 ? want[e] : t->shape[e];
-      rt_shape_text(w, sizeof w, ws, ndim);
-      rt_shape_text(g, sizeof g, t->shape, ndim);
-      return rt_err(FLEX_ERR_INVALID, "%s: expected shape %s %s, got %s", name, w, layout, g);
-    }
-  if (q && !rt_same_device(t, q)) return wrong_device(name, t, q);
-  return FLEX_OK;
+  flex_status st = rt_check_layout(name, t, ndim, want, layout, "a paged call");
+  return st || !q ? st : rt_check_device(name, t, q);
 }
 
 /* An int32 index tensor of shape `want`, unit last stride, on q's device. */
@@ -58,7 +39,7 @@ static flex_status index_tensor(const char *name, const DLTensor *t, const DLTen
   if (st) return st;
   if (t->dtype.code != kDLInt || t->dtype.bits != 32 || t->dtype.lanes != 1)
     return rt_err(FLEX_ERR_INVALID, "%s: expected int32, got %s", name, rt_dtype_name(t->dtype));
-  if (!rt_same_device(t, q)) return wrong_device(name, t, q);
+  if ((st = rt_check_device(name, t, q))) return st;
   if (t->shape[ndim - 1] > 1 && rt_stride_of(t, ndim - 1) != 1)
     return rt_err(FLEX_ERR_INVALID, "%s: the last dimension must have unit stride, got stride %lld",
                   name, (long long)rt_stride_of(t, ndim - 1));

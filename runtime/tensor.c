@@ -190,6 +190,31 @@ char *rt_device_text(char *out, size_t cap, const DLTensor *t) {
   return out;
 }
 
+flex_status rt_check_layout(const char *name, const DLTensor *t, int ndim, const int64_t *want,
+                            const char *layout, const char *call) {
+  if (!t) return rt_err(FLEX_ERR_INVALID, "%s: the tensor is missing (%s expects %s)", name, call, layout);
+  if (t->ndim != ndim || (ndim && !t->shape))
+    return rt_err(FLEX_ERR_INVALID, "%s: %s expects a rank-%d tensor %s, got rank %d", name, call,
+                  ndim, layout, (int)t->ndim);
+  for (int d = 0; want && d < ndim; d++)
+    if (want[d] >= 0 && t->shape[d] != want[d]) {
+      char w[128], g[128];
+      int64_t ws[8];
+      for (int e = 0; e < ndim && e < 8; e++) ws[e] = want[e] >= 0 ? want[e] : t->shape[e];
+      rt_shape_text(w, sizeof w, ws, ndim < 8 ? ndim : 8);
+      rt_shape_text(g, sizeof g, t->shape, ndim);
+      return rt_err(FLEX_ERR_INVALID, "%s: expected shape %s %s, got %s", name, w, layout, g);
+    }
+  return FLEX_OK;
+}
+
+flex_status rt_check_device(const char *name, const DLTensor *t, const DLTensor *q) {
+  if (rt_same_device(t, q)) return FLEX_OK;
+  char a[64], b[64];
+  return rt_err(FLEX_ERR_INVALID, "%s: expected q's device %s, got %s", name,
+                rt_device_text(a, sizeof a, q), rt_device_text(b, sizeof b, t));
+}
+
 /* ---- copies ------------------------------------------------------------------ */
 
 const RtBackend *rt_memory_of(const DLTensor *t) {

@@ -60,6 +60,15 @@ bool rt_same_device(const DLTensor *a, const DLTensor *b);
 char *rt_shape_text(char *out, size_t cap, const int64_t *shape, int n);
 char *rt_device_text(char *out, size_t cap, const DLTensor *t);
 
+/* Whole-call checks of the packed and paged layouts (FLEX_ERR_INVALID):
+ * `name` present, of rank `ndim` and shape `want` (-1: any dimension);
+ * `layout` names the dims ("(TOTAL_Q, H, E)") and `call` the kind of call
+ * ("a paged call"). */
+flex_status rt_check_layout(const char *name, const DLTensor *t, int ndim, const int64_t *want,
+                            const char *layout, const char *call);
+/* "NAME: expected q's device D, got D'" unless t is on q's device. */
+flex_status rt_check_device(const char *name, const DLTensor *t, const DLTensor *q);
+
 /* ---- copies ------------------------------------------------------------------ */
 
 /* The device backend whose memory holds t (cuda for CUDA devices), or NULL

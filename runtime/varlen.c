@@ -25,19 +25,8 @@
  * device. `layout` names the dims ("(TOTAL_Q, H, E)"). */
 static flex_status packed(const char *name, const DLTensor *t, const DLTensor *q, int ndim,
                           const int64_t *want, const char *layout, bool written) {
-  if (!t) return rt_err(FLEX_ERR_INVALID, "%s: the tensor is missing (a packed call expects %s)", name, layout);
-  if (t->ndim != ndim || (ndim && !t->shape))
-    return rt_err(FLEX_ERR_INVALID, "%s: a packed (cu_seqlens) call expects a rank-%d tensor %s, got rank %d",
-                  name, ndim, layout, (int)t->ndim);
-  for (int d = 0; want && d < ndim; d++)
-    if (want[d] >= 0 && t->shape[d] != want[d]) {
-      char w[128], g[128];
-      int64_t ws[8];
-      for (int e = 0; e < ndim; e++) ws[e] = want[e] >= 0 ? want[e] : t->shape[e];
-      rt_shape_text(w, sizeof w, ws, ndim);
-      rt_shape_text(g, sizeof g, t->shape, ndim);
-      return rt_err(FLEX_ERR_INVALID, "%s: expected shape %s %s, got %s", name, w, layout, g);
-    }
+  flex_status st = rt_check_layout(name, t, ndim, want, layout, "a packed (cu_seqlens) call");
+  if (st) return st;
   /* The sub-calls check strides on each sequence's view, where a sequence
    * of one row hides its row stride: a negative stride, or an output's
    * stride 0 across sequences, only shows on the packed tensor. */
@@ -54,11 +43,7 @@ static flex_status packed(const char *name, const DLTensor *t, const DLTensor *q
   if (t->strides && t->shape[ndim - 1] > 1 && t->strides[ndim - 1] != 1)
     return rt_err(FLEX_ERR_INVALID, "%s: the last dimension must have unit stride, got stride %lld",
                   name, (long long)t->strides[ndim - 1]);
-  if (q && !rt_same_device(t, q)) {
-    char a[64], b[64];
-    return rt_err(FLEX_ERR_INVALID, "%s: expected q's device %s, got %s", name,
-                  rt_device_text(a, sizeof a, q), rt_device_text(b, sizeof b, t));
-  }
+  if (q && (st = rt_check_device(name, t, q))) return st;
   return FLEX_OK;
 }
 

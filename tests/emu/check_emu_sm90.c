@@ -212,7 +212,7 @@ START_TEST(tma_3d) {
 END_TEST
 
 START_TEST(tma_encode_rules) {
-  uint16_t g[64];
+  uint16_t g[64] = {0};
   FlexTensorMap map;
   uint64_t dims[2] = {8, 8}, strides[1] = {16};
   uint32_t box[2] = {128, 8}, ok_box[2] = {8, 8};

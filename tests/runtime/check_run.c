@@ -251,6 +251,38 @@ START_TEST(fast_math_emu) {
 }
 END_TEST
 
+/* --repeat N makes the call N times and prints the medians; the files are
+ * the same call's results (the reference is deterministic: bit for bit).
+ * --threads sizes the cpu backend's pool, whose results stay within fp32
+ * tolerance of the reference's. */
+START_TEST(repeat_and_threads) {
+  const char *runs[3][2] = {{"--backend reference", "ref1"},
+                            {"--backend reference --repeat 3", "ref3"},
+                            {"--backend cpu --threads 1 --repeat 2", "cpu1"}};
+  int n = flex_backend_available(FLEX_BACKEND_CPU) ? 3 : 2;
+  for (int i = 0; i < n; i++) {
+    char extra[1024];
+    snprintf(extra, sizeof extra, "--k %s/k.npy --dout %s/do.npy %s --out %s/%s", dir, dir,
+             runs[i][0], dir, runs[i][1]);
+    Buf out = {0};
+    ck_assert_msg(run("samples/softcap.score", extra, &out) == 0, "%s", out.data);
+    bool medians = strstr(out.data, "medians of") != NULL;
+    ck_assert_msg(medians == (i > 0), "%s", out.data);
+    ck_assert_msg(i != 1 || strstr(out.data, "(medians of 3 calls)"), "%s", out.data);
+    buf_free(&out);
+  }
+  const char *files[] = {"out", "lse", "dq", "dk", "dv"};
+  for (int i = 0; i < 5; i++)
+    for (int j = 1; j < n; j++) {
+      char a[128], b[128];
+      snprintf(a, sizeof a, "%s/%s.npy", runs[j][1], files[i]);
+      snprintf(b, sizeof b, "ref1/%s.npy", files[i]);
+      double e = file_err(a, b), lim = j == 1 ? 0 : i < 2 ? 1e-4 : 1e-3;
+      ck_assert_msg(e <= lim, "%s: relative error %g over %g", a, e, lim);
+    }
+}
+END_TEST
+
 /* Each failing command and a piece of the message it must print. */
 START_TEST(user_errors) {
   struct { const char *sample, *fmt, *want; int status; } cases[] = {
@@ -263,6 +295,8 @@ START_TEST(user_errors) {
       {"samples/softcap.score", "--k %s/missing.npy --out %s/o", "missing.npy", 1},
       {"samples/softcap.score", "--k %s/k.npy --dtype fp8 --out %s/o", "--dtype", 2},
       {"samples/softcap.score", "--k %s/k.npy", "--out", 2},
+      {"samples/softcap.score", "--k %s/k.npy --repeat 0 --out %s/o", "--repeat must be an integer", 1},
+      {"samples/softcap.score", "--k %s/k.npy --threads 2x --out %s/o", "--threads must be an integer", 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char extra[1024];
@@ -283,6 +317,7 @@ int main(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, success_paths);
   tcase_add_test(tc, user_errors);
+  tcase_add_test(tc, repeat_and_threads);
   tcase_add_test(tc, emu_backend);
   tcase_add_test(tc, fast_math_emu);
   tcase_add_test(tc, kv_splits_option);

@@ -66,6 +66,12 @@ static const Case cases[] = {
      "buffer hb: f32[H] grad;\nbuffer tb: f32[TOTAL_KV] grad;\n"
      "score sc(s, b, h, q, kv) { return s * (1.0 + 0.25 * hb[h]) + tb[KV_START + kv]; }\n",
      2, {{"hb", SHARED_H, 0, 0, 0, true}, {"tb", PER_TK, 0, 0, 0, true}}},
+    /* not decidable (`keep` is not sorted): every sequence's BlockMask is
+     * built on the device, a sequence without queries included */
+    {"built_mask",
+     "buffer keep: i32[TOTAL_KV];\n"
+     "mask m(b, h, q, kv) { return keep[KV_START + kv] != 0 || q >= kv; }\n",
+     1, {{"keep", PER_TK, 1, 0, 1, false}}},
 };
 enum { NCASES = sizeof cases / sizeof *cases };
 
@@ -486,6 +492,17 @@ START_TEST(emu_classifier_sees_sequence) {
   nforce = 2, force[0] = 1, force[1] = 500;
   compare(&cases[2], &L, FLEX_BACKEND_EMU, 0, 2, 1, 8, _i == 1);
   nforce = 0;
+}
+END_TEST
+
+/* A sequence with keys and no queries under a mask built on the device:
+ * it has no query blocks, so nothing of its mask is built (one block of
+ * the builder once wrote a row past its arrays; with over four key blocks
+ * the write left the allocation, which the emulator's bounds check sees). */
+START_TEST(emu_built_mask_no_queries) {
+  if (!flex_backend_available(FLEX_BACKEND_EMU)) return;
+  Lens L = {3, {0, 7, 0}, {700, 9, 300}};
+  compare(&cases[NCASES - 1], &L, FLEX_BACKEND_EMU, 0, 2, 1, 8, true);
 }
 END_TEST
 
@@ -930,6 +947,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, cli_run_packed);
   tcase_add_loop_test(tc, emu_matches_per_sequence, 0, NCASES);
   tcase_add_loop_test(tc, emu_classifier_sees_sequence, 0, 2);
+  tcase_add_test(tc, emu_built_mask_no_queries);
   tcase_add_loop_test(tc, cpu_matches_per_sequence, 0, NCASES);
   tcase_add_loop_test(tc, packed_matches_padded_call, 0, 3);
   suite_add_tcase(s, tc);
