@@ -115,7 +115,7 @@ __device__ __forceinline__ FlexSplit flex_fwd_split(const FlexParams &p) {
 
 /* Row qi of (b, h) in the partial arrays of split s: [S][B][H][Q_LEN]. */
 __device__ __forceinline__ int64_t flex_part_row(const FlexParams &p, int s, int b, int h, int qi) {
-  return ((int64_t)(s * p.B + b) * p.H + h) * p.q_len + qi;
+  return (((int64_t)s * p.B + b) * p.H + h) * p.q_len + qi;
 }
 
 /* ---- tensor cores (fp16, bf16) ----------------------------------------- */
