@@ -32,7 +32,7 @@ static const struct {
      "          [--dropout P --seed S [--offset O]]\n"
      "          [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
      "          [--page-table PT.npy --kv-lens KL.npy] [--repeat N] [--threads N]\n"
-     "          --out DIR\n"
+     "          [--kv-splits N] --out DIR\n"
      "  Forward (and with --dout, backward) attention; writes out.npy, lse.npy and\n"
      "  dq.npy dk.npy dv.npy d_NAME.npy into DIR. --fast-math: hardware\n"
      "  approximations of exp, log, tanh, sigmoid, sin, cos, pow (emu and cuda).\n"
@@ -48,7 +48,9 @@ static const struct {
      "  padded, or packed with --cu-seqlens-q alone; forward only.\n"
      "  --repeat N: make each call N times and print the median times (the files\n"
      "  hold the last call's results). --threads N: worker threads of the cpu and\n"
-     "  emu backends (default: every core for cpu, 2 for emu).\n"},
+     "  emu backends (default: every core for cpu, 2 for emu).\n"
+     "  --kv-splits N: split-KV decoding on emu and cuda: 0 automatic (default),\n"
+     "  1 never, N key chunks (clamped to the key tiles).\n"},
     {"emit", cli_emit, "emit FILE --target cuda|ptx|cubin --arch SM --head-dim E --dtype T   emit kernels",
      "flexc emit FILE --target cuda|ptx|cubin --arch sm_80|sm_86|sm_89|sm_90|sm_90a\n"
      "           --head-dim E [--head-dim-v EV] --dtype fp16|bf16|fp32 [--kernel K]\n"

@@ -7,7 +7,7 @@
  *             [--dropout P --seed S [--offset O]]
  *             [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]
  *             [--page-table PT.npy --kv-lens KL.npy] [--repeat N] [--threads N]
- *             --out DIR
+ *             [--kv-splits N] --out DIR
  *
  * Q, K, V and dO are cast to --dtype (the reference then computes in float64
  * from the cast values); buffers are converted to their declared dtype.
@@ -21,6 +21,9 @@
  * page pools (NUM_PAGES, PAGE_SIZE, HKV, E|EV) (DSL.md, docs/paged.md), q
  * is padded [B, H, Q_LEN, E] or packed with --cu-seqlens-q alone; forward
  * only.
+ *
+ * --kv-splits N sets flex_args.kv_splits (docs/decoding.md): 0 automatic
+ * (the default), 1 never split, N key chunks.
  *
  * --dropout P (in [0, 1)) drops attention weights by the Philox bits of
  * --seed S at --offset O (unsigned 64-bit integers; DSL.md "Dropout"); the
@@ -63,6 +66,7 @@ typedef struct RunOpts {
   bool trust_sorted; /* --trust-sorted: skip verifying `sorted` buffers */
   bool fast_math; /* --fast-math: approximate builtins on emu and cuda */
   float dropout;  /* --dropout P: 0 none */
+  int kv_splits;  /* --kv-splits N: 0 automatic */
   bool have_dropout, have_seed;
   uint64_t seed, offset; /* --seed S, --offset O */
   int repeat;            /* --repeat N: calls timed (the median is printed) */
@@ -148,6 +152,15 @@ static int parse_opt(RunOpts *o, const char *opt, char *val) {
     if (end == val || *end || errno || n < 1 || n > (rep ? 100000 : 1024))
       return cli_input_error("%s must be an integer in 1..%d, got '%s'", opt, rep ? 100000 : 1024, val);
     *(rep ? &o->repeat : &o->threads) = (int)n;
+    return 0;
+  }
+  if (!strcmp(opt, "--kv-splits")) {
+    errno = 0;
+    long n = strtol(val, &end, 10);
+    if (end == val || *end || errno || n < 0 || n > 1 << 20)
+      return cli_input_error("--kv-splits must be 0 (automatic), 1 (never split) or a number of "
+                             "key chunks, got '%s'", val);
+    o->kv_splits = (int)n;
     return 0;
   }
   if (!strcmp(opt, "--dtype")) return parse_dtype(val, &o->dtype);
@@ -403,6 +416,7 @@ static int execute(const RunOpts *o, flex_kernel *kern, RunState *s) {
   a.trust_sorted = o->trust_sorted;
   a.fast_math = o->fast_math;
   a.dropout_p = o->dropout, a.dropout_seed = o->seed, a.dropout_offset = o->offset;
+  a.kv_splits = o->kv_splits;
   a.cu_seqlens_q = s->cu_q.dev, a.cu_seqlens_kv = s->cu_kv.dev; /* NULL when not given */
   a.page_table = s->pages.dev, a.kv_lens = s->kv_lens.dev;
   double fwd_ms = 0, bwd_ms = 0;

@@ -59,6 +59,9 @@ typedef struct CgOptions {
                           kernels are exactly the unpaged ones */
   bool out_f32;        /* O is fp32 whatever the input dtype: flex_fwd writes it, flex_bwd_pre reads it */
   bool dropout;        /* dropout on (p > 0): FLEX_DROPOUT defined, the kernels draw Philox bits */
+  bool pack_gqa;       /* forward only: grouped-query packing, the rows of a kernel head are the
+                          G query heads of a kv head (FlexParams.pack_g, pack_q_len; wrappers map
+                          them back for the user's functions; docs/decoding.md) */
   CgTiles fwd;         /* forward tiles */
   CgTiles bwd;         /* backward main tiles */
   const char *source;  /* the .score file's name, for the header comment */
@@ -118,6 +121,13 @@ typedef struct CgLaunch {
 } CgLaunch;
 
 CgLaunch cg_launch_fwd(const CgOptions *o, int B, int H, int q_len);      /* flex_fwd */
+/* flex_fwd split into `splits` key chunks (docs/decoding.md): the grid's x
+ * is splits x the query tiles (split-major); splits <= 1 is cg_launch_fwd. */
+CgLaunch cg_launch_fwd_split(const CgOptions *o, int B, int H, int q_len, int splits);
+/* flex_fwd_combine: one warp per row of B x H x q_len, 128 threads. */
+CgLaunch cg_launch_fwd_combine(const CgOptions *o, int B, int H, int q_len);
+/* Key tiles of the forward (ceil(kv_len / block_n)): the most splits a call can use. */
+int cg_fwd_kv_tiles(const CgOptions *o, int kv_len);
 CgLaunch cg_launch_bwd_pre(const CgOptions *o, int B, int H, int q_len);  /* flex_bwd_pre */
 CgLaunch cg_launch_bwd(const CgOptions *o, int B, int HKV, int kv_len);   /* flex_bwd */
 CgLaunch cg_launch_bwd_dq(const CgOptions *o, int B, int H, int q_len);   /* flex_bwd_dq */

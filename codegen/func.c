@@ -276,20 +276,23 @@ static void put_preamble(Buf *out, const IrModule *m, const IrFunc *f, bool chec
   }
 }
 
-/* One function. `f` may be NULL: then the trivial body (true / s / dt). */
-static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind kind, bool checked) {
+/* One function. `f` may be NULL: then the trivial body (true / s / dt).
+ * `pre` starts its name: "flex_", or "flex_user_" under grouped-query
+ * packing (the kernels then call the wrappers of put_pack_wrappers). */
+static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind kind, bool checked,
+                     const char *pre) {
   static const char *const what[] = {[IRF_SCORE] = "score", [IRF_MASK] = "mask",
                                      [IRF_JOINT] = "joint (ds from dt)"};
   if (f) buf_printf(out, "/* %s %s of kernel %s */\n", what[kind], f->name ? f->name : "", m->kernel);
   else buf_printf(out, "/* %s: none in kernel %s */\n", what[kind], m->kernel);
   switch (kind) {
   case IRF_SCORE:
-    buf_puts(out, "__device__ __forceinline__ float flex_score(const FlexParams &p, float s, int b, "
-                  "int h, int q, int kv) {\n");
+    buf_printf(out, "__device__ __forceinline__ float %sscore(const FlexParams &p, float s, int b, "
+                    "int h, int q, int kv) {\n", pre);
     break;
   case IRF_MASK:
-    buf_puts(out, "__device__ __forceinline__ bool flex_mask(const FlexParams &p, int b, int h, "
-                  "int q, int kv) {\n");
+    buf_printf(out, "__device__ __forceinline__ bool %smask(const FlexParams &p, int b, int h, "
+                    "int q, int kv) {\n", pre);
     break;
   case IRF_JOINT:
     buf_puts(out, "__device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b, "
@@ -436,12 +439,12 @@ static void put_iv_inst(Buf *out, const IrModule *m, const IrFunc *f, int i) {
 /* flex_mask_block(): the mask over a block of (b, h, q, kv) (inclusive
  * bounds) with the interval rules of kernels/interval.cuh; returns
  * FLEX_BLOCK_EMPTY, _FULL or _PARTIAL, soundly (PARTIAL when unsure). */
-static void put_classifier(Buf *out, const IrModule *m) {
+static void put_classifier(Buf *out, const IrModule *m, const char *pre) {
   const IrFunc *f = m->mask;
   buf_printf(out, "/* block classifier of the mask of kernel %s (interval analysis) */\n"
-                  "__device__ __forceinline__ int flex_mask_block(const FlexParams &p, int flex_b0, "
+                  "__device__ __forceinline__ int %smask_block(const FlexParams &p, int flex_b0, "
                   "int flex_b1, int flex_h0, int flex_h1, int flex_q0, int flex_q1, int flex_kv0, "
-                  "int flex_kv1) {\n", m->kernel);
+                  "int flex_kv1) {\n", m->kernel, pre);
   if (!f) {
     buf_puts(out, "  return FLEX_BLOCK_FULL;\n}\n\n");
     return;
@@ -458,9 +461,39 @@ static void put_classifier(Buf *out, const IrModule *m) {
   base_free(live);
 }
 
+/* Grouped-query packing (forward only): the kernels' head h is a kv head
+ * and their row q runs over the G query heads of its group, Q_LEN rows
+ * each (row q is query head h G + q / Q_LEN, query q % Q_LEN). These
+ * wrappers hand the user's functions the real head and query; the
+ * classifier gets the heads its rows span, and their whole query range
+ * unless the rows lie in one head. */
+static void put_pack_wrappers(Buf *out, bool has_mask) {
+  buf_puts(out,
+           "/* grouped-query packing: kernel row q of kv head h is query q % Q_LEN of head\n"
+           " * h * G + q / Q_LEN (p.pack_g = G, p.pack_q_len = Q_LEN) */\n"
+           "__device__ __forceinline__ float flex_score(const FlexParams &p, float s, int b, int h, "
+           "int q, int kv) {\n"
+           "  return flex_user_score(p, s, b, h * p.pack_g + q / p.pack_q_len, q % p.pack_q_len, kv);\n"
+           "}\n\n"
+           "__device__ __forceinline__ bool flex_mask(const FlexParams &p, int b, int h, int q, int kv) {\n"
+           "  return flex_user_mask(p, b, h * p.pack_g + q / p.pack_q_len, q % p.pack_q_len, kv);\n"
+           "}\n\n");
+  if (!has_mask) return;
+  buf_puts(out,
+           "__device__ __forceinline__ int flex_mask_block(const FlexParams &p, int b0, int b1, int h0, "
+           "int h1, int q0, int q1, int kv0, int kv1) {\n"
+           "  const int L = p.pack_q_len, g0 = q0 / L, g1 = q1 / L;\n"
+           "  return flex_user_mask_block(p, b0, b1, h0 * p.pack_g + g0, h1 * p.pack_g + g1,\n"
+           "                              g0 == g1 ? q0 % L : 0, g0 == g1 ? q1 % L : L - 1, kv0, kv1);\n"
+           "}\n\n");
+}
+
 void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o) {
-  put_func(out, m, o->score_identity ? NULL : m->score, IRF_SCORE, o->check_bounds);
-  put_func(out, m, m->mask, IRF_MASK, o->check_bounds);
-  put_func(out, m, o->backward && !o->ds_is_dt ? m->joint : NULL, IRF_JOINT, o->check_bounds);
-  if (o->has_mask) put_classifier(out, m);
+  const char *pre = o->pack_gqa ? "flex_user_" : "flex_";
+  put_func(out, m, o->score_identity ? NULL : m->score, IRF_SCORE, o->check_bounds, pre);
+  put_func(out, m, m->mask, IRF_MASK, o->check_bounds, pre);
+  put_func(out, m, o->backward && !o->ds_is_dt ? m->joint : NULL, IRF_JOINT, o->check_bounds,
+           "flex_");
+  if (o->has_mask) put_classifier(out, m, pre);
+  if (o->pack_gqa) put_pack_wrappers(out, o->has_mask);
 }

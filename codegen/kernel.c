@@ -246,6 +246,16 @@ static CgLaunch launch(unsigned gx, int gy, int gz, int threads, size_t smem) {
 CgLaunch cg_launch_fwd(const CgOptions *o, int B, int H, int q_len) {
   return launch(cdiv(q_len, o->fwd.block_m), H, B, o->fwd.threads, smem_fwd(o));
 }
+CgLaunch cg_launch_fwd_split(const CgOptions *o, int B, int H, int q_len, int splits) {
+  CgLaunch l = cg_launch_fwd(o, B, H, q_len);
+  if (q_len > 0 && splits > 1) l.grid[0] *= (unsigned)splits;
+  return l;
+}
+CgLaunch cg_launch_fwd_combine(const CgOptions *o, int B, int H, int q_len) {
+  (void)o; /* one warp per row, four rows per CTA */
+  return launch((unsigned)(((int64_t)B * H * q_len + 3) / 4), 1, 1, 128, 0);
+}
+int cg_fwd_kv_tiles(const CgOptions *o, int kv_len) { return (int)cdiv(kv_len, o->fwd.block_n); }
 CgLaunch cg_launch_bwd_pre(const CgOptions *o, int B, int H, int q_len) {
   (void)o;
   return launch(cdiv(q_len, 128), H, B, 128, 0);
@@ -318,6 +328,8 @@ static void emit_entries(Buf *out, const CgOptions *o) {
     snprintf(body, sizeof body, "flex_fwd_tc<%s, %s, %d, %d, %d, %d, %d, %s, %s%s>", el, oel, EP,
              EVP, o->fwd.block_m, o->fwd.block_n, o->fwd.threads / 32, mm, sid, paged);
   entry(out, "flex_fwd", o->fwd.threads, body);
+  snprintf(body, sizeof body, "flex_fwd_combine_body<%s>", oel);
+  entry(out, "flex_fwd_combine", 128, body);
   if (o->mask_builder) {
     entry(out, "flex_mask_build", 128, "flex_mask_build_body");
     entry(out, "flex_mask_lists", 128, "flex_mask_lists_body");
@@ -351,6 +363,8 @@ void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o) {
              o->fast_math ? ", fast math (approximate exp, log, tanh, sigmoid, sin, cos, pow)" : "",
              o->dropout ? ", dropout (Philox4x32-10, kernels/philox.cuh)" : "",
              o->paged ? ", K/V paged" : "");
+  if (o->pack_gqa)
+    buf_puts(out, "/* grouped-query packing: a tile's rows are the query heads of one kv head */\n");
   if (o->fast_math) buf_puts(out, "#define FLEX_FAST_MATH 1\n");
   if (o->dropout) buf_puts(out, "#define FLEX_DROPOUT 1\n");
   buf_puts(out, "#include \"common.cuh\"\n");

@@ -12,9 +12,10 @@
 #include "runtime/backend.h"
 #include "runtime/launch.h"
 
-/* The per-call state: NVRTC's target for the device. */
+/* The per-call state: NVRTC's target for the device and its SM count. */
 typedef struct CudaState {
   char arch[32]; /* "sm_90a", "sm_86", ... */
+  int sms;       /* multiprocessors (0: the driver did not say) */
 } CudaState;
 
 /* ---- tensors ------------------------------------------------------------- */
@@ -96,6 +97,7 @@ static flex_status cuda_open(RtRun *r) {
   r->device = device;
   st = pick_arch(device, s->arch, sizeof s->arch);
   if (!st && !cg_arch_parse(s->arch, &r->arch)) r->arch = CG_SM89; /* newer parts: the portable mma.sync path */
+  if (!st && rt_drv_sm_count(device, &s->sms)) s->sms = 0; /* unknown: the heuristic's default */
   return st;
 }
 
@@ -151,6 +153,11 @@ static flex_status cuda_launch(RtRun *r, RtEntry e, const CgLaunch *g, const Fle
   return FLEX_OK;
 }
 
+static int cuda_sm_count(RtRun *r) {
+  const CudaState *s = r->state;
+  return s ? s->sms : 0;
+}
+
 static flex_status cuda_sync(RtRun *r) { return rt_drv_sync((RtCuStream)r->stream); }
 
 static void cuda_close(RtRun *r) {
@@ -166,6 +173,7 @@ const RtBackend rt_cuda_backend = {
     .name = "cuda",
     .host_memory = false,
     .sorted_entry = true,
+    .sm_count = cuda_sm_count,
     .open = cuda_open,
     .prepare = cuda_prepare,
     .alloc = cuda_alloc,

@@ -17,6 +17,7 @@ enum {
   CU_ERR_OUT_OF_MEMORY = 2,
   CU_ATTR_CC_MAJOR = 75,
   CU_ATTR_CC_MINOR = 76,
+  CU_ATTR_SM_COUNT = 16, /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
   CU_FUNC_ATTR_MAX_DYN_SMEM = 8,
   CU_ABI_VERSION = 12000, /* the ABI our prototypes follow */
   /* CU_GET_PROC_ADDRESS_LEGACY_STREAM: the entry points with the legacy
@@ -234,6 +235,14 @@ flex_status rt_drv_compute_capability(int device, int *major, int *minor) {
   if (!st) st = CHECK_CU(D.cuDeviceGet(&dev, device));
   if (!st) st = CHECK_CU(D.cuDeviceGetAttribute(major, CU_ATTR_CC_MAJOR, dev));
   if (!st) st = CHECK_CU(D.cuDeviceGetAttribute(minor, CU_ATTR_CC_MINOR, dev));
+  return st;
+}
+
+flex_status rt_drv_sm_count(int device, int *n) {
+  flex_status st = check_device(device);
+  RtCuDevice dev;
+  if (!st) st = CHECK_CU(D.cuDeviceGet(&dev, device));
+  if (!st) st = CHECK_CU(D.cuDeviceGetAttribute(n, CU_ATTR_SM_COUNT, dev));
   return st;
 }
 

@@ -36,6 +36,8 @@ int rt_drv_device_count(void);
 flex_status rt_drv_use_device(int device);
 /* Compute capability of `device`, e.g. 9 and 0. */
 flex_status rt_drv_compute_capability(int device, int *major, int *minor);
+/* Its streaming multiprocessors (the split-KV heuristic). */
+flex_status rt_drv_sm_count(int device, int *n);
 /* The device's name (for messages and benchmarks). */
 flex_status rt_drv_device_name(int device, char *out, size_t cap);
 

@@ -111,6 +111,12 @@ static flex_status emu_launch(RtRun *r, RtEntry e, const CgLaunch *g, const Flex
   return FLEX_OK;
 }
 
+/* The emulator has no SMs of its own: split-KV plans for the fixed count. */
+static int emu_sm_count(RtRun *r) {
+  (void)r;
+  return RT_SPLIT_DEFAULT_SMS;
+}
+
 static flex_status emu_sync(RtRun *r) {
   (void)r;
   return FLEX_OK; /* launches run to completion */
@@ -132,6 +138,7 @@ const RtBackend rt_emu_backend = {
     .name = "emu",
     .host_memory = true,
     .sorted_entry = true, /* the device path on host memory: tested without a GPU */
+    .sm_count = emu_sm_count,
     .open = emu_open,
     .prepare = emu_prepare,
     .alloc = emu_alloc,

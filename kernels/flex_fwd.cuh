@@ -14,6 +14,10 @@
  * K and V; scale, then the score function, then the mask (skipped on blocks a
  * BlockMask lists as full), keys past KV_LEN are -inf. Fully masked rows
  * give O = 0 and LSE = -inf.
+ *
+ * Split-KV (FlexParams.kv_splits > 1, docs/decoding.md): each CTA walks one
+ * chunk of the key tiles and writes fp32 partials; flex_fwd_combine_body
+ * merges them by LSE.
  */
 #ifndef FLEX_FWD_CUH
 #define FLEX_FWD_CUH
@@ -80,6 +84,40 @@ __device__ __forceinline__ float flex_finish_row(float row_max, float row_sum, f
   return 1.0f / row_sum;
 }
 
+/* ---- split-KV (docs/decoding.md) ---------------------------------------- */
+
+/* Which part of the forward a CTA computes. Unsplit (p.kv_splits <= 1):
+ * blockIdx.x is the query tile and every key. Split into S chunks:
+ * blockIdx.x = split * query tiles + query tile, and split s walks key
+ * tiles [s nt / S, (s + 1) nt / S) of the nt tiles of BN keys (S <= nt, so
+ * no chunk is empty of tiles; its tiles may all be masked). */
+struct FlexSplit {
+  int m0;      /* first query row of the tile */
+  int split;   /* this CTA's chunk; -1: not split (O and LSE go to out and lse) */
+  int lo, hi;  /* the chunk's keys (multiples of BN; hi may pass KV_LEN) */
+};
+
+template <int BM, int BN>
+__device__ __forceinline__ FlexSplit flex_fwd_split(const FlexParams &p) {
+  FlexSplit sp;
+  if (p.kv_splits <= 1) {
+    sp.m0 = blockIdx.x * BM, sp.split = -1, sp.lo = 0, sp.hi = 0x7fffffff;
+    return sp;
+  }
+  const int qt = (p.q_len + BM - 1) / BM, nt = (p.kv_len + BN - 1) / BN, S = p.kv_splits;
+  const int s = blockIdx.x / qt;
+  sp.m0 = (blockIdx.x % qt) * BM;
+  sp.split = s;
+  sp.lo = (int)((int64_t)s * nt / S) * BN;
+  sp.hi = (int)((int64_t)(s + 1) * nt / S) * BN;
+  return sp;
+}
+
+/* Row qi of (b, h) in the partial arrays of split s: [S][B][H][Q_LEN]. */
+__device__ __forceinline__ int64_t flex_part_row(const FlexParams &p, int s, int b, int h, int qi) {
+  return (((int64_t)s * p.B + b) * p.H + h) * p.q_len + qi;
+}
+
 /* ---- tensor cores (fp16, bf16) ----------------------------------------- */
 
 /* EP, EVP: head dims padded to multiples of 16. NW warps, each owning
@@ -100,7 +138,8 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
   T *sV = sK + 2 * BN * KS;       /* [2][BN][VS] */
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
-  const int m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  const FlexSplit sp = flex_fwd_split<BM, BN>(p);
+  const int m0 = sp.m0, h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
   const T *q = (const T *)p.q + b * p.sq.b + h * p.sq.h;
   /* PAGED: k and v are page pools at this head (sk.b, sv.b: page strides). */
   const T *k = (const T *)p.k + (PAGED ? 0 : b * p.sk.b) + hk * p.sk.h;
@@ -123,7 +162,7 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
   flex_cp_async_commit();
 
   FlexWalk walk;
-  walk.init(p, false, MASK_MODE == FLEX_MASK_LISTS, b, h, m0, BN);
+  walk.init(p, false, MASK_MODE == FLEX_MASK_LISTS, b, h, m0, BN, sp.lo, sp.hi);
   int n0 = 0, n1 = 0;
   bool full = false, full1 = false;
 
@@ -309,6 +348,18 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
       if (FLEX_DROP) inv *= p.drop_scale;
       const int qi = m0 + wr + 16 * m + g + r * 8;
       if (qi >= p.q_len) continue;
+      if (sp.split >= 0) { /* a partial: fp32, normalised by its own sum, into the workspace */
+        const int64_t pr = flex_part_row(p, sp.split, b, h, qi);
+        if (t4 == 0) flex_gstore(p.part_lse + pr, lse);
+#pragma unroll
+        for (int j = 0; j < EVP / 8; j++)
+#pragma unroll
+          for (int c = 0; c < 2; c++) {
+            const int col = j * 8 + 2 * t4 + c;
+            if (col < p.EV) flex_gstore(p.part_o + pr * p.EV + col, o[m][j][2 * r + c] * inv);
+          }
+        continue;
+      }
       if (t4 == 0) flex_gstore(p.lse + b * p.lse_b + h * p.lse_h + qi, lse);
 #pragma unroll
       for (int j = 0; j < EVP / 8; j++)
@@ -331,7 +382,8 @@ __device__ __forceinline__ void flex_fwd_simt(const FlexParams &p) {
   constexpr int QS = EP + 1, KS = EP + 1, VS = EVP, PS = BN + 1;
   float *sQ = (float *)flex_smem, *sK = sQ + BM * QS, *sV = sK + BN * KS, *sP = sV + BN * VS;
   const int tid = threadIdx.x, r = tid / TPR, tr = tid % TPR;
-  const int m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  const FlexSplit sp = flex_fwd_split<BM, BN>(p);
+  const int m0 = sp.m0, h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
   const float *q = (const float *)p.q + b * p.sq.b + h * p.sq.h;
   const float *k = (const float *)p.k + (PAGED ? 0 : b * p.sk.b) + hk * p.sk.h;
   const float *v = (const float *)p.v + (PAGED ? 0 : b * p.sv.b) + hk * p.sv.h;
@@ -339,7 +391,7 @@ __device__ __forceinline__ void flex_fwd_simt(const FlexParams &p) {
 
   flex_tile_load_f32<BM, EP, NT>(sQ, QS, q, p.sq.row, m0, p.q_len, p.E);
   FlexWalk walk;
-  walk.init(p, false, MASK_MODE == FLEX_MASK_LISTS, b, h, m0, BN);
+  walk.init(p, false, MASK_MODE == FLEX_MASK_LISTS, b, h, m0, BN, sp.lo, sp.hi);
   float o[EVP / TPR];
 #pragma unroll
   for (int j = 0; j < EVP / TPR; j++) o[j] = 0.0f;
@@ -397,12 +449,64 @@ __device__ __forceinline__ void flex_fwd_simt(const FlexParams &p) {
   float inv = flex_finish_row(row_max, row_sum, &lse);
   if (FLEX_DROP) inv *= p.drop_scale;
   if (qi >= p.q_len) return;
-  if (tr == 0) flex_gstore(p.lse + b * p.lse_b + h * p.lse_h + qi, lse);
   float *out = (float *)p.out + b * p.so.b + h * p.so.h + qi * p.so.row;
+  if (sp.split >= 0) { /* a partial into the workspace (see flex_fwd_tc) */
+    const int64_t pr = flex_part_row(p, sp.split, b, h, qi);
+    if (tr == 0) flex_gstore(p.part_lse + pr, lse);
+    out = p.part_o + pr * p.EV;
+  } else if (tr == 0) {
+    flex_gstore(p.lse + b * p.lse_b + h * p.lse_h + qi, lse);
+  }
 #pragma unroll
   for (int j = 0; j < EVP / TPR; j++) {
     const int col = tr + TPR * j;
     if (col < p.EV) flex_gstore(out + col, o[j] * inv);
+  }
+}
+
+/* ---- the split-KV combine ----------------------------------------------- */
+
+/* One warp per row of (b, h, qi), lanes over the EV columns: the S partial
+ * LSEs and O rows merge as lse = log sum_s exp(lse_s) and
+ * O = sum_s exp(lse_s - lse) O_s (each O_s already carries dropout's
+ * 1 / (1 - p), so it is applied once). A chunk with no live key has
+ * lse_s = -inf and weight 0 and is skipped, so it adds no NaN. The
+ * non-finite rows of flex_finish_row carry over: any NaN lse_s makes the
+ * row NaN; else a +inf one gives LSE +inf and O NaN; all -inf (a fully
+ * masked row) gives O = 0 and LSE = -inf. */
+template <class OutEl>
+__device__ __forceinline__ void flex_fwd_combine_body(const FlexParams &p) {
+  const int64_t rows = (int64_t)p.B * p.H * p.q_len;
+  const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32, S = p.kv_splits;
+  if (row >= rows) return;
+  const int qi = (int)(row % p.q_len), h = (int)(row / p.q_len % p.H), b = (int)(row / p.q_len / p.H);
+  float m = -INFINITY;
+#pragma unroll 1
+  for (int s = 0; s < S; s++) m = flex_max_nan(m, flex_gload(p.part_lse + s * rows + row));
+  float lse, sum = 0.0f;
+  if (m != m || m == INFINITY) lse = m;
+  else if (m == -INFINITY) lse = -INFINITY;
+  else {
+#pragma unroll 1
+    for (int s = 0; s < S; s++) sum += expf(flex_gload(p.part_lse + s * rows + row) - m);
+    lse = m + logf(sum);
+  }
+  if (lane == 0) flex_gstore(p.lse + b * p.lse_b + h * p.lse_h + qi, lse);
+  typename OutEl::T *out = (typename OutEl::T *)p.out + b * p.so.b + h * p.so.h + qi * p.so.row;
+#pragma unroll 1
+  for (int col = lane; col < p.EV; col += 32) {
+    float acc = 0.0f;
+    if (m != m || m == INFINITY) acc = m - m; /* NaN for both */
+    else if (m != -INFINITY) {
+#pragma unroll 1
+      for (int s = 0; s < S; s++) {
+        const float w = expf(flex_gload(p.part_lse + s * rows + row) - m);
+        if (w > 0.0f) acc += w * flex_gload(p.part_o + (s * rows + row) * p.EV + col);
+      }
+      acc /= sum;
+    }
+    OutEl::store(out + col, acc);
   }
 }
 

@@ -80,6 +80,14 @@ typedef struct FlexParams {
   int64_t sorted_len;              /* elements of buf[sorted_slot] (1-D) */
   int32_t sorted_slot;             /* the buffer checked */
   int32_t sorted_bytes;            /* its element: 1 (u8, unsigned), 4 (i32) or 8 (i64) */
+  /* ---- split-KV decoding (flex_fwd split, flex_fwd_combine; docs/decoding.md) ---- */
+  int32_t kv_splits;               /* S chunks of the key range; <= 1: flex_fwd writes out and lse */
+  float *part_o;                   /* S > 1: partial O [S, B, H, Q_LEN, EV] fp32, each normalised
+                                      by its own row sum */
+  float *part_lse;                 /* S > 1: partial LSE [S, B, H, Q_LEN] fp32 (-inf: no live key) */
+  /* ---- grouped-query packing (kernels generated with CgOptions.pack_gqa) ---- */
+  int32_t pack_g;                  /* G: H and G above are then HKV and 1, q_len G Q_LEN */
+  int32_t pack_q_len;              /* the call's Q_LEN */
 } FlexParams;
 
 /* The checked-run record: [0] nonzero once a load failed, [1] its site

@@ -16,6 +16,9 @@
  * tiles as `full`, so empty tiles are never loaded and full ones never run
  * the per-element mask.
  *
+ * A split-KV forward restricts the walk to its chunk of key tiles (init's
+ * col_lo, col_hi); lists and implicit classification work inside it.
+ *
  * Under FLEXC_EMU every visited tile is counted (thread 0 of the CTA), so
  * tests can check that the walk visits exactly the live tiles.
  */
@@ -31,7 +34,8 @@ struct FlexWalk {
                           * array indexed by `list` would live in local memory) */
   int list, i;           /* current list and entry */
   int c, c_end;          /* next tile start and the end of the current block */
-  int tile, block, total; /* tile and block widths, columns in all */
+  int tile, block, total; /* tile and block widths, the end of the columns visited */
+  int lo;                /* the first column visited (a split-KV chunk's start) */
   bool lists;            /* false: visit every tile */
 #ifdef FLEX_WALK_IMPLICIT
   const FlexParams *prm; /* the launch's params */
@@ -43,19 +47,24 @@ struct FlexWalk {
 
   /* p: the launch's params; bwd: the backward's walk (rows are keys, columns
    * queries: the q-side lists), else the forward's (rows are queries); row:
-   * the row tile's first row; tile_cols: the column tile width. */
+   * the row tile's first row; tile_cols: the column tile width; [col_lo,
+   * col_hi): the columns this CTA may visit (a split-KV chunk, multiples of
+   * tile_cols; by default all), so lists, implicit trimming and skipping
+   * all work inside the chunk and a tile is never visited by two chunks. */
   __device__ __forceinline__ void init(const FlexParams &p, bool bwd_side, bool use_lists, int b_,
-                                       int h_, int row, int tile_cols) {
+                                       int h_, int row, int tile_cols, int col_lo = 0,
+                                       int col_hi = 0x7fffffff) {
     const FlexBlockList &full = bwd_side ? p.full_q_list : p.full_kv_list;
     const FlexBlockList &part = bwd_side ? p.q_list : p.kv_list;
     const int block_rows = bwd_side ? p.block_kv : p.block_q;
     lists = use_lists;
     tile = tile_cols;
     block = bwd_side ? p.block_q : p.block_kv;
-    total = bwd_side ? p.q_len : p.kv_len;
+    total = min(bwd_side ? p.q_len : p.kv_len, col_hi);
+    lo = col_lo;
     list = 0;
     i = 0;
-    c = 0;
+    c = col_lo;
     c_end = 0;
     n0 = n1 = 0;
     idx0 = idx1 = 0;
@@ -103,8 +112,9 @@ struct FlexWalk {
       }
       const int blk = flex_gload((list ? idx1 : idx0) + i);
       i++;
-      c = blk * block;
-      c_end = min(c + block, total);
+      /* clipped to the chunk: a block outside it is skipped (c >= c_end) */
+      c = max(blk * block, lo);
+      c_end = min(blk * block + block, total);
     }
     col = c;
     full = list == 0;
@@ -141,7 +151,7 @@ struct FlexWalk {
     span_full = false;
     /* Trim empty columns from both ends, coarse spans first. One classify
      * call site (a mask is inlined once per site, and NATTEN's is large). */
-    int t0 = 0, t1 = (total + tile - 1) / tile;
+    int t0 = lo / tile, t1 = (total + tile - 1) / tile;
 #pragma unroll 1
     for (int s = SPAN * SPAN; s >= 1 && t0 < t1; s /= SPAN)
 #pragma unroll 1

@@ -103,6 +103,10 @@ static flex_status call(flex_kernel *k, const flex_args *a, bool backward) {
   if (!flex_backend_name(a->backend))
     return rt_err(FLEX_ERR_INVALID, "unknown backend %d (expected reference, emu, cuda or cpu)",
                   (int)a->backend);
+  /* rt_validate says it too; here a packed or paged call says it once, not per sequence */
+  if (a->kv_splits < 0)
+    return rt_err(FLEX_ERR_INVALID, "kv_splits must be 0 (automatic), 1 (never split) or a "
+                  "number of key chunks, got %d", a->kv_splits);
   if (a->page_table || a->kv_lens) return rt_paged_call(k, a, backward);
   if (a->cu_seqlens_q || a->cu_seqlens_kv) return rt_varlen_call(k, a, backward);
   return rt_call_one(k, a, backward, NULL);

@@ -29,7 +29,8 @@
 typedef enum RtEntry {
   RT_ENTRY_MASK_BUILD, /* flex_mask_build: a class byte per block of the BlockMask */
   RT_ENTRY_MASK_LISTS, /* flex_mask_lists: the eight BlockMask arrays from the classes */
-  RT_ENTRY_FWD,        /* flex_fwd: O and LSE */
+  RT_ENTRY_FWD,        /* flex_fwd: O and LSE, or split-KV partials of them */
+  RT_ENTRY_FWD_COMBINE, /* flex_fwd_combine: the partials of a split forward merged into O and LSE */
   RT_ENTRY_BWD_PRE,    /* flex_bwd_pre: D = rowsum(dO * O) - dLSE; dq_acc zeroed */
   RT_ENTRY_BWD,        /* flex_bwd: dK, dV, dq_acc and buffer gradients */
   RT_ENTRY_BWD_DQ,     /* flex_bwd_dq: dQ from dq_acc, in the input dtype */
@@ -62,6 +63,11 @@ typedef struct RtBackend {
   /* `sorted` promises checked by flex_sorted_check where the buffers live
    * (emu, cuda: the generated entries); false: on the host (cpu). */
   bool sorted_entry;
+  /* Streaming multiprocessors of the call's device (after open), which the
+   * split-KV heuristic fills (docs/decoding.md); 0: unknown (the fixed
+   * RT_SPLIT_DEFAULT_SMS is used). NULL: the backend runs the forward whole
+   * (cpu), so it never splits. */
+  int (*sm_count)(RtRun *r);
   /* Check where the call's tensors live (r->c; NULL outside a call: the
    * default device), make that device current, and set r->arch (the
    * kernels' target; CG_SM80 for host backends). */
@@ -97,6 +103,17 @@ flex_status rt_cuda_device_name(int device, char *out, size_t cap);
 /* Whether the emulator's host C++ compiler is there (else the reason as the last error). */
 bool rt_emu_available(void);
 
+/* The SM count split-KV assumes when the backend does not know its own
+ * (the emulator: an A100's 108, its default arch being sm_80). */
+#define RT_SPLIT_DEFAULT_SMS 108
+/* The most key chunks the heuristic picks (a forced count is clamped only
+ * to the key tiles). */
+#define RT_SPLIT_MAX 64
+
+/* The longest Q_LEN a forward packs the query heads of a group for
+ * (grouped-query packing, docs/decoding.md). */
+#define RT_PACK_MAX_Q_LEN 16
+
 /* One call, forward or backward (c->backward), through the run sequence. */
 flex_status rt_run(const RtBackend *be, const RtCall *c);
 
@@ -110,6 +127,9 @@ typedef struct RtRunStats {
   int64_t blocks[3];   /* built masks: empty, full, partial blocks */
   bool vec16;          /* the 16-byte cp.async path was on */
   int sorted_checks;   /* flex_sorted_check launches (the `sorted` check where the buffers live) */
+  bool pack_gqa;       /* the forward ran grouped-query packed (docs/decoding.md) */
+  int kv_splits;       /* key chunks of the forward (1: not split; 0: no forward on a device
+                          backend); a packed or paged call: the most of its sequences */
 } RtRunStats;
 RtRunStats rt_run_last_stats(void);
 /* Start the statistics of a new call (a packed call of no sequences runs none). */

@@ -218,6 +218,13 @@ typedef struct flex_args {
    * only by a checked run (check_bounds) on emu and cuda (always on the
    * reference and cpu backends, which gather on the host). */
   const DLTensor *page_table, *kv_lens;
+  /* Split-KV decoding (docs/decoding.md), forward on emu and cuda: the key
+   * range is cut into this many chunks run by separate CTAs, whose partial
+   * O and LSE a combine kernel merges. 0: automatic (split when the grid
+   * has fewer CTAs than the device has SMs); 1: never; N: N chunks, clamped
+   * to the number of key tiles. Negative: FLEX_ERR_INVALID. The reference
+   * and cpu backends compute each row whole and ignore it. */
+  int kv_splits;
 } flex_args;
 
 /* ---- block masks ---------------------------------------------------------- */

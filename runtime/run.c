@@ -3,13 +3,15 @@
  *
  *   open -> sorted check (host) -> options -> mask plan -> params ->
  *   prepare -> sorted check (device) -> block lists (built or the
- *   caller's) -> forward | backward (pre, main, dq) -> checked-run verdict
+ *   caller's) -> forward (whole, or split-KV partials and their combine) |
+ *   backward (pre, main, dq) -> checked-run verdict
  *   -> outputs converted -> free
  *
  * The backend supplies memory, copies and launches; everything it shares
  * with the others (what the kernels are generated with, where every array
  * lives, the order of the launches) is decided here.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "ir/interval.h"
@@ -18,9 +20,9 @@
 #include "runtime/tensor.h"
 
 const char *rt_entry_name(RtEntry e) {
-  static const char *const names[RT_NENTRIES] = {"flex_mask_build", "flex_mask_lists", "flex_fwd",
-                                                 "flex_bwd_pre",    "flex_bwd",        "flex_bwd_dq",
-                                                 "flex_sorted_check"};
+  static const char *const names[RT_NENTRIES] = {
+      "flex_mask_build", "flex_mask_lists", "flex_fwd",   "flex_fwd_combine",
+      "flex_bwd_pre",    "flex_bwd",        "flex_bwd_dq", "flex_sorted_check"};
   return names[e];
 }
 
@@ -414,6 +416,81 @@ static flex_status backward(RtRun *r, Work *w, FlexParams *p) {
   return st;
 }
 
+/* ---- the forward, split or not ------------------------------------------------------ */
+
+/* Key chunks of the forward (docs/decoding.md): flex_args.kv_splits when
+ * given, clamped to the key tiles; else, when the grid has fewer CTAs than
+ * the device has SMs, enough chunks for about two CTAs per SM, each chunk
+ * at least two key tiles, at most RT_SPLIT_MAX. 1: not split. A backend
+ * that runs the forward whole (no sm_count: cpu) never splits. */
+static int kv_splits(RtRun *r, const FlexParams *p) {
+  const RtCall *c = r->c;
+  if (!r->be->sm_count || c->QL == 0 || c->KL == 0) return 1;
+  const int tiles = cg_fwd_kv_tiles(&r->opts, c->KL), want = c->args->kv_splits;
+  if (want > 0) return want < tiles ? want : tiles;
+  int sms = r->be->sm_count(r);
+  if (sms <= 0) sms = RT_SPLIT_DEFAULT_SMS;
+  const CgLaunch g = cg_launch_fwd(&r->opts, p->B, p->H, p->q_len);
+  const int64_t ctas = (int64_t)g.grid[0] * g.grid[1] * g.grid[2];
+  if (ctas == 0 || ctas >= sms) return 1; /* an empty batch launches nothing */
+  int64_t s = (2 * (int64_t)sms + ctas - 1) / ctas;
+  if (s > tiles / 2) s = tiles / 2;
+  if (s > RT_SPLIT_MAX) s = RT_SPLIT_MAX;
+  return s < 2 ? 1 : (int)s;
+}
+
+/* flex_fwd over the whole key range, or into S partials in memory of ours
+ * merged by flex_fwd_combine into O and LSE. The grid is p's (heads and
+ * rows are a packed call's kv heads and packed rows). */
+static flex_status forward(RtRun *r, Work *w, const FlexParams *p) {
+  const int S = kv_splits(r, p);
+  if (S > last_stats.kv_splits) last_stats.kv_splits = S;
+  if (S <= 1)
+    return launch(r, RT_ENTRY_FWD, cg_launch_fwd(&r->opts, p->B, p->H, p->q_len), p,
+                  &last_stats.fwd_tiles);
+  const size_t rows = (size_t)S * (size_t)p->B * (size_t)p->H * (size_t)p->q_len;
+  void *po, *plse;
+  flex_status st = alloc(r, w, &po, rows * (size_t)p->EV * 4);
+  if (!st) st = alloc(r, w, &plse, rows * 4);
+  if (st) return st;
+  FlexParams f = *p;
+  f.kv_splits = S, f.part_o = po, f.part_lse = plse;
+  st = launch(r, RT_ENTRY_FWD, cg_launch_fwd_split(&r->opts, p->B, p->H, p->q_len, S), &f,
+              &last_stats.fwd_tiles);
+  if (!st)
+    st = launch(r, RT_ENTRY_FWD_COMBINE, cg_launch_fwd_combine(&r->opts, p->B, p->H, p->q_len),
+                &f, NULL);
+  return st;
+}
+
+/* Grouped-query packing (docs/decoding.md): a decoding forward (Q_LEN <=
+ * RT_PACK_MAX_Q_LEN) on a kernel backend with G = H / HKV > 1 runs as a
+ * call of HKV heads of G Q_LEN rows, so each K/V tile is read once per
+ * group instead of once per query head, and a row tile's rows are live
+ * rows of the group's heads instead of padding past Q_LEN. The rows of a
+ * group must be evenly spaced in q, out and lse (head stride = Q_LEN x row
+ * stride: contiguous tensors); the walk's lists are per query head and
+ * dropout's bits per (head, query), so a call with a BlockMask or dropout
+ * is not packed. $FLEXC_PACK_GQA=0 turns it off. */
+static bool pack_gqa(const RtRun *r, const FlexParams *p) {
+  const RtCall *c = r->c;
+  const CgOptions *o = &r->opts;
+  const char *env = getenv("FLEXC_PACK_GQA");
+  if ((env && !strcmp(env, "0")) || !r->be->sm_count || c->backward || c->G < 2 || c->QL < 1)
+    return false;
+  return c->QL <= RT_PACK_MAX_Q_LEN && !o->dropout &&
+         (o->mask_mode == CG_MASK_NONE || o->mask_mode == CG_MASK_IMPLICIT) &&
+         p->sq.h == c->QL * p->sq.row && p->so.h == c->QL * p->so.row && p->lse_h == c->QL;
+}
+
+/* The packed call's params: HKV heads of G Q_LEN rows, one group per head. */
+static void pack_params(FlexParams *p) {
+  const int G = p->G;
+  p->pack_g = G, p->pack_q_len = p->q_len;
+  p->sq.h *= G, p->so.h *= G, p->lse_h *= G;
+  p->q_len *= G, p->H = p->HKV, p->G = 1;
+}
+
 /* ---- one call ------------------------------------------------------------------------ */
 
 /* What the kernels are generated with, and the mask plan. */
@@ -450,6 +527,10 @@ static flex_status run(RtRun *r, Work *w) {
   if (st) return st;
   last_stats.vec16 = p.vec16 != 0;
   st = stage_all(r, w, &p);
+  if (!st && pack_gqa(r, &p)) {
+    r->opts.pack_gqa = last_stats.pack_gqa = true;
+    pack_params(&p);
+  }
   if (!st) st = r->be->prepare(r);
   if (!st) st = sorted_on_device(r, w, &p);
   if (!st && c->args->check_bounds) {
@@ -460,7 +541,7 @@ static flex_status run(RtRun *r, Work *w) {
   if (!st) st = mask_lists(r, w, &p);
   if (st) return st;
   if (!c->backward)
-    st = launch(r, RT_ENTRY_FWD, cg_launch_fwd(&r->opts, c->B, c->H, c->QL), &p, &last_stats.fwd_tiles);
+    st = forward(r, w, &p);
   else
     st = backward(r, w, &p);
   if (!st && w->bounds) st = bounds_verdict(r, w);

@@ -432,6 +432,9 @@ flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const fle
   c->scale = a->scale != 0 ? a->scale : 1.0 / sqrt((double)c->E);
   if (!(a->dropout_p >= 0.0f && a->dropout_p < 1.0f))
     return rt_err(FLEX_ERR_INVALID, "dropout_p must be in [0, 1), got %g", (double)a->dropout_p);
+  if (a->kv_splits < 0)
+    return rt_err(FLEX_ERR_INVALID, "kv_splits must be 0 (automatic), 1 (never split) or a "
+                  "number of key chunks, got %d", a->kv_splits);
   const IrModule *m = k->mod;
   c->sizes = arena_alloc(arena, sizeof(int32_t) * (size_t)(m->nsizes + SZ_COUNT));
   int32_t pre[SZ_COUNT] = {c->B, c->H, c->HKV, c->QL, c->KL, c->QL, c->KL, 0, 0};

@@ -268,7 +268,7 @@ class Kernel:
     def __call__(self, q, k, v, *, scale=None, params=None, buffers=None, block_mask=None,
                  return_lse=False, backend=None, check_bounds=False, fast_math=False,
                  cu_seqlens_q=None, cu_seqlens_kv=None, dropout_p=0.0, dropout_seed=0,
-                 dropout_offset=0):
+                 dropout_offset=0, kv_splits=0):
         """out [B, H, Q_LEN, EV] in q's dtype (and LSE [B, H, Q_LEN], float32;
         float64 for float64 inputs on the reference, with return_lse).
 
@@ -283,7 +283,9 @@ class Kernel:
         backend: 'reference', 'emu', 'cuda' or 'cpu' (default:
         default_backend(q)). CUDA tensors run on PyTorch's current stream.
         dropout_p in [0, 1), dropout_seed, dropout_offset (unsigned 64-bit):
-        dropout by Philox bits (DSL.md); pass the same three to backward."""
+        dropout by Philox bits (DSL.md); pass the same three to backward.
+        kv_splits: split-KV decoding on emu and cuda (docs/decoding.md): 0
+        automatic, 1 never, N key chunks (ignored by reference and cpu)."""
         backend = backend or default_backend(q)
         q, k, v = (T.readable(x) for x in (q, k, v))
         packed = _packed(cu_seqlens_q, cu_seqlens_kv)
@@ -298,6 +300,7 @@ class Kernel:
         call = _Call(self, backend, q, k, v, scale, params, buffers, block_mask,
                      check_bounds, fast_math, dropout=(dropout_p, dropout_seed, dropout_offset))
         call.seqlens(cu_seqlens_q, cu_seqlens_kv)
+        call.args.kv_splits = int(kv_splits)  # validated by the library: >= 0
         call.args.out, call.args.lse = call.ptr(out), call.ptr(lse)
         call.run(lib.flex_forward)
         return (out, lse) if return_lse else out

@@ -168,6 +168,22 @@ def test_dropout_forward_and_backward():
         k(q, kk, v, dropout_p=0.1, dropout_seed=-1)
 
 
+def test_kv_splits_reaches_the_library():
+    # kv_splits (docs/decoding.md): a decoding call on the emulator split 1
+    # (never), 3 and 0 (automatic) ways agrees with the reference, the
+    # reference accepts and ignores it, and a negative count is refused.
+    k = flexc.compile(os.path.join(SAMPLES, "causal_lower_right.score"))
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 1, 16, generator=g)
+    kk, v = (torch.randn(1, 2, 300, 16, generator=g) for _ in range(2))
+    ref, ref_lse = k(q, kk, v, backend="reference", return_lse=True, kv_splits=5)
+    for n in (1, 3, 0):
+        out, lse = k(q, kk, v, backend="emu", return_lse=True, kv_splits=n)
+        assert rel_err(out, ref) < 1e-4 and rel_err(lse, ref_lse) < 1e-4
+    with pytest.raises(flexc.FlexError, match="kv_splits"):
+        k(q, kk, v, backend="emu", kv_splits=-1)
+
+
 def test_backends_and_defaults():
     names = flexc.backends()
     assert "reference" in names and "emu" in names

@@ -68,7 +68,9 @@ static void check_one(const char *path, CgDtype dt, int E, CgArch arch, bool dro
   ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
   RtPtxasInfo info[8];
   int n = rt_ptxas_parse(r.log.data ? r.log.data : "", info, 8);
-  ck_assert_int_eq(n, (o.mask_builder ? 6 : 4) + o.sorted_check); /* flex_sorted_check: a `sorted` buffer */
+  /* flex_fwd, flex_fwd_combine, three backward entries, the builder's two,
+   * and flex_sorted_check for a `sorted` buffer */
+  ck_assert_int_eq(n, (o.mask_builder ? 7 : 5) + o.sorted_check);
   for (int i = 0; i < n; i++) {
     ck_assert_msg(info[i].spill_stores == 0 && info[i].spill_loads == 0,
                   "%s spills %d/%d bytes", info[i].name, info[i].spill_stores, info[i].spill_loads);
@@ -182,11 +184,13 @@ START_TEST(paged_forward_compiles) {
   ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
   RtPtxasInfo info[8];
   int n = rt_ptxas_parse(r.log.data ? r.log.data : "", info, 8);
-  ck_assert_int_eq(n, 1);
-  fprintf(stderr, "  paged flex_fwd %s E=128 sm_80: %d registers, spills %d/%d\n",
-          cg_dtype_name(dts[_i]), info[0].registers, info[0].spill_stores, info[0].spill_loads);
-  ck_assert_msg(info[0].spill_stores == 0 && info[0].spill_loads == 0, "paged %s spills %d/%d bytes",
-                cg_dtype_name(dts[_i]), info[0].spill_stores, info[0].spill_loads);
+  ck_assert_int_eq(n, 2); /* flex_fwd and flex_fwd_combine */
+  for (int i = 0; i < n; i++) {
+    fprintf(stderr, "  paged %s %s E=128 sm_80: %d registers, spills %d/%d\n", info[i].name,
+            cg_dtype_name(dts[_i]), info[i].registers, info[i].spill_stores, info[i].spill_loads);
+    ck_assert_msg(info[i].spill_stores == 0 && info[i].spill_loads == 0, "paged %s %s spills %d/%d bytes",
+                  info[i].name, cg_dtype_name(dts[_i]), info[i].spill_stores, info[i].spill_loads);
+  }
   rt_nvrtc_free(&r);
   buf_free(&src);
   /* the unpaged forward of the same kernel, for comparison */
@@ -197,11 +201,52 @@ START_TEST(paged_forward_compiles) {
   flex_kernel_free(k);
   ck_assert_msg(rt_nvrtc_compile(&r, src.data, "sm_80", RT_NVRTC_CUBIN, true) == FLEX_OK, "%s",
                 flex_last_error());
-  ck_assert_int_eq(rt_ptxas_parse(r.log.data ? r.log.data : "", info, 8), 1);
-  fprintf(stderr, "  unpaged flex_fwd %s E=128 sm_80: %d registers, spills %d/%d\n",
-          cg_dtype_name(dts[_i]), info[0].registers, info[0].spill_stores, info[0].spill_loads);
+  ck_assert_int_eq(rt_ptxas_parse(r.log.data ? r.log.data : "", info, 8), 2);
+  for (int i = 0; i < 2; i++)
+    if (!strcmp(info[i].name, "flex_fwd"))
+      fprintf(stderr, "  unpaged flex_fwd %s E=128 sm_80: %d registers, spills %d/%d\n",
+              cg_dtype_name(dts[_i]), info[i].registers, info[i].spill_stores, info[i].spill_loads);
   rt_nvrtc_free(&r);
   buf_free(&src);
+}
+END_TEST
+
+/* Grouped-query packing (CgOptions.pack_gqa, docs/decoding.md): the user's
+ * functions under their flex_user_ names with the mapping wrappers, ALiBi
+ * and a head-dependent implicit window, paged or not, compile at E = 128
+ * for every dtype without spills. */
+START_TEST(packed_forward_compiles) {
+  static const CgDtype dts[3] = {CG_FP16, CG_BF16, CG_FP32};
+  const char *text = "buffer slopes: f32[H];\n"
+                     "score al(s, b, h, q, kv) { return s + slopes[h] * float(kv - q); }\n"
+                     "mask w(b, h, q, kv) { let d = q + KV_LEN - Q_LEN - kv; return d >= 0 && d < 64 * (h + 1); }\n";
+  for (int paged = 0; paged < 2; paged++) {
+    flex_kernel *k;
+    ck_assert_msg(flex_kernel_from_source(&k, "pack.score", text, strlen(text), NULL) == FLEX_OK, "%s",
+                  flex_last_error());
+    CgOptions o;
+    char err[256];
+    ck_assert_msg(cg_options_init(&o, k->mod, dts[_i], 128, 128, CG_SM80, false, err, sizeof err), "%s", err);
+    o.pack_gqa = true, o.paged = paged;
+    Buf src = {0};
+    cg_emit_cuda(&src, k->mod, &o);
+    flex_kernel_free(k);
+    ck_assert(strstr(src.data, "flex_user_mask_block(") && strstr(src.data, "p.pack_q_len"));
+    RtNvrtcResult r;
+    flex_status st = rt_nvrtc_compile(&r, src.data, "sm_80", RT_NVRTC_CUBIN, true);
+    ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
+    RtPtxasInfo info[8];
+    int n = rt_ptxas_parse(r.log.data ? r.log.data : "", info, 8);
+    ck_assert_int_eq(n, 2);
+    for (int i = 0; i < n; i++) {
+      fprintf(stderr, "  packed%s %s %s E=128 sm_80: %d registers, spills %d/%d\n", paged ? " paged" : "",
+              info[i].name, cg_dtype_name(dts[_i]), info[i].registers, info[i].spill_stores,
+              info[i].spill_loads);
+      ck_assert_msg(info[i].spill_stores == 0 && info[i].spill_loads == 0, "%s spills", info[i].name);
+    }
+    rt_nvrtc_free(&r);
+    buf_free(&src);
+  }
 }
 END_TEST
 
@@ -264,6 +309,7 @@ int main(void) {
     tcase_set_timeout(tc, getenv("FLEXC_NVRTC_FULL") ? 7200 : 600);
     tcase_add_test(tc, fast_math_opt_in);
     tcase_add_loop_test(tc, paged_forward_compiles, 0, 3);
+    tcase_add_loop_test(tc, packed_forward_compiles, 0, 3);
     tcase_add_loop_test(tc, sampled_matrix, 0, MAXSAMPLES);
     suite_add_tcase(s, tc);
     TCase *sm90 = tcase_create("sm90"); /* CK_RUN_CASE=sm90 runs only this */

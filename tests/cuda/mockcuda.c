@@ -60,7 +60,7 @@ CUresult cuDeviceGetCount(int *n) { *n = 1; return OK; }
 CUresult cuDeviceGet(int *d, int i) { *d = i; return i == 0 ? OK : INVALID_VALUE; }
 CUresult cuDeviceGetAttribute(int *v, int a, int d) {
   (void)d;
-  *v = a == 75 ? 8 : 0; /* compute capability 8.0 (75 major, 76 minor) */
+  *v = a == 75 ? 8 : a == 16 ? 108 : 0; /* compute capability 8.0 (75 major, 76 minor); 108 SMs (16) */
   return OK;
 }
 CUresult cuDeviceGetName(char *out, int n, int d) {

@@ -186,6 +186,36 @@ START_TEST(emu_backend) {
 }
 END_TEST
 
+/* --kv-splits N reaches the call: a decoding shape (one query, 200 keys:
+ * 7 fp32 key tiles) split 3 ways on the emulator against the reference,
+ * and a negative count is a user error naming the option. */
+START_TEST(kv_splits_option) {
+  uint64_t seed = tl_seed();
+  int64_t q[4] = {1, 4, 1, 12}, k[4] = {1, 2, 200, 12}, v[4] = {1, 2, 200, 5};
+  write_random("dq.npy", rt_dtype(kDLFloat, 32), 4, q, &seed);
+  write_random("dk.npy", rt_dtype(kDLFloat, 32), 4, k, &seed);
+  write_random("dv.npy", rt_dtype(kDLFloat, 32), 4, v, &seed);
+  const char *backends[2] = {"emu --kv-splits 3", "reference --kv-splits 3"};
+  for (int i = 0; i < 2; i++) {
+    Buf cmd = {0}, out = {0};
+    buf_printf(&cmd, "%s run %s --q %s/dq.npy --k %s/dk.npy --v %s/dv.npy --backend %s --out %s/ks%d",
+               tl_flexc(), tl_src_path("samples/causal_lower_right.score"), dir, dir, dir,
+               backends[i], dir, i);
+    ck_assert_msg(tl_run(cmd.data, &out) == 0, "%s", out.data);
+    buf_free(&cmd), buf_free(&out);
+  }
+  double eo = file_err("ks0/out.npy", "ks1/out.npy"), el = file_err("ks0/lse.npy", "ks1/lse.npy");
+  fprintf(stderr, "  emu --kv-splits 3: out %.2e lse %.2e\n", eo, el);
+  ck_assert_msg(eo < 1e-4 && el < 1e-4, "out %g lse %g", eo, el);
+  Buf out = {0};
+  char extra[1024];
+  snprintf(extra, sizeof extra, "--k %s/k.npy --backend emu --kv-splits -2 --out %s/ks", dir, dir);
+  ck_assert_int_eq(run("samples/causal.score", extra, &out), 1);
+  ck_assert_msg(strstr(out.data, "--kv-splits") && strstr(out.data, "-2"), "%s", out.data);
+  buf_free(&out);
+}
+END_TEST
+
 /* --fast-math builds and runs on the emulator for every approximated
  * builtin (the emulator stands in exact values for the approximations, so
  * the results must match the reference at fp32 tolerance). */
@@ -290,6 +320,7 @@ int main(void) {
   tcase_add_test(tc, repeat_and_threads);
   tcase_add_test(tc, emu_backend);
   tcase_add_test(tc, fast_math_emu);
+  tcase_add_test(tc, kv_splits_option);
   suite_add_tcase(s, tc);
   return tl_run_suite(s);
 }

@@ -71,6 +71,11 @@ extern "C" __global__ void __launch_bounds__(128) flex_fwd(const FlexParams p) {
 }
 FLEX_EMU_ENTRY(flex_fwd, FlexParams)
 
+extern "C" __global__ void __launch_bounds__(128) flex_fwd_combine(const FlexParams p) {
+  flex_fwd_combine_body<FlexF16>(p);
+}
+FLEX_EMU_ENTRY(flex_fwd_combine, FlexParams)
+
 extern "C" __global__ void __launch_bounds__(256) flex_sorted_check(const FlexParams p) {
   flex_sorted_check_body(p);
 }

@@ -73,6 +73,11 @@ extern "C" __global__ void __launch_bounds__(128) flex_fwd(const FlexParams p) {
 }
 FLEX_EMU_ENTRY(flex_fwd, FlexParams)
 
+extern "C" __global__ void __launch_bounds__(128) flex_fwd_combine(const FlexParams p) {
+  flex_fwd_combine_body<FlexBF16>(p);
+}
+FLEX_EMU_ENTRY(flex_fwd_combine, FlexParams)
+
 extern "C" __global__ void __launch_bounds__(128) flex_bwd_pre(const FlexParams p) {
   flex_bwd_pre<FlexBF16, FlexBF16>(p);
 }

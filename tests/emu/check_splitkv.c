@@ -1,0 +1,574 @@
+/* Split-KV decoding on the emulator (docs/decoding.md): the key range cut
+ * into chunks run by separate CTAs, their partial O and LSE merged by
+ * flex_fwd_combine, against the float64 reference.
+ *
+ *  - decoding shapes: Q_LEN 1, 4 and 16, KV_LEN up to 3000 (fp32; the
+ *    16-bit kernels are slower to emulate, up to 1500), GQA 8:1 and
+ *    H = HKV; lower-right causal with ALiBi, a sliding window with a tanh
+ *    softcap, no mask, and a mask reading buffers (a BlockMask built on
+ *    the device) with a fully masked row and long runs of dead keys, so
+ *    that some chunks of every row have no live key; fp32 (flex_fwd_simt),
+ *    fp16 and bf16 (flex_fwd_tc); dropout;
+ *  - per case the splits 1, 2, 3, 7 and automatic: O and LSE (every
+ *    element, LSE's -inf rows included) within the dtype's tolerance of
+ *    the reference, and each split within it of the unsplit run; the run
+ *    statistics say how many chunks ran (a forced count clamped to the
+ *    key tiles) and that the chunks together visited exactly the unsplit
+ *    run's tiles;
+ *  - +inf and NaN logits in one chunk of a row: LSE +inf / NaN and O NaN,
+ *    as the unsplit kernel gives (DSL.md);
+ *  - a paged K/V cache and a packed (varlen) batch, split per sequence;
+ *  - grouped-query packing: on exactly for GQA calls without lists or
+ *    dropout; packed against unpacked ($FLEXC_PACK_GQA=0) results and tile
+ *    counts, with a per-head window and ALiBi;
+ *  - kv_splits < 0 is FLEX_ERR_INVALID with a message; the reference and
+ *    cpu backends accept and ignore a count.
+ *
+ * Fresh random inputs every run (tl_seed); outputs are poisoned with NaN
+ * before every run. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/backend.h"
+#include "runtime/flex.h"
+#include "runtime/npy.h"
+#include "testlib.h"
+
+static uint64_t rng;
+
+/* Lower-right causal (query i is absolute position i + KV_LEN - Q_LEN) with ALiBi. */
+static const char *const causal_alibi =
+    "buffer slopes: f32[H];\n"
+    "score alibi(s, b, h, q, kv) { return s + slopes[h] * float(kv - (q + KV_LEN - Q_LEN)); }\n"
+    "mask causal(b, h, q, kv) { return q + KV_LEN - Q_LEN >= kv; }\n";
+/* A lower-right sliding window with a tanh softcap. */
+static const char *const window_softcap =
+    "param int window = 300;\nparam float cap = 5.0;\n"
+    "score softcap(s, b, h, q, kv) { return cap * tanh(s / cap); }\n"
+    "mask sliding(b, h, q, kv) { let d = q + KV_LEN - Q_LEN - kv; return d >= 0 && d < window; }\n";
+/* A window per head (wider for later heads) with ALiBi: under grouped-query
+ * packing the classifier and both functions must see each row's own head. */
+static const char *const head_window =
+    "buffer slopes: f32[H];\n"
+    "score alibi(s, b, h, q, kv) { return s + slopes[h] * float(kv - (q + KV_LEN - Q_LEN)); }\n"
+    "mask hwin(b, h, q, kv) { let d = q + KV_LEN - Q_LEN - kv; return d >= 0 && d < 40 * (h + 1); }\n";
+/* No mask, identity score. */
+static const char *const plain = "score ident(s, b, h, q, kv) { return s; }\n";
+/* Undecidable: the runtime builds the BlockMask (the walk's list mode). */
+static const char *const live_mask =
+    "buffer qlive: i32[Q_LEN];\nbuffer klive: i32[KV_LEN];\n"
+    "mask live(b, h, q, kv) { return qlive[q] != 0 && klive[kv] != 0; }\n";
+/* A bias per element: +inf and NaN logits placed by the test. */
+static const char *const bias_score =
+    "buffer bias: f32[Q_LEN, KV_LEN];\n"
+    "score biased(s, b, h, q, kv) { return s + bias[q, kv]; }\n";
+
+typedef enum Bufs { B_NONE, B_SLOPES, B_LIVE, B_BIAS } Bufs;
+
+typedef struct Case {
+  const char *name, *src;
+  Bufs bufs;
+  int dt; /* tl_dtypes index: 0 fp32, 1 fp16, 2 bf16 */
+  int B, H, HKV, QL, KL, E, EV;
+  float drop;
+} Case;
+
+static flex_kernel *load(const char *src) {
+  flex_kernel *k = NULL;
+  flex_status st = flex_kernel_from_source(&k, "splitkv", src, strlen(src), NULL);
+  ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
+  return k;
+}
+
+/* The buffers of a case (host arrays shared by both backends). */
+typedef struct Buffers {
+  RtArray a[2];
+  DLTensor t[2];
+  flex_buffer fb[2];
+  int n;
+} Buffers;
+
+static void buffers_init(Buffers *bf, const Case *c) {
+  memset(bf, 0, sizeof *bf);
+  DLDataType f32 = rt_dtype(kDLFloat, 32), i32 = rt_dtype(kDLInt, 32);
+  if (c->bufs == B_SLOPES) {
+    int64_t s[1] = {c->H};
+    rt_array_init(&bf->a[0], f32, 1, s);
+    for (int h = 0; h < c->H; h++) rt_array_set(&bf->a[0], h, exp2(-8.0 * (h + 1) / c->H));
+    bf->fb[0].name = "slopes", bf->n = 1;
+  } else if (c->bufs == B_LIVE) {
+    /* Query row 1 (row 0 of a single query) sees nothing; keys live in a
+     * few random runs, so that most chunks of a row have no live key. */
+    int64_t sq[1] = {c->QL}, sk[1] = {c->KL};
+    rt_array_init(&bf->a[0], i32, 1, sq), rt_array_init(&bf->a[1], i32, 1, sk);
+    for (int i = 0; i < c->QL; i++) rt_array_set(&bf->a[0], i, c->QL == 1 || i != 1);
+    for (int run = 0; run < 3; run++) {
+      int len = 8 + (int)(tl_uniform(&rng) * 40), at = (int)(tl_uniform(&rng) * (c->KL - len));
+      for (int j = at; j < at + len; j++) rt_array_set(&bf->a[1], j, 1);
+    }
+    bf->fb[0].name = "qlive", bf->fb[1].name = "klive", bf->n = 2;
+  } else if (c->bufs == B_BIAS) {
+    int64_t s[2] = {c->QL, c->KL};
+    rt_array_init(&bf->a[0], f32, 2, s);
+    for (int64_t e = 0; e < (int64_t)c->QL * c->KL; e++)
+      rt_array_set(&bf->a[0], e, tl_uniform(&rng) - 0.5);
+    /* row 0: one +inf logit; row 1: one NaN; each in a random chunk */
+    rt_array_set(&bf->a[0], (int64_t)(tl_uniform(&rng) * c->KL), INFINITY);
+    rt_array_set(&bf->a[0], c->KL + (int64_t)(tl_uniform(&rng) * c->KL), NAN);
+    bf->fb[0].name = "bias", bf->n = 1;
+  }
+  for (int i = 0; i < bf->n; i++) {
+    bf->t[i] = rt_array_tensor(&bf->a[i]);
+    bf->fb[i].tensor = &bf->t[i];
+  }
+}
+
+static void buffers_free(Buffers *bf) {
+  for (int i = 0; i < bf->n; i++) rt_array_free(&bf->a[i]);
+}
+
+/* Relative norm error of x against y, both host arrays of the same count;
+ * equal infinities (LSE of a fully masked row) are exact; NaN fails. */
+static double rel_err(const RtArray *x, const RtArray *y) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < rt_array_count(x); i++) {
+    double a = rt_array_get(x, i), b = rt_array_get(y, i);
+    if (isinf(b) && a == b) continue;
+    if (!isfinite(a) || !isfinite(b)) return INFINITY;
+    num += (a - b) * (a - b), den += b * b;
+  }
+  return den > 0 ? sqrt(num / den) : INFINITY;
+}
+
+static void copy_array(RtArray *dst, const RtArray *src) {
+  for (int64_t i = 0; i < rt_array_count(src); i++) rt_array_set(dst, i, rt_array_get(src, i));
+}
+
+/* Every element NaN: an output the run does not write fails. */
+static void poison(TlPair *p) {
+  for (int64_t i = 0; i < rt_array_count(&p->x); i++) rt_array_set(&p->x, i, NAN);
+}
+
+static const Case cases[] = {
+    {"gqa8 q1 causal alibi fp32", causal_alibi, B_SLOPES, 0, 1, 8, 1, 1, 1000, 64, 64, 0},
+    {"gqa8 q4 window softcap bf16", window_softcap, B_NONE, 2, 1, 8, 1, 4, 777, 64, 64, 0},
+    {"mha q16 causal alibi fp16", causal_alibi, B_SLOPES, 1, 1, 4, 4, 16, 1500, 64, 48, 0},
+    {"gqa8 q1 plain fp32", plain, B_NONE, 0, 1, 8, 1, 1, 3000, 64, 64, 0},
+    {"gqa8 q1 plain fp16", plain, B_NONE, 1, 1, 8, 1, 1, 1200, 64, 64, 0},
+    {"gqa8 q16 head window fp32", head_window, B_SLOPES, 0, 2, 8, 1, 16, 500, 32, 32, 0},
+    {"gqa4 q16 head window bf16", head_window, B_SLOPES, 2, 1, 8, 2, 16, 450, 64, 64, 0},
+    {"mha q4 live lists fp32", live_mask, B_LIVE, 0, 2, 2, 2, 4, 700, 32, 40, 0},
+    {"gqa8 q16 live lists bf16", live_mask, B_LIVE, 2, 1, 8, 1, 16, 900, 64, 64, 0},
+    {"gqa4 q4 causal dropout fp32", causal_alibi, B_SLOPES, 0, 1, 4, 1, 4, 500, 32, 32, 0.25f},
+    {"gqa4 q4 causal dropout bf16", causal_alibi, B_SLOPES, 2, 1, 4, 1, 4, 600, 64, 64, 0.25f},
+};
+
+/* One case, splits 1, 2, 3, 7 and automatic. */
+START_TEST(decoding) {
+  const Case *c = &cases[_i];
+  const TlDtype *td = &tl_dtypes[c->dt];
+  DLDataType dt = rt_dtype(td->code, td->bits), f32 = rt_dtype(kDLFloat, 32);
+  flex_kernel *k = load(c->src);
+  int64_t qs[4] = {c->B, c->H, c->QL, c->E}, ks[4] = {c->B, c->HKV, c->KL, c->E};
+  int64_t vs[4] = {c->B, c->HKV, c->KL, c->EV}, os[4] = {c->B, c->H, c->QL, c->EV};
+  int64_t ls[3] = {c->B, c->H, c->QL};
+  TlPair q, kk, v, out, lse;
+  tl_pair_init(&q, dt, 4, qs, true, &rng), tl_pair_init(&kk, dt, 4, ks, true, &rng);
+  tl_pair_init(&v, dt, 4, vs, true, &rng);
+  tl_pair_init(&out, dt, 4, os, false, &rng), tl_pair_init(&lse, f32, 3, ls, false, &rng);
+  RtArray o1, l1; /* the unsplit run */
+  rt_array_init(&o1, rt_dtype(kDLFloat, 64), 4, os), rt_array_init(&l1, rt_dtype(kDLFloat, 64), 3, ls);
+  Buffers bf;
+  buffers_init(&bf, c);
+  flex_args a = {0}, r = {0};
+  a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
+  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
+  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
+  a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
+  uint64_t seed = tl_rand(&rng);
+  a.dropout_p = r.dropout_p = c->drop, a.dropout_seed = r.dropout_seed = seed;
+  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+  /* every case has more than 7 key tiles (BN <= 64), so a forced count runs as given */
+  const int splits[5] = {1, 2, 3, 7, 0};
+  uint64_t tiles1 = 0;
+  for (int t = 0; t < 5; t++) {
+    poison(&out), poison(&lse);
+    a.kv_splits = splits[t];
+    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s split %d: %s", c->name, splits[t],
+                  flex_last_error());
+    RtRunStats st = rt_run_last_stats();
+    double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
+    double so = t ? rel_err(&out.x, &o1) : 0, sl = t ? rel_err(&lse.x, &l1) : 0;
+    fprintf(stderr, "  %-30s splits %d -> %2d%s (tiles %llu): out %.2g lse %.2g; vs unsplit %.2g %.2g\n",
+            c->name, splits[t], st.kv_splits, st.pack_gqa ? " packed" : "",
+            (unsigned long long)st.fwd_tiles, eo, el, so, sl);
+    /* grouped-query packing: on for GQA without lists or dropout (every case has Q_LEN <= 16) */
+    bool pack = c->H > c->HKV && c->bufs != B_LIVE && c->drop == 0 && !getenv("FLEXC_PACK_GQA");
+    ck_assert_msg(st.pack_gqa == pack, "%s: packed %d, want %d", c->name, st.pack_gqa, pack);
+    if (splits[t]) {
+      ck_assert_msg(st.kv_splits == splits[t], "%s: kv_splits %d ran %d chunks", c->name, splits[t],
+                    st.kv_splits);
+    } else {
+      /* a decoding grid is far below the emulator's 108 SMs: it splits, each chunk >= 2 tiles */
+      ck_assert_msg(st.kv_splits >= 2 && st.kv_splits <= RT_SPLIT_MAX && st.kv_splits * 2 * 32 <= c->KL + 63,
+                    "%s: automatic split ran %d chunks", c->name, st.kv_splits);
+    }
+    if (t == 0) tiles1 = st.fwd_tiles;
+    ck_assert_msg(st.fwd_tiles == tiles1, "%s split %d: %llu tiles visited, unsplit %llu", c->name,
+                  st.kv_splits, (unsigned long long)st.fwd_tiles, (unsigned long long)tiles1);
+    ck_assert_msg(eo < td->tol && el < td->tol, "%s split %d: out %g lse %g (tol %g)", c->name,
+                  st.kv_splits, eo, el, td->tol);
+    ck_assert_msg(so < td->tol && sl < td->tol, "%s split %d against unsplit: out %g lse %g", c->name,
+                  st.kv_splits, so, sl);
+    if (t == 0) copy_array(&o1, &out.x), copy_array(&l1, &lse.x);
+  }
+  if (c->bufs == B_LIVE) /* the fully masked row: O = 0, LSE = -inf */
+    for (int h = 0; h < c->H && c->QL > 1; h++) {
+      ck_assert(rt_array_get(&lse.x, (int64_t)h * c->QL + 1) == -INFINITY);
+      for (int e = 0; e < c->EV; e++)
+        ck_assert(rt_array_get(&out.x, ((int64_t)h * c->QL + 1) * c->EV + e) == 0.0);
+    }
+  TlPair *all[] = {&q, &kk, &v, &out, &lse};
+  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  rt_array_free(&o1), rt_array_free(&l1);
+  buffers_free(&bf);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* Grouped-query packing against the same call unpacked ($FLEXC_PACK_GQA=0):
+ * both against the reference and each other, and the packed walk visits
+ * 1 / G of the tiles (each K/V tile once per group: the masks here do not
+ * depend on the head, or, for the head window, the unpacked count is at
+ * least the packed one). _i: cases[] index of a GQA case. */
+START_TEST(gqa_packing) {
+  static const int which[4] = {0, 1, 5, 6}; /* causal fp32, window bf16, head windows fp32 / bf16 */
+  const Case *c = &cases[which[_i]];
+  const TlDtype *td = &tl_dtypes[c->dt];
+  DLDataType dt = rt_dtype(td->code, td->bits), f32 = rt_dtype(kDLFloat, 32);
+  flex_kernel *k = load(c->src);
+  int64_t qs[4] = {c->B, c->H, c->QL, c->E}, ks[4] = {c->B, c->HKV, c->KL, c->E};
+  int64_t vs[4] = {c->B, c->HKV, c->KL, c->EV}, os[4] = {c->B, c->H, c->QL, c->EV};
+  int64_t ls[3] = {c->B, c->H, c->QL};
+  TlPair q, kk, v, out, lse;
+  tl_pair_init(&q, dt, 4, qs, true, &rng), tl_pair_init(&kk, dt, 4, ks, true, &rng);
+  tl_pair_init(&v, dt, 4, vs, true, &rng);
+  tl_pair_init(&out, dt, 4, os, false, &rng), tl_pair_init(&lse, f32, 3, ls, false, &rng);
+  RtArray o1, l1; /* the packed run */
+  rt_array_init(&o1, rt_dtype(kDLFloat, 64), 4, os), rt_array_init(&l1, rt_dtype(kDLFloat, 64), 3, ls);
+  Buffers bf;
+  buffers_init(&bf, c);
+  flex_args a = {0}, r = {0};
+  a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
+  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
+  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
+  a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
+  a.kv_splits = 1;
+  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+  uint64_t tiles[2];
+  for (int t = 0; t < 2; t++) {
+    if (t) setenv("FLEXC_PACK_GQA", "0", 1);
+    poison(&out), poison(&lse);
+    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s: %s", c->name, flex_last_error());
+    RtRunStats st = rt_run_last_stats();
+    tiles[t] = st.fwd_tiles;
+    ck_assert(st.pack_gqa == (t == 0));
+    double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
+    double so = t ? rel_err(&out.x, &o1) : 0, sl = t ? rel_err(&lse.x, &l1) : 0;
+    fprintf(stderr, "  %-30s %s: tiles %llu, out %.2g lse %.2g; packed vs unpacked %.2g %.2g\n",
+            c->name, t ? "unpacked" : "packed  ", (unsigned long long)st.fwd_tiles, eo, el, so, sl);
+    ck_assert_msg(eo < td->tol && el < td->tol, "%s: out %g lse %g", c->name, eo, el);
+    ck_assert_msg(so < td->tol && sl < td->tol, "%s: packed vs unpacked out %g lse %g", c->name, so, sl);
+    if (t == 0) copy_array(&o1, &out.x), copy_array(&l1, &lse.x);
+  }
+  unsetenv("FLEXC_PACK_GQA");
+  const uint64_t G = (uint64_t)(c->H / c->HKV);
+  if (c->src == head_window) ck_assert(tiles[1] >= tiles[0] && tiles[0] > 0);
+  else ck_assert_msg(tiles[1] == G * tiles[0], "unpacked %llu tiles, packed %llu, G %llu",
+                     (unsigned long long)tiles[1], (unsigned long long)tiles[0], (unsigned long long)G);
+  TlPair *all[] = {&q, &kk, &v, &out, &lse};
+  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  rt_array_free(&o1), rt_array_free(&l1);
+  buffers_free(&bf);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* +inf and NaN logits in one chunk of rows 0 and 1: LSE +inf and NaN, O
+ * NaN, whatever the split; the other rows as the reference. _i: fp32, bf16. */
+START_TEST(nonfinite_logits) {
+  const Case c = {"bias", bias_score, B_BIAS, _i ? 2 : 0, 1, 2, 1, 4, 400, 32, 32, 0};
+  const TlDtype *td = &tl_dtypes[c.dt];
+  DLDataType dt = rt_dtype(td->code, td->bits), f32 = rt_dtype(kDLFloat, 32);
+  flex_kernel *k = load(c.src);
+  int64_t qs[4] = {1, c.H, c.QL, c.E}, ks[4] = {1, c.HKV, c.KL, c.E}, ls[3] = {1, c.H, c.QL};
+  TlPair q, kk, v, out, lse;
+  tl_pair_init(&q, dt, 4, qs, true, &rng), tl_pair_init(&kk, dt, 4, ks, true, &rng);
+  tl_pair_init(&v, dt, 4, ks, true, &rng), tl_pair_init(&out, dt, 4, qs, false, &rng);
+  tl_pair_init(&lse, f32, 3, ls, false, &rng);
+  Buffers bf;
+  buffers_init(&bf, &c);
+  flex_args a = {0}, r = {0};
+  a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
+  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
+  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
+  a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
+  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+  const int splits[3] = {1, 5, 0};
+  for (int t = 0; t < 3; t++) {
+    poison(&out), poison(&lse);
+    a.kv_splits = splits[t];
+    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "split %d: %s", splits[t], flex_last_error());
+    int ran = rt_run_last_stats().kv_splits;
+    ck_assert(splits[t] != 5 || ran == 5);
+    double num = 0, den = 0;
+    for (int h = 0; h < c.H; h++)
+      for (int i = 0; i < c.QL; i++) {
+        int64_t row = (int64_t)h * c.QL + i;
+        double l = rt_array_get(&lse.x, row), lr = rt_array_get(&lse.ref, row);
+        if (i == 0) ck_assert_msg(l == INFINITY && lr == INFINITY, "split %d h %d: LSE %g, ref %g", ran, h, l, lr);
+        if (i == 1) ck_assert_msg(isnan(l) && isnan(lr), "split %d h %d: LSE %g, ref %g", ran, h, l, lr);
+        for (int e = 0; e < c.EV; e++) {
+          double o = rt_array_get(&out.x, row * c.EV + e), orf = rt_array_get(&out.ref, row * c.EV + e);
+          if (i < 2) {
+            ck_assert_msg(isnan(o) && isnan(orf), "split %d h %d row %d: O %g, ref %g", ran, h, i, o, orf);
+          } else {
+            ck_assert_msg(isfinite(o), "split %d h %d row %d: O %g", ran, h, i, o);
+            num += (o - orf) * (o - orf), den += orf * orf;
+          }
+        }
+        if (i >= 2) ck_assert_msg(fabs(l - lr) <= td->tol * (1 + fabs(lr)), "lse %g ref %g", l, lr);
+      }
+    double err = sqrt(num / den);
+    fprintf(stderr, "  nonfinite %s splits %d -> %d: rows 0, 1 +inf / NaN; others %.2g\n", td->name,
+            splits[t], ran, err);
+    ck_assert_msg(den > 0 && err < td->tol, "split %d: finite rows err %g", ran, err);
+  }
+  TlPair *all[] = {&q, &kk, &v, &out, &lse};
+  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  buffers_free(&bf);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* A paged cache: B = 2 sequences of kv_lens 700 and 333 in pages of 64
+ * scattered over a pool in reverse order; GQA 8:1, Q_LEN 1 and 4; the
+ * reference gathers the same pool. _i: fp32, bf16. */
+START_TEST(paged_split) {
+  const TlDtype *td = &tl_dtypes[_i ? 2 : 0];
+  DLDataType dt = rt_dtype(td->code, td->bits), f32 = rt_dtype(kDLFloat, 32), i32 = rt_dtype(kDLInt, 32);
+  enum { B = 2, H = 8, HKV = 1, E = 64, PS = 64, MP = 12, NP = 2 * MP };
+  const int lens[B] = {700, 333}, QL = _i ? 4 : 1;
+  const Case c = {"paged", causal_alibi, B_SLOPES, 0, B, H, HKV, QL, 700, E, E, 0};
+  flex_kernel *k = load(c.src);
+  int64_t qs[4] = {B, H, QL, E}, ps[4] = {NP, PS, HKV, E}, ls[3] = {B, H, QL};
+  int64_t pts[2] = {B, MP}, kls[1] = {B};
+  TlPair q, kk, v, out, lse;
+  tl_pair_init(&q, dt, 4, qs, true, &rng), tl_pair_init(&kk, dt, 4, ps, true, &rng);
+  tl_pair_init(&v, dt, 4, ps, true, &rng), tl_pair_init(&out, dt, 4, qs, false, &rng);
+  tl_pair_init(&lse, f32, 3, ls, false, &rng);
+  RtArray pt, kl;
+  rt_array_init(&pt, i32, 2, pts), rt_array_init(&kl, i32, 1, kls);
+  for (int b = 0; b < B; b++) {
+    rt_array_set(&kl, b, lens[b]);
+    for (int i = 0; i < MP; i++) rt_array_set(&pt, b * MP + i, NP - 1 - (b * MP + i)); /* reversed */
+  }
+  DLTensor tpt = rt_array_tensor(&pt), tkl = rt_array_tensor(&kl);
+  Buffers bf;
+  buffers_init(&bf, &c);
+  flex_args a = {0}, r = {0};
+  a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
+  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
+  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
+  a.page_table = r.page_table = &tpt, a.kv_lens = r.kv_lens = &tkl;
+  a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
+  r.kv_splits = 3; /* accepted and ignored by the reference */
+  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+  const int splits[3] = {1, 3, 0};
+  for (int t = 0; t < 3; t++) {
+    poison(&out), poison(&lse);
+    a.kv_splits = splits[t];
+    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "paged split %d: %s", splits[t], flex_last_error());
+    int ran = rt_run_last_stats().kv_splits;
+    double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
+    fprintf(stderr, "  paged %s Q_LEN %d splits %d -> %d: out %.2g lse %.2g\n", td->name, QL,
+            splits[t], ran, eo, el);
+    ck_assert(splits[t] == 0 ? ran > 1 : ran == splits[t]);
+    ck_assert_msg(eo < td->tol && el < td->tol, "paged split %d: out %g lse %g", ran, eo, el);
+  }
+  TlPair *all[] = {&q, &kk, &v, &out, &lse};
+  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  rt_array_free(&pt), rt_array_free(&kl);
+  buffers_free(&bf);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* A packed batch of three sequences (1, 4 and 2 queries; 900, 130 and 40
+ * keys), a sliding window with a softcap, split per sequence. _i: fp32, fp16. */
+START_TEST(varlen_split) {
+  const TlDtype *td = &tl_dtypes[_i ? 1 : 0];
+  DLDataType dt = rt_dtype(td->code, td->bits), f32 = rt_dtype(kDLFloat, 32), i32 = rt_dtype(kDLInt, 32);
+  enum { NS = 3, H = 8, HKV = 1, E = 32 };
+  static const int32_t cq[NS + 1] = {0, 1, 5, 7}, ck[NS + 1] = {0, 900, 1030, 1070};
+  const int TQ = cq[NS], TK = ck[NS];
+  flex_kernel *k = load(window_softcap);
+  int64_t qs[3] = {TQ, H, E}, ks[3] = {TK, HKV, E}, ls[2] = {H, TQ}, cs[1] = {NS + 1};
+  TlPair q, kk, v, out, lse;
+  tl_pair_init(&q, dt, 3, qs, true, &rng), tl_pair_init(&kk, dt, 3, ks, true, &rng);
+  tl_pair_init(&v, dt, 3, ks, true, &rng), tl_pair_init(&out, dt, 3, qs, false, &rng);
+  tl_pair_init(&lse, f32, 2, ls, false, &rng);
+  RtArray cuq, cuk;
+  rt_array_init(&cuq, i32, 1, cs), rt_array_init(&cuk, i32, 1, cs);
+  for (int s = 0; s <= NS; s++) rt_array_set(&cuq, s, cq[s]), rt_array_set(&cuk, s, ck[s]);
+  DLTensor tcq = rt_array_tensor(&cuq), tck = rt_array_tensor(&cuk);
+  flex_param win = {"window", 500};
+  flex_args a = {0}, r = {0};
+  a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
+  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
+  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
+  a.cu_seqlens_q = r.cu_seqlens_q = &tcq, a.cu_seqlens_kv = r.cu_seqlens_kv = &tck;
+  a.params = r.params = &win, a.nparams = r.nparams = 1;
+  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+  const int splits[3] = {1, 2, 0};
+  for (int t = 0; t < 3; t++) {
+    poison(&out), poison(&lse);
+    a.kv_splits = splits[t];
+    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "packed split %d: %s", splits[t], flex_last_error());
+    int ran = rt_run_last_stats().kv_splits; /* the most of any sequence */
+    double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
+    fprintf(stderr, "  packed %s splits %d -> %d: out %.2g lse %.2g\n", td->name, splits[t], ran, eo, el);
+    ck_assert(splits[t] == 0 ? ran > 2 : ran == splits[t]);
+    ck_assert_msg(eo < td->tol && el < td->tol, "packed split %d: out %g lse %g", ran, eo, el);
+  }
+  TlPair *all[] = {&q, &kk, &v, &out, &lse};
+  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  rt_array_free(&cuq), rt_array_free(&cuk);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* A forced count above the key tiles runs one chunk per tile: fp32 tiles
+ * are 32 keys (docs/kernels.md), so 100 keys are 4 tiles. */
+START_TEST(clamped) {
+  const TlDtype *td = &tl_dtypes[0];
+  DLDataType f32 = rt_dtype(kDLFloat, 32);
+  flex_kernel *k = load(causal_alibi);
+  const Case c = {"clamp", causal_alibi, B_SLOPES, 0, 1, 2, 2, 3, 100, 16, 16, 0};
+  int64_t s[4] = {1, 2, 3, 16}, ks[4] = {1, 2, 100, 16}, ls[3] = {1, 2, 3};
+  TlPair q, kk, v, out, lse;
+  tl_pair_init(&q, f32, 4, s, true, &rng), tl_pair_init(&kk, f32, 4, ks, true, &rng);
+  tl_pair_init(&v, f32, 4, ks, true, &rng), tl_pair_init(&out, f32, 4, s, false, &rng);
+  tl_pair_init(&lse, f32, 3, ls, false, &rng);
+  Buffers bf;
+  buffers_init(&bf, &c);
+  flex_args a = {0}, r = {0};
+  a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
+  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
+  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
+  a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
+  a.kv_splits = 7;
+  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s", flex_last_error());
+  ck_assert_int_eq(rt_run_last_stats().kv_splits, 4);
+  double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
+  ck_assert_msg(eo < td->tol && el < td->tol, "out %g lse %g", eo, el);
+  TlPair *all[] = {&q, &kk, &v, &out, &lse};
+  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  buffers_free(&bf);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* The cpu backend (where built) computes rows whole: a forced count is
+ * accepted and ignored (one chunk ran), the result still the reference's. */
+START_TEST(cpu_ignores) {
+  if (!rt_cpu_available()) {
+    fprintf(stderr, "  cpu backend not built or not starting: %s\n", flex_last_error());
+    return;
+  }
+  const Case *c = &cases[0];
+  DLDataType f32 = rt_dtype(kDLFloat, 32);
+  flex_kernel *k = load(c->src);
+  int64_t qs[4] = {c->B, c->H, c->QL, c->E}, ks[4] = {c->B, c->HKV, c->KL, c->E};
+  int64_t ls[3] = {c->B, c->H, c->QL};
+  TlPair q, kk, v, out, lse;
+  tl_pair_init(&q, f32, 4, qs, true, &rng), tl_pair_init(&kk, f32, 4, ks, true, &rng);
+  tl_pair_init(&v, f32, 4, ks, true, &rng), tl_pair_init(&out, f32, 4, qs, false, &rng);
+  tl_pair_init(&lse, f32, 3, ls, false, &rng);
+  Buffers bf;
+  buffers_init(&bf, c);
+  flex_args a = {0}, r = {0};
+  a.backend = FLEX_BACKEND_CPU, r.backend = FLEX_BACKEND_REFERENCE;
+  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
+  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
+  a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
+  a.kv_splits = 7;
+  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "cpu: %s", flex_last_error());
+  RtRunStats st = rt_run_last_stats();
+  double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
+  fprintf(stderr, "  cpu kv_splits 7 -> %d chunk(s): out %.2g lse %.2g\n", st.kv_splits, eo, el);
+  ck_assert_int_eq(st.kv_splits, 1);
+  ck_assert(!st.pack_gqa);
+  ck_assert_msg(eo < 1e-4 && el < 1e-4, "cpu: out %g lse %g", eo, el);
+  TlPair *all[] = {&q, &kk, &v, &out, &lse};
+  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  buffers_free(&bf);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* kv_splits < 0: FLEX_ERR_INVALID naming it, on the emulator and the reference. */
+START_TEST(negative_splits) {
+  DLDataType f32 = rt_dtype(kDLFloat, 32);
+  flex_kernel *k = load(plain);
+  int64_t s[4] = {1, 2, 3, 16};
+  TlPair q, kk, v, out, lse;
+  int64_t ls[3] = {1, 2, 3};
+  tl_pair_init(&q, f32, 4, s, true, &rng), tl_pair_init(&kk, f32, 4, s, true, &rng);
+  tl_pair_init(&v, f32, 4, s, true, &rng), tl_pair_init(&out, f32, 4, s, false, &rng);
+  tl_pair_init(&lse, f32, 3, ls, false, &rng);
+  const flex_backend bes[2] = {FLEX_BACKEND_EMU, FLEX_BACKEND_REFERENCE};
+  for (int i = 0; i < 2; i++) {
+    flex_args a = {0};
+    a.backend = bes[i];
+    a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
+    a.kv_splits = -2;
+    ck_assert_int_eq(flex_forward(k, &a), FLEX_ERR_INVALID);
+    ck_assert_msg(strstr(flex_last_error(), "kv_splits") && strstr(flex_last_error(), "-2"), "%s",
+                  flex_last_error());
+  }
+  TlPair *all[] = {&q, &kk, &v, &out, &lse};
+  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  flex_kernel_free(k);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("splitkv");
+  TCase *t = tcase_create("emu");
+  tcase_set_timeout(t, 600);
+  tcase_add_loop_test(t, decoding, 0, (int)(sizeof cases / sizeof cases[0]));
+  tcase_add_loop_test(t, gqa_packing, 0, 4);
+  tcase_add_loop_test(t, nonfinite_logits, 0, 2);
+  tcase_add_loop_test(t, paged_split, 0, 2);
+  tcase_add_loop_test(t, varlen_split, 0, 2);
+  tcase_add_test(t, clamped);
+  tcase_add_test(t, negative_splits);
+  tcase_add_test(t, cpu_ignores);
+  suite_add_tcase(s, t);
+  return s;
+}
+
+int main(void) {
+  if (!rt_emu_available()) {
+    fprintf(stderr, "no host C++ compiler for the emulator: %s\n", flex_last_error());
+    return 77;
+  }
+  rng = tl_seed();
+  return tl_run_suite(suite());
+}
