@@ -166,6 +166,7 @@ const RtBackend rt_cuda_backend = {
     .name = "cuda",
     .host_memory = false,
     .sorted_entry = true,
+    .dq_slices = true,
     .open = cuda_open,
     .prepare = cuda_prepare,
     .alloc = cuda_alloc,

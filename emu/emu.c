@@ -132,6 +132,7 @@ const RtBackend rt_emu_backend = {
     .name = "emu",
     .host_memory = true,
     .sorted_entry = true, /* the device path on host memory: tested without a GPU */
+    .dq_slices = true,
     .open = emu_open,
     .prepare = emu_prepare,
     .alloc = emu_alloc,

@@ -31,13 +31,14 @@ typedef struct FlexBlockList {
 } FlexBlockList;
 
 /* Everything one launch of flex_fwd, flex_bwd_pre, flex_bwd, flex_bwd_dq,
- * the BlockMask builder or flex_sorted_check reads and writes. Fields a kernel does not use may be left zero. */
+ * flex_grad_exact, the BlockMask builder or flex_sorted_check reads and writes. Fields a kernel does not use may be left zero. */
 typedef struct FlexParams {
   /* ---- outputs ---- */
   void *out;           /* forward: O [B, H, Q_LEN, EV], input dtype (fp32 when generated so) */
   float *lse;          /* forward: LSE [B, H, Q_LEN] fp32, natural log */
   void *dq, *dk, *dv;  /* backward: gradients, input dtype, shaped like q, k, v */
-  float *dq_acc;       /* backward: fp32 dQ accumulator [B, H, Q_LEN, E], contiguous; zeroed by flex_bwd_pre */
+  float *dq_acc;       /* backward: fp32 dQ accumulator [B, H, Q_LEN, E], contiguous; zeroed by
+                          flex_bwd_pre (deterministic: dq_splits such slices) */
   float *delta;        /* backward: D [B, H, Q_LEN] fp32, contiguous; written by flex_bwd_pre */
   float *buf_grad[FLEX_MAX_BUFFERS]; /* backward: fp32 accumulators of `grad` buffers (dense row-major, zeroed by the caller) */
   /* ---- inputs ---- */
@@ -68,6 +69,14 @@ typedef struct FlexParams {
   float drop_scale;                /* 1 / (1 - drop_p): what a kept weight is multiplied by */
   uint32_t drop_seed[2];           /* Philox key (seed_lo, seed_hi) */
   uint32_t drop_ctr3;              /* Philox counter word 3: offset_lo + offset_hi, wrapping */
+  /* ---- a deterministic backward (read only by kernels generated with
+   * FLEX_DETERMINISTIC; docs/kernels.md "Deterministic backward") ---- */
+  int32_t dq_splits;               /* flex_bwd's grid width: CTA x adds dQ into slice x of dq_acc */
+  int64_t dq_split_stride;         /* elements between slices (B * H * Q_LEN * E) */
+  int64_t *grad_exact[FLEX_MAX_BUFFERS]; /* exact accumulators of the `grad` buffers:
+                                      FLEX_EXACT_WORDS words per element (kernels/exact.cuh) */
+  int64_t exact_len;               /* flex_grad_exact: elements of buffer exact_slot */
+  int32_t exact_slot;              /* flex_grad_exact: the buffer rounded into buf_grad */
   /* ---- the BlockMask builder (flex_mask_build, flex_mask_lists) ---- */
   unsigned char *mask_cls;         /* class byte per block [mask_B, mask_H, mask_nq, mask_nkv] */
   int32_t *mask_out[8];            /* kv_num, kv_idx, full_kv_num, full_kv_idx, q_num, q_idx, full_q_num, full_q_idx */

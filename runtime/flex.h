@@ -218,6 +218,14 @@ typedef struct flex_args {
    * only by a checked run (check_bounds) on emu and cuda (always on the
    * reference and cpu backends, which gather on the host). */
   const DLTensor *page_table, *kv_lens;
+  /* A deterministic backward (DSL.md "Determinism"; docs/kernels.md): dq,
+   * dk, dv and buffer gradients bitwise identical across runs with the same
+   * inputs, configuration and device. dQ is summed in a fixed order over
+   * groups of key tiles (emu, cuda: one fp32 dQ scratch per group, see
+   * docs/kernels.md for the count), buffer gradients exactly (104 bytes of
+   * scratch per element, rounded once). Without it, float atomics may vary
+   * the last bits. A forward ignores it. */
+  bool deterministic;
 } flex_args;
 
 /* ---- block masks ---------------------------------------------------------- */
