@@ -266,8 +266,11 @@ static flex_status run_fwd(RtRun *r, const FlexParams *p) {
 }
 
 /* Buffer-gradient accumulators: one set per worker, summed into
- * p->buf_grad. A deterministic backward's joint adds into the call's exact
- * accumulators instead (every worker the same), rounded by GRAD_EXACT. */
+ * p->buf_grad. A deterministic backward's are exact ones
+ * (kernels/exact.cuh), one set per worker too (plain adds, no atomics),
+ * whose integer words are then summed into the call's p->grad_exact: an
+ * integer sum is the same whichever worker added what, so the result does
+ * not depend on the schedule, and GRAD_EXACT rounds it once. */
 static flex_status run_bwd(RtRun *r, const FlexParams *p) {
   CpuAttn a;
   attn_init(r, p, &a, true);
@@ -278,21 +281,27 @@ static flex_status run_bwd(RtRun *r, const FlexParams *p) {
   a.acc = base_alloc(sizeof(float *) * (size_t)nw * FLEX_MAX_BUFFERS);
   int64_t numel[FLEX_MAX_BUFFERS] = {0};
   for (int s = 0; s < r->c->mod->nbuffers && s < FLEX_MAX_BUFFERS; s++) {
-    if (p->grad_exact[s]) {
-      for (int w = 0; w < nw; w++) a.acc[(size_t)w * FLEX_MAX_BUFFERS + s] = (float *)p->grad_exact[s];
-      continue;
-    }
     if (!p->buf_grad[s]) continue;
     numel[s] = 1;
     for (int d = 0; d < r->c->bufs[s].ndims; d++) numel[s] *= r->c->bufs[s].shape[d];
+    size_t bytes = p->grad_exact[s] ? sizeof(int64_t) * FLEX_EXACT_WORDS : sizeof(float);
     for (int w = 0; w < nw; w++)
-      a.acc[(size_t)w * FLEX_MAX_BUFFERS + s] = base_alloc(sizeof(float) * (size_t)numel[s] + 4);
+      a.acc[(size_t)w * FLEX_MAX_BUFFERS + s] = base_alloc(bytes * (size_t)numel[s] + 4);
   }
   cpu_attn_bwd(&a);
   for (int s = 0; s < FLEX_MAX_BUFFERS; s++)
     for (int w = 0; w < nw && numel[s]; w++) {
-      float *src = a.acc[(size_t)w * FLEX_MAX_BUFFERS + s];
-      for (int64_t x = 0; x < numel[s]; x++) p->buf_grad[s][x] += src[x];
+      void *src = a.acc[(size_t)w * FLEX_MAX_BUFFERS + s];
+      if (p->grad_exact[s]) {
+        const int64_t *e = src;
+        for (int64_t x = 0; x < numel[s] * FLEX_EXACT_WORDS; x++)
+          p->grad_exact[s][x] = x % FLEX_EXACT_WORDS == FLEX_EXACT_LIMBS
+                                    ? p->grad_exact[s][x] | e[x]
+                                    : p->grad_exact[s][x] + e[x];
+      } else {
+        const float *f = src;
+        for (int64_t x = 0; x < numel[s]; x++) p->buf_grad[s][x] += f[x];
+      }
       base_free(src);
     }
   base_free(a.acc);

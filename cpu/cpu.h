@@ -72,8 +72,8 @@ int cpu_jit_cache_size(void);
  * does not know. */
 bool cpu_lower(void *llvm_module, const IrModule *m, const CpuJitOpts *o, const char *prefix,
                char *err, size_t errlen);
-/* Element i of an exact accumulator (kernels/exact.cuh) += v, with integer
- * atomics: the ACCUM of a deterministic backward's joint. */
+/* Element i of an exact accumulator (kernels/exact.cuh) += v: the ACCUM
+ * of a deterministic backward's joint, into the worker's own accumulator. */
 void cpu_exact_add(int64_t *acc, int64_t i, float v);
 /* The checked-run record call the lowered code makes (as flex_bounds_fail). */
 void cpu_bounds_fail(int32_t *bounds, int32_t site, int32_t n, int32_t i0, int32_t i1, int32_t i2,

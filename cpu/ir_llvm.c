@@ -310,8 +310,8 @@ static LLVMValueRef lower_load(Lw *w, const IrInst *in, int i) {
 }
 
 /* acc[slot][offset] += value (the accumulators are the worker's own); a
- * deterministic backward's acc[slot] is the call's exact accumulator,
- * added to by cpu_exact_add (integer atomics, any order the same). */
+ * deterministic backward's acc[slot] is the worker's exact accumulator,
+ * added to by cpu_exact_add. */
 static void lower_accum(Lw *w, const IrInst *in, int i) {
   LLVMBasicBlockRef join = NULL;
   if (w->checked) {

@@ -70,12 +70,8 @@ void cpu_exact_add(int64_t *acc, int64_t i, float v) {
   int64_t *w = acc + i * FLEX_EXACT_WORDS, lo, hi;
   uint32_t flag;
   int l = flex_exact_split(v, &lo, &hi, &flag);
-  if (l >= 0) {
-    if (lo) __atomic_fetch_add(w + l, lo, __ATOMIC_RELAXED);
-    if (hi) __atomic_fetch_add(w + l + 1, hi, __ATOMIC_RELAXED);
-  } else if (flag) {
-    __atomic_fetch_or(w + FLEX_EXACT_LIMBS, (int64_t)flag, __ATOMIC_RELAXED);
-  }
+  if (l >= 0) w[l] += lo, w[l + 1] += hi;
+  else w[FLEX_EXACT_LIMBS] |= (int64_t)flag;
 }
 
 /* Take an LLVM error's message into J.why / err and dispose of it. */
