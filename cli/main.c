@@ -50,9 +50,11 @@ static const struct {
     {"emit", cli_emit, "emit FILE --target cuda|ptx|cubin --arch SM --head-dim E --dtype T   emit kernels",
      "flexc emit FILE --target cuda|ptx|cubin --arch sm_80|sm_86|sm_89|sm_90|sm_90a\n"
      "           --head-dim E [--head-dim-v EV] --dtype fp16|bf16|fp32 [--kernel K]\n"
-     "           [--forward-only] [--fast-math] [--dropout] [--resource-usage] [-o OUT]\n"
+     "           [--forward-only] [--fast-math] [--dropout] [--deterministic]\n"
+     "           [--resource-usage] [-o OUT]\n"
      "  The kernel's generated CUDA, or its PTX or cubin through NVRTC.\n"
      "  --dropout: the kernels a call with dropout runs (FLEX_DROPOUT).\n"
+     "  --deterministic: the kernels a deterministic backward runs (FLEX_DETERMINISTIC).\n"
      "  --resource-usage: registers, spills, shared memory and stack per kernel.\n"},
     {"mask", cli_mask, "mask FILE --shape B,H,Q_LEN,KV_LEN ...   block sparsity of a mask",
      "flexc mask FILE [--kernel K] --shape B,H,Q_LEN,KV_LEN [--block-size M,N]\n"

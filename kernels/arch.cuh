@@ -43,6 +43,8 @@ typedef unsigned long long uint64_t;
 
 /* The emulator defines this to export a callable wrapper per entry. */
 #define FLEX_EMU_ENTRY(NAME, PARAMS)
+/* A function kept out of line (the emulator spells it as GCC does). */
+#define FLEX_NOINLINE __noinline__
 
 /* Shared-memory address of a generic pointer, as PTX shared-space operands want. */
 __device__ __forceinline__ uint32_t flex_smem_addr(const void *p) {

@@ -186,6 +186,11 @@ __device__ __forceinline__ void flex_bwd_main_tile(const FlexParams &p, int n0, 
  * of dq_acc, which flex_bwd_dq sums in slice order. Its dK and dV stay in
  * registers as before, so every gradient has one summation order. */
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
+__device__ FLEX_NOINLINE void flex_bwd_main_det(const FlexParams &p, int n0, float *dq_acc) {
+  flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq_acc);
+}
+
+template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
 __device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
   if (!FLEX_DET) {
     flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, blockIdx.x * BN, p.dq_acc);
@@ -193,7 +198,7 @@ __device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
   }
   float *dq = p.dq_acc + blockIdx.x * p.dq_split_stride;
   for (int n0 = blockIdx.x * BN; n0 < p.kv_len; n0 += gridDim.x * BN) {
-    flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
+    flex_bwd_main_det<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
     __syncthreads(); /* the next tile reloads sK and sV */
   }
 }
@@ -450,6 +455,15 @@ __device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0, fl
                                           S::NS);
 }
 
+/* A key tile of a deterministic backward, not inlined into its loop: the
+ * loop alone (the tile inlined) took flex_bwd at E = 128, bf16, sm_80 from
+ * 168 registers to 250-254 (what stays live across iterations); called,
+ * the tile keeps the 168 of the atomic kernel. */
+template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
+__device__ FLEX_NOINLINE void flex_bwd_tc_det(const FlexParams &p, int n0, float *dq_acc) {
+  flex_bwd_tc_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq_acc);
+}
+
 /* Deterministic (FLEX_DET): key tiles x, x + G, ... of CTA x in order, dQ
  * into slice x (as flex_bwd_main). In flex_bwd_tc_dq each dQ element of a
  * tile is one lane's sum over the tile's keys, added once. */
@@ -461,7 +475,7 @@ __device__ __forceinline__ void flex_bwd_tc(const FlexParams &p) {
   }
   float *dq = p.dq_acc + blockIdx.x * p.dq_split_stride;
   for (int n0 = blockIdx.x * BN; n0 < p.kv_len; n0 += gridDim.x * BN) {
-    flex_bwd_tc_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
+    flex_bwd_tc_det<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
     __syncthreads(); /* the next tile reloads sK and sV */
   }
 }

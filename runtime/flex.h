@@ -284,6 +284,7 @@ typedef struct flex_emit_options {
   bool fast_math;        /* hardware approximations of the float builtins */
   bool resource_usage;   /* also report registers, spills, shared memory and stack per entry */
   bool dropout;          /* the kernels a call with dropout_p > 0 runs (FLEX_DROPOUT defined) */
+  bool deterministic;    /* the kernels a deterministic backward runs (FLEX_DETERMINISTIC defined) */
 } flex_emit_options;
 
 /* The kernel's generated CUDA, PTX or cubin in *out (*len bytes; freed with

@@ -144,6 +144,7 @@ class EmitOptions(ctypes.Structure):  # flex_emit_options
         ("head_dim", ctypes.c_int), ("head_dim_v", ctypes.c_int),
         ("forward_only", ctypes.c_bool), ("fast_math", ctypes.c_bool),
         ("resource_usage", ctypes.c_bool), ("dropout", ctypes.c_bool),
+        ("deterministic", ctypes.c_bool),
     ]
 
 
