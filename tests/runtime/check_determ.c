@@ -10,7 +10,8 @@
  * with GQA, a causal mask (tiles skipped) with a per-head slope whose
  * gradient every element of a head adds to, and a relative-position bias
  * table; fp32 and bf16. On the emulator also with two CTAs per (kv head,
- * batch) ($FLEXC_BWD_SPLITS=2: each CTA walks several key tiles).
+ * batch) ($FLEXC_BWD_SPLITS=2: each CTA walks several key tiles), and in
+ * its race-checking build; and a packed (cu_seqlens) call.
  *
  * The same pair of runs without deterministic is printed too ("atomic
  * path: bits differ" or "equal"): whether float atomics show a difference
@@ -247,6 +248,84 @@ START_TEST(reference) {
 }
 END_TEST
 
+/* The emulator's race-checking build (shared memory) runs the
+ * deterministic kernels, two key tiles per CTA: _i = 0 fp32, 1 bf16. */
+START_TEST(emu_racecheck) {
+  setenv("FLEXC_EMU_RACECHECK", "1", 1);
+  run_case(&cases[2], dtype_of(_i), FLEX_BACKEND_EMU, "2");
+  unsetenv("FLEXC_EMU_RACECHECK");
+}
+END_TEST
+
+/* A packed call (cu_seqlens): each sequence's exact buffer gradient is
+ * rounded together with what the earlier sequences left in the fp32
+ * gradient. Two CTA orders, bitwise equal; against the reference's packed
+ * call. fp32, the relative-position table. */
+START_TEST(packed) {
+  const Case *c = &cases[2];
+  const DLDataType f32 = rt_dtype(kDLFloat, 32), i32 = rt_dtype(kDLInt, 32);
+  enum { TQ = 96, TK = 160 };
+  int64_t qs[3] = {TQ, H, E}, ks[3] = {TK, HKV, E}, ls[2] = {H, TQ}, bs[2] = {H, c->nb}, cs[1] = {3};
+  TlPair q, k, v, dout, out, lse, dq, dk, dv, grad;
+  tl_pair_init(&q, f32, 3, qs, true, &rng), tl_pair_init(&k, f32, 3, ks, true, &rng);
+  tl_pair_init(&v, f32, 3, ks, true, &rng), tl_pair_init(&dout, f32, 3, qs, true, &rng);
+  tl_pair_init(&out, f32, 3, qs, false, &rng), tl_pair_init(&lse, f32, 2, ls, false, &rng);
+  tl_pair_init(&dq, f32, 3, qs, false, &rng), tl_pair_init(&dk, f32, 3, ks, false, &rng);
+  tl_pair_init(&dv, f32, 3, ks, false, &rng), tl_pair_init(&grad, f32, 2, bs, false, &rng);
+  RtArray buf, cq, ck;
+  rt_array_init(&buf, f32, 2, bs);
+  for (int64_t i = 0; i < rt_array_count(&buf); i++) rt_array_set(&buf, i, c->spread * tl_normal(&rng));
+  rt_array_init(&cq, i32, 1, cs), rt_array_init(&ck, i32, 1, cs);
+  const int oq[3] = {0, 40, TQ}, ok[3] = {0, 70, TK}; /* two sequences of different lengths */
+  for (int i = 0; i < 3; i++) rt_array_set(&cq, i, oq[i]), rt_array_set(&ck, i, ok[i]);
+  DLTensor tb = rt_array_tensor(&buf), tcq = rt_array_tensor(&cq), tck = rt_array_tensor(&ck);
+  flex_kernel *kern = load(c);
+  flex_args a[2]; /* 0: emu, 1: reference */
+  flex_buffer fb[2];
+  for (int r = 0; r < 2; r++) {
+#define T(P) (r ? &P.tref : &P.tx)
+    memset(&a[r], 0, sizeof a[r]);
+    a[r].backend = r ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
+    a[r].q = T(q), a[r].k = T(k), a[r].v = T(v), a[r].out = T(out), a[r].lse = T(lse);
+    a[r].dout = T(dout), a[r].dq = T(dq), a[r].dk = T(dk), a[r].dv = T(dv);
+    fb[r] = (flex_buffer){c->buffer, &tb, T(grad)};
+#undef T
+    a[r].buffers = &fb[r], a[r].nbuffers = 1;
+    a[r].cu_seqlens_q = &tcq, a[r].cu_seqlens_kv = &tck;
+    a[r].deterministic = true;
+  }
+  ck_assert_msg(flex_forward(kern, &a[1]) == FLEX_OK, "reference forward: %s", flex_last_error());
+  TlPair *ol[] = {&out, &lse};
+  for (int j = 0; j < 2; j++)
+    for (int64_t i = 0; i < rt_array_count(&ol[j]->x); i++) {
+      rt_array_set(&ol[j]->x, i, rt_array_get(&ol[j]->ref, i));
+      rt_array_set(&ol[j]->ref, i, rt_array_get(&ol[j]->x, i));
+    }
+  ck_assert_msg(flex_backward(kern, &a[1]) == FLEX_OK, "reference backward: %s", flex_last_error());
+  TlPair *g[4] = {&dq, &dk, &dv, &grad};
+  void *first[4];
+  for (int run = 0; run < 2; run++) {
+    for (int i = 0; i < 4; i++) poison(&g[i]->x);
+    setenv("FLEXC_EMU_SHUFFLE", run ? "977" : "11", 1);
+    flex_status st = flex_backward(kern, &a[0]);
+    unsetenv("FLEXC_EMU_SHUFFLE");
+    ck_assert_msg(st == FLEX_OK, "packed emu backward: %s", flex_last_error());
+    for (int i = 0; i < 4; i++) {
+      size_t n = (size_t)rt_array_count(&g[i]->x) * 4;
+      double e = tl_pair_err(g[i]);
+      ck_assert_msg(e < 1e-3, "packed: %s error %g (tol 1e-3)", names[i], e);
+      if (!run) first[i] = malloc(n), memcpy(first[i], g[i]->x.data, n);
+      else ck_assert_msg(!memcmp(first[i], g[i]->x.data, n), "packed: %s differs", names[i]);
+    }
+  }
+  for (int i = 0; i < 4; i++) free(first[i]), tl_pair_free(g[i]);
+  TlPair *rest[] = {&q, &k, &v, &dout, &out, &lse};
+  for (int i = 0; i < 6; i++) tl_pair_free(rest[i]);
+  rt_array_free(&buf), rt_array_free(&cq), rt_array_free(&ck);
+  flex_kernel_free(kern);
+}
+END_TEST
+
 /* A forward ignores the flag: the same bits with and without it. */
 START_TEST(forward_ignores) {
   const Case *c = &cases[1];
@@ -278,6 +357,8 @@ int main(void) {
   tcase_add_loop_test(tc, emu_two_splits, 0, NCASES * 2);
   tcase_add_loop_test(tc, cpu, 0, NCASES * 2);
   tcase_add_loop_test(tc, reference, 0, NCASES);
+  tcase_add_loop_test(tc, emu_racecheck, 0, 2);
+  tcase_add_test(tc, packed);
   tcase_add_test(tc, forward_ignores);
   suite_add_tcase(s, tc);
   return tl_run_suite(s);
