@@ -44,10 +44,10 @@ __device__ __forceinline__ void flex_bwd_pre(const FlexParams &p) {
   const int64_t row = (int64_t)(b * p.H + h) * p.q_len + qi;
   if (p.dlse) acc -= flex_gload(p.dlse + b * p.lse_b + h * p.lse_h + qi);
   flex_gstore(p.delta + row, acc);
-  for (int sp = 0; sp < (FLEX_DET ? p.dq_splits : 1); sp++) {
-    float *dq = p.dq_acc + sp * p.dq_split_stride + row * p.E;
-    for (int e = 0; e < p.E; e++) flex_gstore(dq + e, 0.0f);
-  }
+  float *dq = p.dq_acc + row * p.E;
+  for (int e = 0; e < p.E; e++) flex_gstore(dq + e, 0.0f);
+  for (int sp = 1; FLEX_DET && sp < p.dq_splits; sp++) /* the other slices */
+    for (int e = 0; e < p.E; e++) flex_gstore(dq + sp * p.dq_split_stride + e, 0.0f);
 }
 
 /* Load R rows x C columns (zero-filled) of a 16-bit or fp32 tensor, as fp32. */
@@ -89,9 +89,12 @@ __device__ __forceinline__ void flex_bwd_elem(const FlexParams &p, float qk, flo
 
 /* ---- fp32 SIMT ---------------------------------------------------------- */
 
-/* One key tile (keys n0 .. n0 + BN - 1) of flex_bwd_main; dQ into dq_acc. */
+/* One key tile of flex_bwd_main: keys n0_det .. n0_det + BN - 1, dQ into
+ * dq_det in a deterministic backward; otherwise the CTA's own tile and
+ * p.dq_acc, read where the atomic kernel always read them (its code does
+ * not change with the deterministic variant). */
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
-__device__ __forceinline__ void flex_bwd_main_tile(const FlexParams &p, int n0, float *dq_acc) {
+__device__ __forceinline__ void flex_bwd_main_tile(const FlexParams &p, int n0_det, float *dq_det) {
   typedef typename El::T T;
   static_assert(BM == BN, "dQ reuses the key-row thread mapping for query rows");
   constexpr int TPR = 128 / BN;         /* threads per key row (and per query row for dQ) */
@@ -99,7 +102,7 @@ __device__ __forceinline__ void flex_bwd_main_tile(const FlexParams &p, int n0, 
   float *sK = (float *)flex_smem, *sV = sK + BN * KS, *sQ = sV + BN * VS, *sO = sQ + BM * KS;
   float *sP = sO + BM * VS, *sS = sP + BN * PS, *sL = sS + BN * PS, *sD = sL + BM;
   const int tid = threadIdx.x, n = tid / TPR, tr = tid % TPR;
-  const int hk = blockIdx.y, b = blockIdx.z, kj = n0 + n;
+  const int n0 = FLEX_DET ? n0_det : blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z, kj = n0 + n;
   const T *k = (const T *)p.k + b * p.sk.b + hk * p.sk.h;
   const T *v = (const T *)p.v + b * p.sv.b + hk * p.sv.h;
   flex_tile_load_cvt<El, BN, EP>(sK, KS, k, p.sk.row, n0, p.kv_len, p.E);
@@ -160,7 +163,7 @@ __device__ __forceinline__ void flex_bwd_main_tile(const FlexParams &p, int n0, 
       /* dQ += scale dS K: thread rows are query rows here (BM == BN). */
       const int qm = tid / TPR;
       if (m0 + qm < p.q_len) {
-        float *dq = dq_acc + (rows + m0 + qm) * p.E;
+        float *dq = (FLEX_DET ? dq_det : p.dq_acc) + (rows + m0 + qm) * p.E;
         for (int c = tr; c < p.E; c += TPR) {
           float acc = 0.0f;
 #pragma unroll 8
@@ -186,14 +189,14 @@ __device__ __forceinline__ void flex_bwd_main_tile(const FlexParams &p, int n0, 
  * of dq_acc, which flex_bwd_dq sums in slice order. Its dK and dV stay in
  * registers as before, so every gradient has one summation order. */
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
-__device__ FLEX_NOINLINE void flex_bwd_main_det(const FlexParams &p, int n0, float *dq_acc) {
-  flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq_acc);
+__device__ FLEX_NOINLINE void flex_bwd_main_det(const FlexParams &p, int n0, float *dq) {
+  flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
 }
 
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
 __device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
   if (!FLEX_DET) {
-    flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, blockIdx.x * BN, p.dq_acc);
+    flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, 0, nullptr);
     return;
   }
   float *dq = p.dq_acc + blockIdx.x * p.dq_split_stride;
@@ -388,9 +391,9 @@ __device__ __forceinline__ void flex_bwd_tc_store(typename El::T *dst, int64_t r
       }
 }
 
-/* One key tile (keys n0 .. n0 + BN - 1) of flex_bwd_tc; dQ into dq_acc. */
+/* One key tile of flex_bwd_tc (n0_det, dq_det: as flex_bwd_main_tile). */
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
-__device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0, float *dq_acc) {
+__device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0_det, float *dq_det) {
   typedef typename El::T T;
   typedef FlexBwdShape<EP, EVP, BM, BN> S;
   constexpr int NT = 128;
@@ -398,7 +401,7 @@ __device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0, fl
   T *sP = sO + BM * S::VS, *sS = sP + BN * S::PS;
   float *sL = (float *)(sS + BN * S::PS), *sD = sL + BM;
   const int warp = threadIdx.x / 32, kr = warp % S::WK * 16, sp = warp / S::WK;
-  const int hk = blockIdx.y, b = blockIdx.z;
+  const int n0 = FLEX_DET ? n0_det : blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
   const T *k = (const T *)p.k + b * p.sk.b + hk * p.sk.h;
   const T *v = (const T *)p.v + b * p.sv.b + hk * p.sv.h;
   flex_tile_load<T, BN, EP, NT>(sK, S::KS, k, p.sk.row, n0, p.kv_len, p.E, p.vec16);
@@ -443,7 +446,8 @@ __device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0, fl
       __syncthreads();
       flex_bwd_tc_accum<El, S::NGV, EVP / 16, BM, S::PS, S::VS>(dv, sP, sO, kr, sp, S::NS);
       flex_bwd_tc_accum<El, S::NGK, EP / 16, BM, S::PS, S::KS>(dk, sS, sQ, kr, sp, S::NS);
-      flex_bwd_tc_dq<El, EP, EVP, BM, BN>(p, sK, sS, dq_acc + (rows + m0) * p.E, m0);
+      flex_bwd_tc_dq<El, EP, EVP, BM, BN>(p, sK, sS, (FLEX_DET ? dq_det : p.dq_acc) + (rows + m0) * p.E,
+                                          m0);
     }
   }
   flex_cp_async_wait<0>(); /* K and V when no query tile was visited */
@@ -460,8 +464,8 @@ __device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0, fl
  * 168 registers to 250-254 (what stays live across iterations); called,
  * the tile keeps the 168 of the atomic kernel. */
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
-__device__ FLEX_NOINLINE void flex_bwd_tc_det(const FlexParams &p, int n0, float *dq_acc) {
-  flex_bwd_tc_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq_acc);
+__device__ FLEX_NOINLINE void flex_bwd_tc_det(const FlexParams &p, int n0, float *dq) {
+  flex_bwd_tc_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
 }
 
 /* Deterministic (FLEX_DET): key tiles x, x + G, ... of CTA x in order, dQ
@@ -470,7 +474,7 @@ __device__ FLEX_NOINLINE void flex_bwd_tc_det(const FlexParams &p, int n0, float
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
 __device__ __forceinline__ void flex_bwd_tc(const FlexParams &p) {
   if (!FLEX_DET) {
-    flex_bwd_tc_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, blockIdx.x * BN, p.dq_acc);
+    flex_bwd_tc_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, 0, nullptr);
     return;
   }
   float *dq = p.dq_acc + blockIdx.x * p.dq_split_stride;
@@ -489,10 +493,13 @@ __device__ __forceinline__ void flex_bwd_dq(const FlexParams &p) {
   if (qi >= p.q_len) return;
   const float *acc = p.dq_acc + ((int64_t)(b * p.H + h) * p.q_len + qi) * p.E;
   T *dq = (T *)p.dq + b * p.sdq.b + h * p.sdq.h + qi * p.sdq.row;
+  if (!FLEX_DET) {
+    for (int e = 0; e < p.E; e++) El::store(dq + e, flex_gload(acc + e));
+    return;
+  }
   for (int e = 0; e < p.E; e++) {
     float x = flex_gload(acc + e);
-    if (FLEX_DET)
-      for (int sp = 1; sp < p.dq_splits; sp++) x = x + flex_gload(acc + sp * p.dq_split_stride + e);
+    for (int sp = 1; sp < p.dq_splits; sp++) x = x + flex_gload(acc + sp * p.dq_split_stride + e);
     El::store(dq + e, x);
   }
 }

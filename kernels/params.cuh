@@ -69,14 +69,6 @@ typedef struct FlexParams {
   float drop_scale;                /* 1 / (1 - drop_p): what a kept weight is multiplied by */
   uint32_t drop_seed[2];           /* Philox key (seed_lo, seed_hi) */
   uint32_t drop_ctr3;              /* Philox counter word 3: offset_lo + offset_hi, wrapping */
-  /* ---- a deterministic backward (read only by kernels generated with
-   * FLEX_DETERMINISTIC; docs/kernels.md "Deterministic backward") ---- */
-  int32_t dq_splits;               /* flex_bwd's grid width: CTA x adds dQ into slice x of dq_acc */
-  int64_t dq_split_stride;         /* elements between slices (B * H * Q_LEN * E) */
-  int64_t *grad_exact[FLEX_MAX_BUFFERS]; /* exact accumulators of the `grad` buffers:
-                                      FLEX_EXACT_WORDS words per element (kernels/exact.cuh) */
-  int64_t exact_len;               /* flex_grad_exact: elements of buffer exact_slot */
-  int32_t exact_slot;              /* flex_grad_exact: the buffer rounded into buf_grad */
   /* ---- the BlockMask builder (flex_mask_build, flex_mask_lists) ---- */
   unsigned char *mask_cls;         /* class byte per block [mask_B, mask_H, mask_nq, mask_nkv] */
   int32_t *mask_out[8];            /* kv_num, kv_idx, full_kv_num, full_kv_idx, q_num, q_idx, full_q_num, full_q_idx */
@@ -89,6 +81,15 @@ typedef struct FlexParams {
   int64_t sorted_len;              /* elements of buf[sorted_slot] (1-D) */
   int32_t sorted_slot;             /* the buffer checked */
   int32_t sorted_bytes;            /* its element: 1 (u8, unsigned), 4 (i32) or 8 (i64) */
+  /* ---- a deterministic backward (read only by kernels generated with
+   * FLEX_DETERMINISTIC; docs/kernels.md "Deterministic backward"; last, so
+   * the fields every other kernel reads keep their offsets) ---- */
+  int32_t dq_splits;               /* flex_bwd's grid width: CTA x adds dQ into slice x of dq_acc */
+  int64_t dq_split_stride;         /* elements between slices (B * H * Q_LEN * E) */
+  int64_t *grad_exact[FLEX_MAX_BUFFERS]; /* exact accumulators of the `grad` buffers:
+                                      FLEX_EXACT_WORDS words per element (kernels/exact.cuh) */
+  int64_t exact_len;               /* flex_grad_exact: elements of buffer exact_slot */
+  int32_t exact_slot;              /* flex_grad_exact: the buffer rounded into buf_grad */
 } FlexParams;
 
 /* The checked-run record: [0] nonzero once a load failed, [1] its site
