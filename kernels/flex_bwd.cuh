@@ -511,8 +511,11 @@ __device__ __forceinline__ void flex_grad_exact_body(const FlexParams &p) {
   float *g = p.buf_grad[p.exact_slot];
   const int64_t *acc = p.grad_exact[p.exact_slot];
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < p.exact_len;
-       i += (int64_t)gridDim.x * blockDim.x)
-    flex_gstore(g + i, flex_exact_value(acc + i * FLEX_EXACT_WORDS, flex_gload(g + i)));
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t w[FLEX_EXACT_WORDS]; /* through flex_gload, so the emulator checks the reads */
+    for (int j = 0; j < FLEX_EXACT_WORDS; j++) w[j] = flex_gload(acc + i * FLEX_EXACT_WORDS + j);
+    flex_gstore(g + i, flex_exact_value(w, flex_gload(g + i)));
+  }
 }
 
 #endif /* FLEX_BWD_CUH */
