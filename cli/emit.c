@@ -2,7 +2,8 @@
  *
  *   flexc emit FILE --target cuda|ptx|cubin --arch sm_80|sm_86|sm_89|sm_90|sm_90a
  *              --head-dim E [--head-dim-v EV] --dtype fp16|bf16|fp32
- *              [--kernel K] [--forward-only] [--fast-math] [--dropout] [-o OUT] [--resource-usage]
+ *              [--kernel K] [--forward-only] [--fast-math] [--dropout] [--deterministic]
+ *              [-o OUT] [--resource-usage]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +37,7 @@ static int parse_args(int argc, char **argv, EmitArgs *a) {
     else if (!strcmp(f, "--resource-usage")) o->resource_usage = true;
     else if (!strcmp(f, "--fast-math")) o->fast_math = true;
     else if (!strcmp(f, "--dropout")) o->dropout = true;
+    else if (!strcmp(f, "--deterministic")) o->deterministic = true;
     else if (f[0] == '-' && f[1] && !v) return cli_usage_error("%s needs a value", f);
     else if (!strcmp(f, "--target")) {
       static const char *const targets[] = {"cuda", "ptx", "cubin"};

@@ -28,7 +28,7 @@ static const struct {
      "flexc run FILE [--kernel K] --q Q.npy --k K.npy --v V.npy [--dout DO.npy]\n"
      "          [--dlse DLSE.npy] [--buffer NAME=F.npy]... [--param NAME=VALUE]...\n"
      "          [--scale X] [--dtype fp32|fp16|bf16] [--backend reference|emu|cuda|cpu]\n"
-     "          [--check-bounds] [--trust-sorted] [--fast-math]\n"
+     "          [--check-bounds] [--trust-sorted] [--fast-math] [--deterministic]\n"
      "          [--dropout P --seed S [--offset O]]\n"
      "          [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]\n"
      "          [--page-table PT.npy --kv-lens KL.npy] [--repeat N] [--threads N]\n"
@@ -41,6 +41,8 @@ static const struct {
      "  --dropout P --seed S [--offset O]: drop attention weights with probability P\n"
      "  in [0, 1) by Philox4x32-10 bits (seed and offset: unsigned 64-bit); the\n"
      "  backward uses the same bits.\n"
+     "  --deterministic: the backward's gradients are bitwise the same on every run\n"
+     "  (no float atomics; a forward ignores it).\n"
      "  --cu-seqlens-q/-kv: a packed batch (int32 [B+1] offsets); q, k, v, dout are\n"
      "  (total length, heads, head dim), lse.npy is (H, TOTAL_Q).\n"
      "  --page-table/--kv-lens: a paged key/value cache (int32 [B, MAX_PAGES] and\n"
@@ -54,9 +56,11 @@ static const struct {
     {"emit", cli_emit, "emit FILE --target cuda|ptx|cubin --arch SM --head-dim E --dtype T   emit kernels",
      "flexc emit FILE --target cuda|ptx|cubin --arch sm_80|sm_86|sm_89|sm_90|sm_90a\n"
      "           --head-dim E [--head-dim-v EV] --dtype fp16|bf16|fp32 [--kernel K]\n"
-     "           [--forward-only] [--fast-math] [--dropout] [--resource-usage] [-o OUT]\n"
+     "           [--forward-only] [--fast-math] [--dropout] [--deterministic]\n"
+     "           [--resource-usage] [-o OUT]\n"
      "  The kernel's generated CUDA, or its PTX or cubin through NVRTC.\n"
      "  --dropout: the kernels a call with dropout runs (FLEX_DROPOUT).\n"
+     "  --deterministic: the kernels a deterministic backward runs (FLEX_DETERMINISTIC).\n"
      "  --resource-usage: registers, spills, shared memory and stack per kernel.\n"},
     {"mask", cli_mask, "mask FILE --shape B,H,Q_LEN,KV_LEN ...   block sparsity of a mask",
      "flexc mask FILE [--kernel K] --shape B,H,Q_LEN,KV_LEN [--block-size M,N]\n"

@@ -3,7 +3,7 @@
  *   flexc run FILE [--kernel K] --q Q.npy --k K.npy --v V.npy [--dout DO.npy]
  *             [--dlse DLSE.npy] [--buffer NAME=F.npy]... [--param NAME=VALUE]...
  *             [--scale X] [--dtype fp32|fp16|bf16] [--backend reference|emu|cuda|cpu]
- *             [--check-bounds] [--trust-sorted] [--fast-math]
+ *             [--check-bounds] [--trust-sorted] [--fast-math] [--deterministic]
  *             [--dropout P --seed S [--offset O]]
  *             [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]
  *             [--page-table PT.npy --kv-lens KL.npy] [--repeat N] [--threads N]
@@ -33,6 +33,10 @@
  * median times (a benchmark of any backend without a program of one's
  * own); --threads N sizes the cpu backend's pool and the emulator's
  * workers (FLEXC_THREADS, FLEXC_EMU_THREADS, set before the first call).
+ *
+ * --deterministic asks for a deterministic backward (DSL.md
+ * "Determinism"): dq, dk, dv and d_NAME bitwise the same on every run; a
+ * forward-only run ignores it.
  *
  * Every tensor is mirrored on the backend (flex_mirror.h: on the cuda
  * backend a device copy, outputs in the dtype of q, lse and gradients in
@@ -65,6 +69,7 @@ typedef struct RunOpts {
   bool check_bounds;
   bool trust_sorted; /* --trust-sorted: skip verifying `sorted` buffers */
   bool fast_math; /* --fast-math: approximate builtins on emu and cuda */
+  bool deterministic; /* --deterministic: a deterministic backward */
   float dropout;  /* --dropout P: 0 none */
   int kv_splits;  /* --kv-splits N: 0 automatic */
   bool have_dropout, have_seed;
@@ -176,6 +181,7 @@ static int parse_args(RunOpts *o, int argc, char **argv) {
     if (!strcmp(argv[i], "--check-bounds")) o->check_bounds = true;
     else if (!strcmp(argv[i], "--trust-sorted")) o->trust_sorted = true;
     else if (!strcmp(argv[i], "--fast-math")) o->fast_math = true;
+    else if (!strcmp(argv[i], "--deterministic")) o->deterministic = true;
     else if (argv[i][0] == '-' && argv[i][1] == '-') {
       if (i + 1 >= argc) return cli_usage_error("%s needs a value", argv[i]);
       int st = parse_opt(o, argv[i], argv[i + 1]);
@@ -415,6 +421,7 @@ static int execute(const RunOpts *o, flex_kernel *kern, RunState *s) {
   a.check_bounds = o->check_bounds;
   a.trust_sorted = o->trust_sorted;
   a.fast_math = o->fast_math;
+  a.deterministic = o->deterministic;
   a.dropout_p = o->dropout, a.dropout_seed = o->seed, a.dropout_offset = o->offset;
   a.kv_splits = o->kv_splits;
   a.cu_seqlens_q = s->cu_q.dev, a.cu_seqlens_kv = s->cu_kv.dev; /* NULL when not given */

@@ -62,6 +62,8 @@ typedef struct CgOptions {
   bool pack_gqa;       /* forward only: grouped-query packing, the rows of a kernel head are the
                           G query heads of a kv head (FlexParams.pack_g, pack_q_len; wrappers map
                           them back for the user's functions; docs/decoding.md) */
+  bool deterministic;  /* a deterministic backward: FLEX_DETERMINISTIC defined, dQ summed per CTA
+                          slice in a fixed order, buffer gradients exact (docs/kernels.md) */
   CgTiles fwd;         /* forward tiles */
   CgTiles bwd;         /* backward main tiles */
   const char *source;  /* the .score file's name, for the header comment */
@@ -129,8 +131,16 @@ CgLaunch cg_launch_fwd_combine(const CgOptions *o, int B, int H, int q_len);
 /* Key tiles of the forward (ceil(kv_len / block_n)): the most splits a call can use. */
 int cg_fwd_kv_tiles(const CgOptions *o, int kv_len);
 CgLaunch cg_launch_bwd_pre(const CgOptions *o, int B, int H, int q_len);  /* flex_bwd_pre */
-CgLaunch cg_launch_bwd(const CgOptions *o, int B, int HKV, int kv_len);   /* flex_bwd */
+/* flex_bwd: a CTA per key tile; deterministic, cg_bwd_splits CTAs per (kv head, batch). */
+CgLaunch cg_launch_bwd(const CgOptions *o, int B, int HKV, int kv_len);
 CgLaunch cg_launch_bwd_dq(const CgOptions *o, int B, int H, int q_len);   /* flex_bwd_dq */
+/* A deterministic backward's CTAs per (kv head, batch), each with its own
+ * dQ slice: enough for about 264 CTAs in all (two per SM of an H100), at
+ * most one per key tile; $FLEXC_BWD_SPLITS overrides the 264 / (B HKV). */
+int cg_bwd_splits(const CgOptions *o, int B, int HKV, int kv_len);
+/* flex_grad_exact over n elements of one buffer gradient (grid-stride, at
+ * most 1024 CTAs). */
+CgLaunch cg_launch_grad_exact(const CgOptions *o, int64_t n);
 
 /* The BlockMask builder (mask_builder): flex_mask_build classifies the
  * blocks of one query-block row per CTA, flex_mask_lists writes the lists

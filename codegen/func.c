@@ -185,8 +185,9 @@ static void put_checked_load(Buf *out, const IrModule *m, const IrFunc *f, int i
   buf_printf(out, " : %s;\n", in->type == IT_F32 ? "0.0f" : in->type == IT_BOOL ? "false" : "0");
 }
 
-/* One instruction as a statement (nothing for leaves). */
-static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool checked) {
+/* One instruction as a statement (nothing for leaves). `exact`: a
+ * deterministic backward's ACCUM, into the exact accumulator. */
+static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool checked, bool exact) {
   const IrInst *in = &f->inst[i];
   switch (in->op) {
   case IR_CONST: case IR_ARG: case IR_PARAM: case IR_SIZE: return;
@@ -198,9 +199,9 @@ static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool c
       put_bounds_fail(out, m, f, i, 1, cond, 0);
       buf_printf(out, "  if (ok%d)", i);
     }
-    buf_puts(out, "  flex_atomic_add(grad_");
+    buf_puts(out, exact ? "  flex_exact_add(grad_" : "  flex_atomic_add(grad_");
     buf_puts(out, m->buffers[in->aux].id);
-    buf_puts(out, " + ");
+    buf_puts(out, exact ? ", " : " + ");
     put_offset(out, m, f, in, 1);
     buf_puts(out, ", ");
     put_operand(out, m, f, in->args[0]);
@@ -231,7 +232,7 @@ static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool c
 }
 
 /* Declarations of the params, sizes and buffers a function reads. */
-static void put_preamble(Buf *out, const IrModule *m, const IrFunc *f, bool checked) {
+static void put_preamble(Buf *out, const IrModule *m, const IrFunc *f, bool checked, bool exact) {
   /* cg_options_init refused modules over the FlexParams limits */
   bool param[FLEX_MAX_PARAMS] = {0}, size[FLEX_MAX_SIZES] = {0};
   bool load[FLEX_MAX_BUFFERS] = {0}, accum[FLEX_MAX_BUFFERS] = {0};
@@ -272,15 +273,20 @@ static void put_preamble(Buf *out, const IrModule *m, const IrFunc *f, bool chec
       put_name(out, m->buffers[i].id);
       buf_printf(out, " = (const %s *)p.buf[%d];\n", t, i);
     }
-    if (accum[i]) buf_printf(out, "  float *grad_%s = p.buf_grad[%d];\n", m->buffers[i].id, i);
+    if (accum[i] && exact)
+      buf_printf(out, "  int64_t *grad_%s = p.grad_exact[%d];\n", m->buffers[i].id, i);
+    else if (accum[i])
+      buf_printf(out, "  float *grad_%s = p.buf_grad[%d];\n", m->buffers[i].id, i);
   }
 }
 
 /* One function. `f` may be NULL: then the trivial body (true / s / dt).
  * `pre` starts its name: "flex_", or "flex_user_" under grouped-query
- * packing (the kernels then call the wrappers of put_pack_wrappers). */
+ * packing (the kernels then call the wrappers of put_pack_wrappers).
+ * `exact`: a deterministic backward's joint, which adds buffer gradients
+ * into exact accumulators. */
 static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind kind, bool checked,
-                     const char *pre) {
+                     const char *pre, bool exact) {
   static const char *const what[] = {[IRF_SCORE] = "score", [IRF_MASK] = "mask",
                                      [IRF_JOINT] = "joint (ds from dt)"};
   if (f) buf_printf(out, "/* %s %s of kernel %s */\n", what[kind], f->name ? f->name : "", m->kernel);
@@ -304,8 +310,8 @@ static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind ki
                kind == IRF_MASK ? "true" : kind == IRF_SCORE ? "s" : "dt");
     return;
   }
-  put_preamble(out, m, f, checked);
-  for (int i = 0; i < f->n; i++) put_inst(out, m, f, i, checked);
+  put_preamble(out, m, f, checked, exact);
+  for (int i = 0; i < f->n; i++) put_inst(out, m, f, i, checked, exact);
   buf_puts(out, "  return ");
   put_operand(out, m, f, f->ret);
   buf_puts(out, ";\n}\n\n");
@@ -453,7 +459,7 @@ static void put_classifier(Buf *out, const IrModule *m, const char *pre) {
   live[f->ret] = true;
   for (int i = f->ret; i >= 0; i--)
     for (int k = 0; live[i] && k < f->inst[i].nargs; k++) live[f->inst[i].args[k]] = true;
-  put_preamble(out, m, f, false);
+  put_preamble(out, m, f, false, false);
   for (int i = 0; i <= f->ret; i++)
     if (live[i]) put_iv_inst(out, m, f, i);
   if (iv_kind(&f->inst[f->ret]) == 'B') buf_printf(out, "  return flex_iv_class(t%d);\n}\n\n", f->ret);
@@ -490,10 +496,10 @@ static void put_pack_wrappers(Buf *out, bool has_mask) {
 
 void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o) {
   const char *pre = o->pack_gqa ? "flex_user_" : "flex_";
-  put_func(out, m, o->score_identity ? NULL : m->score, IRF_SCORE, o->check_bounds, pre);
-  put_func(out, m, m->mask, IRF_MASK, o->check_bounds, pre);
+  put_func(out, m, o->score_identity ? NULL : m->score, IRF_SCORE, o->check_bounds, pre, false);
+  put_func(out, m, m->mask, IRF_MASK, o->check_bounds, pre, false);
   put_func(out, m, o->backward && !o->ds_is_dt ? m->joint : NULL, IRF_JOINT, o->check_bounds,
-           "flex_");
+           "flex_", o->deterministic);
   if (o->has_mask) put_classifier(out, m, pre);
   if (o->pack_gqa) put_pack_wrappers(out, o->has_mask);
 }

@@ -15,6 +15,11 @@
  * (items start at different query tiles, so they seldom meet). Buffer
  * gradients go into per-worker accumulators, summed at the end.
  *
+ * A deterministic backward (a->deterministic) adds dQ in key-tile order
+ * instead: each (b, h, query tile) counts the key tiles that have passed
+ * it, and key tile kt adds its ds K when the count is kt (wait_turn); its
+ * buffer gradients go into exact accumulators (kernels/exact.cuh).
+ *
  * Dropout (DSL.md; p->drop_p > 0): the keep bits of kernels/philox.cuh,
  * as on every backend. The forward zeroes dropped P after the row sums and
  * before P V, and scales O by 1 / (1 - p); the backward multiplies P by
@@ -342,6 +347,17 @@ static void lock(_Atomic int *l) {
 }
 static void unlock(_Atomic int *l) { atomic_store_explicit(l, 0, memory_order_release); }
 
+/* A deterministic backward: key tile kt's turn at a query tile comes when
+ * the kt tiles before it have passed (t counts them), so dQ sums in
+ * key-tile order. Items are handed out in increasing order and item kt
+ * only waits for items kt' < kt of its own (b, kv head), which have
+ * started: the wait ends. */
+static void wait_turn(_Atomic int *t, int kt) {
+  for (int spins = 0; atomic_load_explicit(t, memory_order_acquire) != kt; spins++)
+    if (spins % 64 == 63) sched_yield();
+}
+static void pass_turn(_Atomic int *t, int kt) { atomic_store_explicit(t, kt + 1, memory_order_release); }
+
 /* One query tile against the item's key tile for head h. */
 static void bwd_tile(CpuAttn *a, BwdScratch *s, int b, int h, int q0, int kv0, int n, int cls,
                      int worker) {
@@ -386,13 +402,15 @@ static void bwd_tile(CpuAttn *a, BwdScratch *s, int b, int h, int q0, int kv0, i
   K->gemm(n, Ep, m, s->dp, 1, bnp, s->qf, Ep, s->dk, Ep, true);  /* dK += ds^T (scale Q) */
   K->gemm(m, Ep, n, s->dp, bnp, 1, s->kf, Ep, s->dq, Ep, false); /* ds K, scaled in BWD_DQ */
   _Atomic int *l = &a->locks[((int64_t)b * p->H + h) * a->nqt + q0 / a->bm];
-  lock(l);
+  if (a->deterministic) wait_turn(l, kv0 / a->bn);
+  else lock(l);
   for (int i = 0; i < m; i++) {
     float *acc = p->dq_acc + (rowbase + i) * E;
     const float *d = s->dq + (size_t)i * Ep;
     for (int e = 0; e < E; e++) acc[e] += d[e];
   }
-  unlock(l);
+  if (a->deterministic) pass_turn(l, kv0 / a->bn);
+  else unlock(l);
 }
 
 static void bwd_item(void *ctx, int64_t item, int worker) {
@@ -418,8 +436,19 @@ static void bwd_item(void *ctx, int64_t item, int worker) {
   for (int g = 0; g < p->G; g++) {
     int h = kvh * p->G + g;
     for (int k = 0; k < a->nqt; k++) {
-      int q0 = (k + kt) % a->nqt * a->bm, cls = tile_cls(a, b, h, q0, kv0);
-      if (cls == CPU_EMPTY) continue;
+      /* Items start at different query tiles so they seldom meet at one
+       * lock; deterministic ones all go in order, each one tile behind
+       * the key tile before it, and pass the tiles they skip. */
+      int qt = a->deterministic ? k : (k + kt) % a->nqt;
+      int q0 = qt * a->bm, cls = tile_cls(a, b, h, q0, kv0);
+      if (cls == CPU_EMPTY) {
+        if (a->deterministic) {
+          _Atomic int *t = &a->locks[((int64_t)b * p->H + h) * a->nqt + qt];
+          wait_turn(t, kt);
+          pass_turn(t, kt);
+        }
+        continue;
+      }
       tiles++;
       bwd_tile(a, &s, b, h, q0, kv0, n, cls, worker);
     }

@@ -37,7 +37,9 @@ typedef struct CpuAttn {
   float *scratch;         /* per-worker scratch, scratch_per floats each */
   size_t scratch_per;     /* floats of scratch per worker */
   float **acc;            /* backward: [worker][FLEX_MAX_BUFFERS] buffer-gradient accumulators */
-  _Atomic int *locks;     /* backward: a spin lock per (b, h, query tile) of dq_acc */
+  _Atomic int *locks;     /* backward: a spin lock per (b, h, query tile) of dq_acc; deterministic:
+                             the key tiles that have passed it (their dQ added, or none to add) */
+  bool deterministic;     /* backward: dQ added in key-tile order (attn.c) */
   _Atomic uint64_t tiles; /* tiles visited (stats) */
 } CpuAttn;
 

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cpu/attn.h"
+#include "kernels/exact.cuh"
 #include "ir/interval.h"
 #include "runtime/backend.h"
 #include "runtime/launch.h"
@@ -55,7 +56,8 @@ static void cpu_configure(RtRun *r) {
 static flex_status cpu_prepare(RtRun *r) {
   CpuJitOpts o = {.joint = r->opts.backward && !r->opts.ds_is_dt,
                   .identity = r->opts.score_identity,
-                  .check_bounds = r->opts.check_bounds};
+                  .check_bounds = r->opts.check_bounds,
+                  .exact = r->opts.backward && r->opts.deterministic && r->opts.grad_buffers};
   const CpuModule *m = NULL;
   flex_status st = cpu_jit_get(r->c->mod, &o, &m);
   if (!st) r->module = (void *)m;
@@ -269,11 +271,17 @@ static flex_status run_fwd(RtRun *r, const FlexParams *p) {
   return FLEX_OK;
 }
 
-/* Buffer-gradient accumulators: one set per worker, summed into p->buf_grad. */
+/* Buffer-gradient accumulators: one set per worker, summed into
+ * p->buf_grad. A deterministic backward's are exact ones
+ * (kernels/exact.cuh), one set per worker too (plain adds, no atomics),
+ * whose integer words are then summed into the call's p->grad_exact: an
+ * integer sum is the same whichever worker added what, so the result does
+ * not depend on the schedule, and GRAD_EXACT rounds it once. */
 static flex_status run_bwd(RtRun *r, const FlexParams *p) {
   CpuAttn a;
   attn_init(r, p, &a, true);
   int nw = cpu_pool_size();
+  a.deterministic = r->opts.deterministic;
   a.scratch_per = cpu_attn_bwd_scratch(&a);
   a.scratch = base_alloc(sizeof(float) * a.scratch_per * (size_t)nw);
   a.acc = base_alloc(sizeof(float *) * (size_t)nw * FLEX_MAX_BUFFERS);
@@ -282,14 +290,24 @@ static flex_status run_bwd(RtRun *r, const FlexParams *p) {
     if (!p->buf_grad[s]) continue;
     numel[s] = 1;
     for (int d = 0; d < r->c->bufs[s].ndims; d++) numel[s] *= r->c->bufs[s].shape[d];
+    size_t bytes = p->grad_exact[s] ? sizeof(int64_t) * FLEX_EXACT_WORDS : sizeof(float);
     for (int w = 0; w < nw; w++)
-      a.acc[(size_t)w * FLEX_MAX_BUFFERS + s] = base_alloc(sizeof(float) * (size_t)numel[s] + 4);
+      a.acc[(size_t)w * FLEX_MAX_BUFFERS + s] = base_alloc(bytes * (size_t)numel[s] + 4);
   }
   cpu_attn_bwd(&a);
   for (int s = 0; s < FLEX_MAX_BUFFERS; s++)
     for (int w = 0; w < nw && numel[s]; w++) {
-      float *src = a.acc[(size_t)w * FLEX_MAX_BUFFERS + s];
-      for (int64_t x = 0; x < numel[s]; x++) p->buf_grad[s][x] += src[x];
+      void *src = a.acc[(size_t)w * FLEX_MAX_BUFFERS + s];
+      if (p->grad_exact[s]) {
+        const int64_t *e = src;
+        for (int64_t x = 0; x < numel[s] * FLEX_EXACT_WORDS; x++)
+          p->grad_exact[s][x] = x % FLEX_EXACT_WORDS == FLEX_EXACT_LIMBS
+                                    ? p->grad_exact[s][x] | e[x]
+                                    : p->grad_exact[s][x] + e[x];
+      } else {
+        const float *f = src;
+        for (int64_t x = 0; x < numel[s]; x++) p->buf_grad[s][x] += f[x];
+      }
       base_free(src);
     }
   base_free(a.acc);
@@ -312,6 +330,13 @@ static flex_status cpu_launch(RtRun *r, RtEntry e, const CgLaunch *g, const Flex
   }
   case RT_ENTRY_MASK_LISTS: mask_lists(p); return FLEX_OK;
   case RT_ENTRY_FWD: return run_fwd(r, p);
+  case RT_ENTRY_GRAD_EXACT: { /* as flex_grad_exact: the exact sum plus what the gradient holds */
+    float *gr = p->buf_grad[p->exact_slot];
+    const int64_t *acc = p->grad_exact[p->exact_slot];
+    for (int64_t i = 0; i < p->exact_len; i++)
+      gr[i] = flex_exact_value(acc + i * FLEX_EXACT_WORDS, gr[i]);
+    return FLEX_OK;
+  }
   case RT_ENTRY_BWD: return run_bwd(r, p);
   case RT_ENTRY_BWD_PRE:
   case RT_ENTRY_BWD_DQ:

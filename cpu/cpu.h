@@ -54,6 +54,7 @@ typedef struct CpuJitOpts {
   bool joint;        /* also the joint (backward, unless ds == dt) */
   bool identity;     /* the score is the identity: no score function */
   bool check_bounds; /* buffer accesses tested; the first failure recorded in p->bounds */
+  bool exact;        /* a deterministic backward: ACCUMs call cpu_exact_add */
 } CpuJitOpts;
 
 /* The module's functions, compiled or found in the in-memory cache (keyed by
@@ -71,6 +72,9 @@ int cpu_jit_cache_size(void);
  * does not know. */
 bool cpu_lower(void *llvm_module, const IrModule *m, const CpuJitOpts *o, const char *prefix,
                char *err, size_t errlen);
+/* Element i of an exact accumulator (kernels/exact.cuh) += v: the ACCUM
+ * of a deterministic backward's joint, into the worker's own accumulator. */
+void cpu_exact_add(int64_t *acc, int64_t i, float v);
 /* The checked-run record call the lowered code makes (as flex_bounds_fail). */
 void cpu_bounds_fail(int32_t *bounds, int32_t site, int32_t n, int32_t i0, int32_t i1, int32_t i2,
                      int32_t i3, int32_t i4, int32_t i5, int32_t i6, int32_t i7);

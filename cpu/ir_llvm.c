@@ -46,6 +46,7 @@ typedef struct Lw {
   const IrFunc *f;      /* the function being lowered */
   bool checked;         /* checked run: buffer indices tested */
   bool identity;        /* the score is the identity: t = s */
+  bool exact;           /* ACCUMs go into exact accumulators (cpu_exact_add) */
   LLVMValueRef fn;      /* the LLVM function being built */
   LLVMValueRef p;       /* FlexParams * as i8 * */
   LLVMValueRef acc;     /* float ** accumulators (joint) */
@@ -308,7 +309,9 @@ static LLVMValueRef lower_load(Lw *w, const IrInst *in, int i) {
   return phi;
 }
 
-/* acc[slot][offset] += value (the accumulators are the worker's own). */
+/* acc[slot][offset] += value (the accumulators are the worker's own); a
+ * deterministic backward's acc[slot] is the worker's exact accumulator,
+ * added to by cpu_exact_add. */
 static void lower_accum(Lw *w, const IrInst *in, int i) {
   LLVMBasicBlockRef join = NULL;
   if (w->checked) {
@@ -322,9 +325,18 @@ static void lower_accum(Lw *w, const IrInst *in, int i) {
   LLVMValueRef slot = ci64(w, in->aux);
   LLVMValueRef bp = LLVMBuildLoad2(w->b, w->pf32, LLVMBuildGEP2(w->b, w->pf32, w->acc, &slot, 1, ""), "");
   LLVMValueRef off = offset(w, in, 1);
-  LLVMValueRef at = LLVMBuildGEP2(w->b, w->f32, bp, &off, 1, "");
-  LLVMValueRef old = LLVMBuildLoad2(w->b, w->f32, at, "");
-  LLVMBuildStore(w->b, fadd(w, old, w->v[in->args[0]]), at);
+  if (w->exact) {
+    LLVMTypeRef at[3] = {w->pf32, w->i64, w->f32};
+    LLVMTypeRef fty = LLVMFunctionType(w->vd, at, 3, 0);
+    LLVMValueRef fn = LLVMGetNamedFunction(w->mod, "cpu_exact_add");
+    if (!fn) fn = LLVMAddFunction(w->mod, "cpu_exact_add", fty);
+    LLVMValueRef a[3] = {bp, off, w->v[in->args[0]]};
+    LLVMBuildCall2(w->b, fty, fn, a, 3, "");
+  } else {
+    LLVMValueRef at = LLVMBuildGEP2(w->b, w->f32, bp, &off, 1, "");
+    LLVMValueRef old = LLVMBuildLoad2(w->b, w->f32, at, "");
+    LLVMBuildStore(w->b, fadd(w, old, w->v[in->args[0]]), at);
+  }
   if (join) {
     LLVMBuildBr(w->b, join);
     LLVMPositionBuilderAtEnd(w->b, join);
@@ -601,6 +613,7 @@ bool cpu_lower(void *llvm_module, const IrModule *m, const CpuJitOpts *o, const 
   if (m->joint && m->joint->n > n) n = m->joint->n;
   w.v = base_alloc(sizeof(LLVMValueRef) * (size_t)(n + 1));
   w.identity = o->identity;
+  w.exact = o->exact;
   char name[128];
   bool ok = true;
   if (!o->identity) {

@@ -31,6 +31,7 @@
 
 #include "cpu/cpu.h"
 #include "cuda/cache.h"
+#include "kernels/exact.cuh"
 #include "runtime/rt.h"
 
 /* One cached module. */
@@ -65,6 +66,14 @@ void cpu_bounds_fail(int32_t *bounds, int32_t site, int32_t n, int32_t i0, int32
   for (int d = 0; d < 8; d++) bounds[3 + d] = v[d];
 }
 
+void cpu_exact_add(int64_t *acc, int64_t i, float v) {
+  int64_t *w = acc + i * FLEX_EXACT_WORDS, lo, hi;
+  uint32_t flag;
+  int l = flex_exact_split(v, &lo, &hi, &flag);
+  if (l >= 0) w[l] += lo, w[l + 1] += hi;
+  else w[FLEX_EXACT_LIMBS] |= (int64_t)flag;
+}
+
 /* Take an LLVM error's message into J.why / err and dispose of it. */
 static void take_error(LLVMErrorRef e, char *dst, size_t cap) {
   char *msg = LLVMGetErrorMessage(e);
@@ -92,10 +101,12 @@ static void jit_create(void) {
                                                            NULL, NULL);
   if (e) { take_error(e, J.why, sizeof J.why); return; }
   LLVMOrcJITDylibAddGenerator(jd, gen);
-  LLVMJITCSymbolMapPair sym = {
-      LLVMOrcLLJITMangleAndIntern(J.jit, "cpu_bounds_fail"),
-      {(LLVMOrcExecutorAddress)(uintptr_t)&cpu_bounds_fail, {LLVMJITSymbolGenericFlagsExported, 0}}};
-  if ((e = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(&sym, 1))))
+  LLVMJITCSymbolMapPair sym[2] = {
+      {LLVMOrcLLJITMangleAndIntern(J.jit, "cpu_bounds_fail"),
+       {(LLVMOrcExecutorAddress)(uintptr_t)&cpu_bounds_fail, {LLVMJITSymbolGenericFlagsExported, 0}}},
+      {LLVMOrcLLJITMangleAndIntern(J.jit, "cpu_exact_add"),
+       {(LLVMOrcExecutorAddress)(uintptr_t)&cpu_exact_add, {LLVMJITSymbolGenericFlagsExported, 0}}}};
+  if ((e = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(sym, 2))))
     { take_error(e, J.why, sizeof J.why); return; }
   char *triple = LLVMGetDefaultTargetTriple(), *msg = NULL;
   LLVMTargetRef t;
@@ -262,7 +273,8 @@ static flex_status compile(const IrModule *m, const CpuJitOpts *o, const Buf *ke
 
 /* The cache key: the printed module and the options. */
 static void make_key(Buf *k, const IrModule *m, const CpuJitOpts *o) {
-  buf_printf(k, "cpu1 joint=%d identity=%d checked=%d\n", o->joint, o->identity, o->check_bounds);
+  buf_printf(k, "cpu1 joint=%d identity=%d checked=%d exact=%d\n", o->joint, o->identity,
+             o->check_bounds, o->exact);
   ir_print(k, m);
 }
 

@@ -174,6 +174,7 @@ const RtBackend rt_cuda_backend = {
     .host_memory = false,
     .sorted_entry = true,
     .sm_count = cuda_sm_count,
+    .dq_slices = true,
     .open = cuda_open,
     .prepare = cuda_prepare,
     .alloc = cuda_alloc,

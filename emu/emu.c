@@ -139,6 +139,7 @@ const RtBackend rt_emu_backend = {
     .host_memory = true,
     .sorted_entry = true, /* the device path on host memory: tested without a GPU */
     .sm_count = emu_sm_count,
+    .dq_slices = true,
     .open = emu_open,
     .prepare = emu_prepare,
     .alloc = emu_alloc,

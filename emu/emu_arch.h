@@ -124,6 +124,14 @@ EMU_API static void flex_atomic_max_u64(uint64_t *p, uint64_t v) {
   while (old < v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
   }
 }
+EMU_API static void flex_atomic_add_i64(int64_t *p, int64_t v) {
+  emu_check_global(p, sizeof(int64_t), "atomic add");
+  __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+EMU_API static void flex_atomic_or_u64(uint64_t *p, uint64_t v) {
+  emu_check_global(p, sizeof(uint64_t), "atomic or");
+  __atomic_fetch_or(p, v, __ATOMIC_RELAXED);
+}
 EMU_API static void flex_atomic_add(float *p, float v) {
   emu_check_global(p, sizeof(float), "atomic add");
   uint32_t *u = (uint32_t *)p;

@@ -13,6 +13,7 @@
  *   flex_gload flex_gstore flex_atomic_add   every global-memory access
  *   flex_atomic_cas                          32-bit compare-and-swap (checked runs)
  *   flex_atomic_max_u64                      64-bit unsigned max (the `sorted` check)
+ *   flex_atomic_add_i64 flex_atomic_or_u64   64-bit add and or (exact accumulators)
  *   flex_approx_{exp,log,log2,tanh,sin,cos,pow}   fast math only (opt-in)
  *   flex_ex2                                 the softmax's exp2 (ex2.approx.ftz)
  * sm_90 (mbarrier, TMA, elect, proxy fence) and sm_90a (wgmma, setmaxnreg):
@@ -42,6 +43,8 @@ typedef unsigned long long uint64_t;
 
 /* The emulator defines this to export a callable wrapper per entry. */
 #define FLEX_EMU_ENTRY(NAME, PARAMS)
+/* A function kept out of line (the emulator spells it as GCC does). */
+#define FLEX_NOINLINE __noinline__
 
 /* Shared-memory address of a generic pointer, as PTX shared-space operands want. */
 __device__ __forceinline__ uint32_t flex_smem_addr(const void *p) {
@@ -203,6 +206,14 @@ __device__ __forceinline__ int32_t flex_atomic_cas(int32_t *p, int32_t cmp, int3
 }
 __device__ __forceinline__ void flex_atomic_max_u64(uint64_t *p, uint64_t v) {
   atomicMax((unsigned long long *)p, (unsigned long long)v);
+}
+/* 64-bit integer adds and ors: the exact accumulators of a deterministic
+ * backward (exact.cuh). Two's complement: an unsigned add is the signed one. */
+__device__ __forceinline__ void flex_atomic_add_i64(int64_t *p, int64_t v) {
+  atomicAdd((unsigned long long *)p, (unsigned long long)v);
+}
+__device__ __forceinline__ void flex_atomic_or_u64(uint64_t *p, uint64_t v) {
+  atomicOr((unsigned long long *)p, (unsigned long long)v);
 }
 
 /* ---- sm_90: mbarrier, bulk tensor copies, elect, proxy fence ------------------ */

@@ -7,6 +7,7 @@
 #include "arch.cuh"
 #include "params.cuh"
 #include "philox.cuh"
+#include "exact.cuh"
 
 /* Dropout is compiled in only where the generated file defines
  * FLEX_DROPOUT (CgOptions.dropout, p > 0): without it every use below is
@@ -35,6 +36,37 @@ __device__ __forceinline__ void flex_drop_keep2(const FlexParams &p, int b, int 
   const bool hi = kj & 2;
   keep[0] = flex_dropout_keep(hi ? w[2] : w[0], p.drop_p);
   keep[1] = flex_dropout_keep(hi ? w[3] : w[1], p.drop_p);
+}
+
+/* A deterministic backward is compiled in only where the generated file
+ * defines FLEX_DETERMINISTIC (CgOptions.deterministic): without it the
+ * backward is the atomic one, unchanged (docs/kernels.md). */
+#ifdef FLEX_DETERMINISTIC
+#define FLEX_DET true
+#else
+#define FLEX_DET false
+#endif
+
+/* dQ += v. Atomic; in a deterministic backward the CTA's own slice of
+ * dq_acc, which no other CTA writes and which the CTA's threads add to one
+ * key tile after another, each element by one thread: a plain add. */
+__device__ __forceinline__ void flex_dq_add(float *p, float v) {
+  if (FLEX_DET) flex_gstore(p, flex_gload(p) + v);
+  else flex_atomic_add(p, v);
+}
+
+/* Element i of an exact accumulator (exact.cuh) += v: integer atomics, so
+ * any order of the same adds leaves the same words. */
+__device__ __forceinline__ void flex_exact_add(int64_t *acc, int64_t i, float v) {
+  int64_t *w = acc + i * FLEX_EXACT_WORDS, lo, hi;
+  uint32_t flag;
+  const int l = flex_exact_split(v, &lo, &hi, &flag);
+  if (l >= 0) {
+    if (lo) flex_atomic_add_i64(w + l, lo);
+    if (hi) flex_atomic_add_i64(w + l + 1, hi);
+  } else if (flag) {
+    flex_atomic_or_u64((uint64_t *)(w + FLEX_EXACT_LIMBS), flag);
+  }
 }
 
 #define FLEX_LOG2E 1.4426950408889634f

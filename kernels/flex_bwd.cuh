@@ -16,6 +16,13 @@
  *   fp32 FMA on tiles in shared memory, 128 threads, TPR = 128 / BN threads
  *   per key row.
  * flex_bwd_dq: one thread per query row: dQ accumulator -> dq (its dtype).
+ * flex_grad_exact: a deterministic backward's exact buffer-gradient
+ *   accumulator -> the fp32 gradient, one element per thread.
+ *
+ * A deterministic backward (FLEX_DETERMINISTIC, docs/kernels.md) runs
+ * flex_bwd with a narrower grid: each CTA walks a strided set of key tiles
+ * in order and adds dQ into its own slice of dq_acc without atomics;
+ * buffer gradients go into exact integer accumulators (exact.cuh).
  */
 #ifndef FLEX_BWD_CUH
 #define FLEX_BWD_CUH
@@ -39,6 +46,8 @@ __device__ __forceinline__ void flex_bwd_pre(const FlexParams &p) {
   flex_gstore(p.delta + row, acc);
   float *dq = p.dq_acc + row * p.E;
   for (int e = 0; e < p.E; e++) flex_gstore(dq + e, 0.0f);
+  for (int sp = 1; FLEX_DET && sp < p.dq_splits; sp++) /* the other slices */
+    for (int e = 0; e < p.E; e++) flex_gstore(dq + sp * p.dq_split_stride + e, 0.0f);
 }
 
 /* Load R rows x C columns (zero-filled) of a 16-bit or fp32 tensor, as fp32. */
@@ -80,8 +89,12 @@ __device__ __forceinline__ void flex_bwd_elem(const FlexParams &p, float qk, flo
 
 /* ---- fp32 SIMT ---------------------------------------------------------- */
 
+/* One key tile of flex_bwd_main: keys n0_det .. n0_det + BN - 1, dQ into
+ * dq_det in a deterministic backward; otherwise the CTA's own tile and
+ * p.dq_acc, read where the atomic kernel always read them (its code does
+ * not change with the deterministic variant). */
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
-__device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
+__device__ __forceinline__ void flex_bwd_main_tile(const FlexParams &p, int n0_det, float *dq_det) {
   typedef typename El::T T;
   static_assert(BM == BN, "dQ reuses the key-row thread mapping for query rows");
   constexpr int TPR = 128 / BN;         /* threads per key row (and per query row for dQ) */
@@ -89,7 +102,7 @@ __device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
   float *sK = (float *)flex_smem, *sV = sK + BN * KS, *sQ = sV + BN * VS, *sO = sQ + BM * KS;
   float *sP = sO + BM * VS, *sS = sP + BN * PS, *sL = sS + BN * PS, *sD = sL + BM;
   const int tid = threadIdx.x, n = tid / TPR, tr = tid % TPR;
-  const int n0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z, kj = n0 + n;
+  const int n0 = FLEX_DET ? n0_det : blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z, kj = n0 + n;
   const T *k = (const T *)p.k + b * p.sk.b + hk * p.sk.h;
   const T *v = (const T *)p.v + b * p.sv.b + hk * p.sv.h;
   flex_tile_load_cvt<El, BN, EP>(sK, KS, k, p.sk.row, n0, p.kv_len, p.E);
@@ -150,12 +163,12 @@ __device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
       /* dQ += scale dS K: thread rows are query rows here (BM == BN). */
       const int qm = tid / TPR;
       if (m0 + qm < p.q_len) {
-        float *dq = p.dq_acc + (rows + m0 + qm) * p.E;
+        float *dq = (FLEX_DET ? dq_det : p.dq_acc) + (rows + m0 + qm) * p.E;
         for (int c = tr; c < p.E; c += TPR) {
           float acc = 0.0f;
 #pragma unroll 8
           for (int nn = 0; nn < BN; nn++) acc = acc + sS[nn * PS + qm] * sK[nn * KS + c];
-          if (acc != 0.0f) flex_atomic_add(dq + c, acc * p.scale);
+          if (acc != 0.0f) flex_dq_add(dq + c, acc * p.scale);
         }
       }
     }
@@ -169,6 +182,28 @@ __device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
 #pragma unroll
   for (int j = 0; j < EVP / TPR; j++)
     if (tr + TPR * j < p.EV) El::store(dvp + tr + TPR * j, dv[j]);
+}
+
+/* Deterministic (FLEX_DET): CTA x of the grid's G = p.dq_splits takes key
+ * tiles x, x + G, x + 2G, ... in that order and adds their dQ into slice x
+ * of dq_acc, which flex_bwd_dq sums in slice order. Its dK and dV stay in
+ * registers as before, so every gradient has one summation order. */
+template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
+__device__ FLEX_NOINLINE void flex_bwd_main_det(const FlexParams &p, int n0, float *dq) {
+  flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
+}
+
+template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
+__device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
+  if (!FLEX_DET) {
+    flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, 0, nullptr);
+    return;
+  }
+  float *dq = p.dq_acc + blockIdx.x * p.dq_split_stride;
+  for (int n0 = blockIdx.x * BN; n0 < p.kv_len; n0 += gridDim.x * BN) {
+    flex_bwd_main_det<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
+    __syncthreads(); /* the next tile reloads sK and sV */
+  }
 }
 
 /* ---- tensor cores (fp16, bf16) ----------------------------------------- */
@@ -333,7 +368,7 @@ __device__ __forceinline__ void flex_bwd_tc_dq(const FlexParams &p, const typena
       for (int c = 0; c < 4; c++) {
         const int off = grp * 16 + nt * 8 + (c & 1);
         if ((c >> 1 ? ok1 : ok0) && off < cols && acc[nt][c] != 0.0f)
-          flex_atomic_add((c >> 1 ? d1 : d0) + off, acc[nt][c] * p.scale);
+          flex_dq_add((c >> 1 ? d1 : d0) + off, acc[nt][c] * p.scale);
       }
   }
 }
@@ -356,8 +391,9 @@ __device__ __forceinline__ void flex_bwd_tc_store(typename El::T *dst, int64_t r
       }
 }
 
+/* One key tile of flex_bwd_tc (n0_det, dq_det: as flex_bwd_main_tile). */
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
-__device__ __forceinline__ void flex_bwd_tc(const FlexParams &p) {
+__device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0_det, float *dq_det) {
   typedef typename El::T T;
   typedef FlexBwdShape<EP, EVP, BM, BN> S;
   constexpr int NT = 128;
@@ -365,7 +401,7 @@ __device__ __forceinline__ void flex_bwd_tc(const FlexParams &p) {
   T *sP = sO + BM * S::VS, *sS = sP + BN * S::PS;
   float *sL = (float *)(sS + BN * S::PS), *sD = sL + BM;
   const int warp = threadIdx.x / 32, kr = warp % S::WK * 16, sp = warp / S::WK;
-  const int n0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
+  const int n0 = FLEX_DET ? n0_det : blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
   const T *k = (const T *)p.k + b * p.sk.b + hk * p.sk.h;
   const T *v = (const T *)p.v + b * p.sv.b + hk * p.sv.h;
   flex_tile_load<T, BN, EP, NT>(sK, S::KS, k, p.sk.row, n0, p.kv_len, p.E, p.vec16);
@@ -410,7 +446,8 @@ __device__ __forceinline__ void flex_bwd_tc(const FlexParams &p) {
       __syncthreads();
       flex_bwd_tc_accum<El, S::NGV, EVP / 16, BM, S::PS, S::VS>(dv, sP, sO, kr, sp, S::NS);
       flex_bwd_tc_accum<El, S::NGK, EP / 16, BM, S::PS, S::KS>(dk, sS, sQ, kr, sp, S::NS);
-      flex_bwd_tc_dq<El, EP, EVP, BM, BN>(p, sK, sS, p.dq_acc + (rows + m0) * p.E, m0);
+      flex_bwd_tc_dq<El, EP, EVP, BM, BN>(p, sK, sS, (FLEX_DET ? dq_det : p.dq_acc) + (rows + m0) * p.E,
+                                          m0);
     }
   }
   flex_cp_async_wait<0>(); /* K and V when no query tile was visited */
@@ -422,7 +459,33 @@ __device__ __forceinline__ void flex_bwd_tc(const FlexParams &p) {
                                           S::NS);
 }
 
-/* dQ accumulator (fp32, contiguous) -> dq in its dtype and strides. */
+/* A key tile of a deterministic backward, not inlined into its loop: the
+ * loop alone (the tile inlined) took flex_bwd at E = 128, bf16, sm_80 from
+ * 168 registers to 250-254 (what stays live across iterations); called,
+ * the tile keeps the 168 of the atomic kernel. */
+template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
+__device__ FLEX_NOINLINE void flex_bwd_tc_det(const FlexParams &p, int n0, float *dq) {
+  flex_bwd_tc_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
+}
+
+/* Deterministic (FLEX_DET): key tiles x, x + G, ... of CTA x in order, dQ
+ * into slice x (as flex_bwd_main). In flex_bwd_tc_dq each dQ element of a
+ * tile is one lane's sum over the tile's keys, added once. */
+template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
+__device__ __forceinline__ void flex_bwd_tc(const FlexParams &p) {
+  if (!FLEX_DET) {
+    flex_bwd_tc_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, 0, nullptr);
+    return;
+  }
+  float *dq = p.dq_acc + blockIdx.x * p.dq_split_stride;
+  for (int n0 = blockIdx.x * BN; n0 < p.kv_len; n0 += gridDim.x * BN) {
+    flex_bwd_tc_det<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
+    __syncthreads(); /* the next tile reloads sK and sV */
+  }
+}
+
+/* dQ accumulator (fp32, contiguous) -> dq in its dtype and strides; in a
+ * deterministic backward the sum of the slices, in slice order. */
 template <class El>
 __device__ __forceinline__ void flex_bwd_dq(const FlexParams &p) {
   typedef typename El::T T;
@@ -430,7 +493,29 @@ __device__ __forceinline__ void flex_bwd_dq(const FlexParams &p) {
   if (qi >= p.q_len) return;
   const float *acc = p.dq_acc + ((int64_t)(b * p.H + h) * p.q_len + qi) * p.E;
   T *dq = (T *)p.dq + b * p.sdq.b + h * p.sdq.h + qi * p.sdq.row;
-  for (int e = 0; e < p.E; e++) El::store(dq + e, flex_gload(acc + e));
+  if (!FLEX_DET) {
+    for (int e = 0; e < p.E; e++) El::store(dq + e, flex_gload(acc + e));
+    return;
+  }
+  for (int e = 0; e < p.E; e++) {
+    float x = flex_gload(acc + e);
+    for (int sp = 1; sp < p.dq_splits; sp++) x = x + flex_gload(acc + sp * p.dq_split_stride + e);
+    El::store(dq + e, x);
+  }
+}
+
+/* flex_grad_exact: buffer gradient exact_slot's exact accumulator, plus
+ * what its fp32 gradient already holds (zero, or earlier sequences of a
+ * packed call), rounded once into that fp32 gradient. A grid-stride loop. */
+__device__ __forceinline__ void flex_grad_exact_body(const FlexParams &p) {
+  float *g = p.buf_grad[p.exact_slot];
+  const int64_t *acc = p.grad_exact[p.exact_slot];
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < p.exact_len;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t w[FLEX_EXACT_WORDS]; /* through flex_gload, so the emulator checks the reads */
+    for (int j = 0; j < FLEX_EXACT_WORDS; j++) w[j] = flex_gload(acc + i * FLEX_EXACT_WORDS + j);
+    flex_gstore(g + i, flex_exact_value(w, flex_gload(g + i)));
+  }
 }
 
 #endif /* FLEX_BWD_CUH */

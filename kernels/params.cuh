@@ -31,13 +31,14 @@ typedef struct FlexBlockList {
 } FlexBlockList;
 
 /* Everything one launch of flex_fwd, flex_bwd_pre, flex_bwd, flex_bwd_dq,
- * the BlockMask builder or flex_sorted_check reads and writes. Fields a kernel does not use may be left zero. */
+ * flex_grad_exact, the BlockMask builder or flex_sorted_check reads and writes. Fields a kernel does not use may be left zero. */
 typedef struct FlexParams {
   /* ---- outputs ---- */
   void *out;           /* forward: O [B, H, Q_LEN, EV], input dtype (fp32 when generated so) */
   float *lse;          /* forward: LSE [B, H, Q_LEN] fp32, natural log */
   void *dq, *dk, *dv;  /* backward: gradients, input dtype, shaped like q, k, v */
-  float *dq_acc;       /* backward: fp32 dQ accumulator [B, H, Q_LEN, E], contiguous; zeroed by flex_bwd_pre */
+  float *dq_acc;       /* backward: fp32 dQ accumulator [B, H, Q_LEN, E], contiguous; zeroed by
+                          flex_bwd_pre (deterministic: dq_splits such slices) */
   float *delta;        /* backward: D [B, H, Q_LEN] fp32, contiguous; written by flex_bwd_pre */
   float *buf_grad[FLEX_MAX_BUFFERS]; /* backward: fp32 accumulators of `grad` buffers (dense row-major, zeroed by the caller) */
   /* ---- inputs ---- */
@@ -88,6 +89,15 @@ typedef struct FlexParams {
   /* ---- grouped-query packing (kernels generated with CgOptions.pack_gqa) ---- */
   int32_t pack_g;                  /* G: H and G above are then HKV and 1, q_len G Q_LEN */
   int32_t pack_q_len;              /* the call's Q_LEN */
+  /* ---- a deterministic backward (read only by kernels generated with
+   * FLEX_DETERMINISTIC; docs/kernels.md "Deterministic backward"; last, so
+   * the fields every other kernel reads keep their offsets) ---- */
+  int32_t dq_splits;               /* flex_bwd's grid width: CTA x adds dQ into slice x of dq_acc */
+  int64_t dq_split_stride;         /* elements between slices (B * H * Q_LEN * E) */
+  int64_t *grad_exact[FLEX_MAX_BUFFERS]; /* exact accumulators of the `grad` buffers:
+                                      FLEX_EXACT_WORDS words per element (kernels/exact.cuh) */
+  int64_t exact_len;               /* flex_grad_exact: elements of buffer exact_slot */
+  int32_t exact_slot;              /* flex_grad_exact: the buffer rounded into buf_grad */
 } FlexParams;
 
 /* The checked-run record: [0] nonzero once a load failed, [1] its site

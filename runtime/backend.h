@@ -35,6 +35,7 @@ typedef enum RtEntry {
   RT_ENTRY_BWD,        /* flex_bwd: dK, dV, dq_acc and buffer gradients */
   RT_ENTRY_BWD_DQ,     /* flex_bwd_dq: dQ from dq_acc, in the input dtype */
   RT_ENTRY_SORTED,     /* flex_sorted_check: the first decrease of one `sorted` buffer */
+  RT_ENTRY_GRAD_EXACT, /* flex_grad_exact: a deterministic backward's exact buffer gradient, rounded */
   RT_NENTRIES
 } RtEntry;
 
@@ -68,6 +69,10 @@ typedef struct RtBackend {
    * RT_SPLIT_DEFAULT_SMS is used). NULL: the backend runs the forward whole
    * (cpu), so it never splits. */
   int (*sm_count)(RtRun *r);
+  /* A deterministic backward's dQ goes into one slice of the accumulator
+   * per CTA of flex_bwd (the generated kernels: emu, cuda); false: the
+   * backend orders its dQ adds itself (cpu). */
+  bool dq_slices;
   /* Check where the call's tensors live (r->c; NULL outside a call: the
    * default device), make that device current, and set r->arch (the
    * kernels' target; CG_SM80 for host backends). */

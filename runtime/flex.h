@@ -225,6 +225,14 @@ typedef struct flex_args {
    * to the number of key tiles. Negative: FLEX_ERR_INVALID. The reference
    * and cpu backends compute each row whole and ignore it. */
   int kv_splits;
+  /* A deterministic backward (DSL.md "Determinism"; docs/kernels.md): dq,
+   * dk, dv and buffer gradients bitwise identical across runs with the same
+   * inputs, configuration and device. dQ is summed in a fixed order over
+   * groups of key tiles (emu, cuda: one fp32 dQ scratch per group, see
+   * docs/kernels.md for the count), buffer gradients exactly (104 bytes of
+   * scratch per element, rounded once). Without it, float atomics may vary
+   * the last bits. A forward ignores it. */
+  bool deterministic;
 } flex_args;
 
 /* ---- block masks ---------------------------------------------------------- */
@@ -283,6 +291,7 @@ typedef struct flex_emit_options {
   bool fast_math;        /* hardware approximations of the float builtins */
   bool resource_usage;   /* also report registers, spills, shared memory and stack per entry */
   bool dropout;          /* the kernels a call with dropout_p > 0 runs (FLEX_DROPOUT defined) */
+  bool deterministic;    /* the kernels a deterministic backward runs (FLEX_DETERMINISTIC defined) */
 } flex_emit_options;
 
 /* The kernel's generated CUDA, PTX or cubin in *out (*len bytes; freed with

@@ -15,14 +15,16 @@
 #include <string.h>
 
 #include "ir/interval.h"
+#include "kernels/exact.cuh"
 #include "runtime/backend.h"
 #include "runtime/launch.h"
 #include "runtime/tensor.h"
 
 const char *rt_entry_name(RtEntry e) {
   static const char *const names[RT_NENTRIES] = {
-      "flex_mask_build", "flex_mask_lists", "flex_fwd",   "flex_fwd_combine",
-      "flex_bwd_pre",    "flex_bwd",        "flex_bwd_dq", "flex_sorted_check"};
+      "flex_mask_build", "flex_mask_lists", "flex_fwd",          "flex_fwd_combine",
+      "flex_bwd_pre",    "flex_bwd",        "flex_bwd_dq",       "flex_sorted_check",
+      "flex_grad_exact"};
   return names[e];
 }
 
@@ -397,22 +399,59 @@ static flex_status exact_out(RtRun *r, Work *w, FlexParams *p) {
   return st;
 }
 
+/* A deterministic backward's exact accumulators of the `grad` buffers
+ * (FLEX_EXACT_WORDS int64 words per element, zero-filled): the joint adds
+ * into them, flex_grad_exact rounds them into the fp32 gradients. */
+static flex_status exact_targets(RtRun *r, Work *w, FlexParams *p) {
+  const RtCall *c = r->c;
+  for (int i = 0; i < c->mod->nbuffers && r->opts.deterministic; i++) {
+    if (!c->buf_grads[i]) continue;
+    void *m;
+    size_t n = (size_t)rt_numel(c->buf_grads[i]);
+    flex_status st = alloc(r, w, &m, n * FLEX_EXACT_WORDS * sizeof(int64_t));
+    if (st) return st;
+    p->grad_exact[i] = m;
+  }
+  return FLEX_OK;
+}
+
+/* Round the exact accumulators into the fp32 gradients, one launch each. */
+static flex_status exact_finish(RtRun *r, FlexParams *p) {
+  const RtCall *c = r->c;
+  flex_status st = FLEX_OK;
+  for (int i = 0; i < c->mod->nbuffers && !st; i++) {
+    if (!p->grad_exact[i]) continue;
+    p->exact_slot = i;
+    p->exact_len = rt_numel(c->buf_grads[i]);
+    st = launch(r, RT_ENTRY_GRAD_EXACT, cg_launch_grad_exact(&r->opts, p->exact_len), p, NULL);
+  }
+  return st;
+}
+
 static flex_status backward(RtRun *r, Work *w, FlexParams *p) {
   const RtCall *c = r->c;
+  const CgOptions *o = &r->opts;
   size_t rows = (size_t)c->B * (size_t)c->H * (size_t)c->QL;
+  /* Deterministic on the generated kernels: a dQ slice per CTA of a
+   * (kv head, batch) (kernels/flex_bwd.cuh). */
+  int splits = o->deterministic && r->be->dq_slices ? cg_bwd_splits(o, c->B, c->HKV, c->KL) : 1;
+  if (splits < 1) splits = 1;
   void *dq_acc, *delta;
   flex_status st = bind_dlse(r, p);
-  if (!st) st = alloc(r, w, &dq_acc, rows * (size_t)c->E * 4);
+  if (!st) st = alloc(r, w, &dq_acc, (size_t)splits * rows * (size_t)c->E * 4);
   if (!st) st = alloc(r, w, &delta, rows * 4);
   if (st) return st;
   p->dq_acc = dq_acc;
+  p->dq_splits = splits;
+  p->dq_split_stride = (int64_t)(rows * (size_t)c->E);
   p->delta = delta;
   st = grad_targets(r, w, p);
+  if (!st) st = exact_targets(r, w, p);
   if (!st) st = exact_out(r, w, p);
-  const CgOptions *o = &r->opts;
   if (!st) st = launch(r, RT_ENTRY_BWD_PRE, cg_launch_bwd_pre(o, c->B, c->H, c->QL), p, NULL);
   if (!st) st = launch(r, RT_ENTRY_BWD, cg_launch_bwd(o, c->B, c->HKV, c->KL), p, &last_stats.bwd_tiles);
   if (!st) st = launch(r, RT_ENTRY_BWD_DQ, cg_launch_bwd_dq(o, c->B, c->H, c->QL), p, NULL);
+  if (!st) st = exact_finish(r, p);
   return st;
 }
 
@@ -507,6 +546,7 @@ static flex_status configure(RtRun *r, Work *w) {
     return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
   const DLTensor *out = c->args->out;
   r->opts.out_f32 = (out && !rt_dtype_same(out->dtype, kd)) || needs_exact_out(c);
+  r->opts.deterministic = c->backward && c->args->deterministic; /* a forward ignores it */
   r->opts.paged = c->pages != NULL;
   if (r->be->configure) r->be->configure(r);
   flex_status st = plan_mask(r, w);

@@ -129,6 +129,7 @@ class Args(ctypes.Structure):  # flex_args
         ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64),
         ("page_table", PDL), ("kv_lens", PDL),
         ("kv_splits", ctypes.c_int),
+        ("deterministic", ctypes.c_bool),
     ]
 
 
@@ -144,6 +145,7 @@ class EmitOptions(ctypes.Structure):  # flex_emit_options
         ("head_dim", ctypes.c_int), ("head_dim_v", ctypes.c_int),
         ("forward_only", ctypes.c_bool), ("fast_math", ctypes.c_bool),
         ("resource_usage", ctypes.c_bool), ("dropout", ctypes.c_bool),
+        ("deterministic", ctypes.c_bool),
     ]
 
 

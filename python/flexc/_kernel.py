@@ -161,7 +161,8 @@ class _Call:
     call, alive as long as this object."""
 
     def __init__(self, kernel, backend, q, k, v, scale, params, buffers, block_mask,
-                 check_bounds, fast_math, buffer_grads=None, dropout=(0.0, 0, 0)):
+                 check_bounds, fast_math, buffer_grads=None, dropout=(0.0, 0, 0),
+                 deterministic=False):
         self.keep = []
         a = self.args = C.Args()
         if backend not in C.BACKENDS:
@@ -196,6 +197,7 @@ class _Call:
         p, seed, offset = dropout
         a.dropout_p = float(p)  # validated by the library: [0, 1)
         a.dropout_seed, a.dropout_offset = _u64("dropout_seed", seed), _u64("dropout_offset", offset)
+        a.deterministic = bool(deterministic)
         self.kernel = kernel
 
     def ptr(self, x):
@@ -308,13 +310,14 @@ class Kernel:
     def backward(self, q, k, v, out, lse, dout, dlse=None, *, scale=None, params=None,
                  buffers=None, block_mask=None, backend=None, buffer_grads=(),
                  check_bounds=False, fast_math=False, cu_seqlens_q=None, cu_seqlens_kv=None,
-                 dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+                 dropout_p=0.0, dropout_seed=0, dropout_offset=0, deterministic=False):
         """Grads(dq, dk, dv, buffers) of the call that gave out and lse, for
         the incoming gradients dout (q's dtype) and dlse (optional); packed
         calls pass the forward's cu_seqlens_q and cu_seqlens_kv.
         buffer_grads names the `grad` buffers whose gradient to return
         (float32, the buffer's shape). dropout_p, dropout_seed and
-        dropout_offset: the forward's."""
+        dropout_offset: the forward's. deterministic: gradients bitwise the
+        same on every run (DSL.md "Determinism"; no float atomics)."""
         backend = backend or default_backend(q)
         q, k, v, out, lse, dout = (T.readable(x) for x in (q, k, v, out, lse, dout))
         dq, dk, dv = (T.empty(x, tuple(x.shape), T.dtype_name(x)) for x in (q, k, v))
@@ -322,7 +325,8 @@ class Kernel:
         gb = {n: T.zeros(bufs[n], tuple(bufs[n].shape), "float32")
               for n in buffer_grads if n in bufs}
         call = _Call(self, backend, q, k, v, scale, params, bufs, block_mask,
-                     check_bounds, fast_math, gb, (dropout_p, dropout_seed, dropout_offset))
+                     check_bounds, fast_math, gb, (dropout_p, dropout_seed, dropout_offset),
+                     deterministic)
         call.seqlens(cu_seqlens_q, cu_seqlens_kv)
         a = call.args
         a.out, a.lse, a.dout = call.ptr(out), call.ptr(lse), call.ptr(dout)

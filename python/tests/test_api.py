@@ -184,6 +184,35 @@ def test_kv_splits_reaches_the_library():
         k(q, kk, v, backend="emu", kv_splits=-1)
 
 
+def test_deterministic_backward():
+    # deterministic= reaches the library: the emulator's CTAs in two seeded
+    # orders give bitwise the same gradients (dQ and a relative-position
+    # table's gradient would otherwise be float atomics), within tolerance
+    # of the reference.
+    k = flexc.compile(os.path.join(SAMPLES, "relpos_bias.score"))
+    g = torch.Generator().manual_seed(2)
+    q, dout = (torch.randn(1, 4, 64, 16, generator=g) for _ in range(2))
+    kk, v = (torch.randn(1, 2, 96, 16, generator=g) for _ in range(2))
+    bufs = {"rel_bias": 0.5 * torch.randn(4, 33, generator=g)}
+    out, lse = k(q, kk, v, buffers=bufs, return_lse=True, backend="reference")
+    runs = []
+    for shuffle in ("3", "5"):
+        os.environ["FLEXC_EMU_SHUFFLE"] = shuffle
+        try:
+            runs.append(k.backward(q, kk, v, out, lse, dout, buffers=bufs, backend="emu",
+                                   buffer_grads=("rel_bias",), deterministic=True))
+        finally:
+            del os.environ["FLEXC_EMU_SHUFFLE"]
+    ref = k.backward(q, kk, v, out, lse, dout, buffers=bufs, backend="reference",
+                     buffer_grads=("rel_bias",))
+    a, b = runs
+    for name in ("dq", "dk", "dv"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert rel_err(getattr(a, name), getattr(ref, name)) < 1e-3, name
+    assert torch.equal(a.buffers["rel_bias"], b.buffers["rel_bias"])
+    assert rel_err(a.buffers["rel_bias"], ref.buffers["rel_bias"]) < 1e-3
+
+
 def test_backends_and_defaults():
     names = flexc.backends()
     assert "reference" in names and "emu" in names

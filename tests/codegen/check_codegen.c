@@ -114,6 +114,36 @@ START_TEST(names_by_role) {
 }
 END_TEST
 
+/* A deterministic backward: the define, exact ACCUMs and the rounding
+ * entry only when asked; the source of a call without it is unchanged. */
+START_TEST(deterministic_source) {
+  CgOptions o;
+  char *plain = gen(gemma, CG_BF16, 64, &o);
+  o.deterministic = true;
+  flex_kernel *k;
+  ck_assert(flex_kernel_from_source(&k, "test.score", gemma, strlen(gemma), NULL) == FLEX_OK);
+  Buf b = {0};
+  o.source = NULL;
+  cg_emit_cuda(&b, k->mod, &o);
+  ck_assert_ptr_nonnull(strstr(b.data, "#define FLEX_DETERMINISTIC 1"));
+  ck_assert_ptr_nonnull(strstr(b.data, "int64_t *grad_slopes = p.grad_exact[0];"));
+  ck_assert_ptr_nonnull(strstr(b.data, "flex_exact_add(grad_slopes, h, "));
+  ck_assert_ptr_nonnull(strstr(b.data, "flex_grad_exact(const FlexParams p)"));
+  ck_assert_ptr_null(strstr(b.data, "flex_atomic_add("));
+  ck_assert_ptr_null(strstr(plain, "FLEX_DETERMINISTIC"));
+  ck_assert_ptr_null(strstr(plain, "flex_exact_add"));
+  ck_assert_ptr_null(strstr(plain, "flex_grad_exact"));
+  /* The grid: one CTA per key tile, or the split count (at most the tiles). */
+  ck_assert_uint_eq(cg_launch_bwd(&o, 2, 4, 4096).grid[0], 33); /* ceil(264 / 8) */
+  ck_assert_uint_eq(cg_launch_bwd(&o, 1, 1, 100).grid[0], (100 + o.bwd.block_n - 1) / o.bwd.block_n);
+  o.deterministic = false;
+  ck_assert_uint_eq(cg_launch_bwd(&o, 2, 4, 4096).grid[0], 4096 / o.bwd.block_n);
+  flex_kernel_free(k);
+  buf_free(&b);
+  free(plain);
+}
+END_TEST
+
 /* Tile overrides: applied when valid, refused with a reason otherwise, and
  * the options left alone on refusal. */
 START_TEST(tile_override) {
@@ -208,6 +238,7 @@ int main(void) {
   tcase_add_test(tc, float_literals_round_trip);
   tcase_add_test(tc, slot_limits);
   tcase_add_test(tc, names_by_role);
+  tcase_add_test(tc, deterministic_source);
   tcase_add_test(tc, tile_override);
   tcase_add_test(tc, identity_score);
   tcase_add_test(tc, int_semantics);

@@ -6,7 +6,9 @@
  * checks a few combinations drawn from the printed seed; FLEXC_NVRTC_FULL=1
  * (the `slow` test check_nvrtc_full) runs all of it; one Check test per
  * sample. Each combination is compiled with or without dropout
- * (FLEX_DROPOUT; drawn in a default run, both in the full one). Skips (77)
+ * (FLEX_DROPOUT) and with or without a deterministic backward
+ * (FLEX_DETERMINISTIC; each drawn in a default run, all four in the full
+ * one). Skips (77)
  * without NVRTC.
  * Grouped-query attention changes no generated code (G is a launch value),
  * so it needs no axis of its own here. */
@@ -44,15 +46,16 @@ static void find_samples(void) {
 }
 
 /* Compile one combination and check the report. */
-static void check_one(const char *path, CgDtype dt, int E, CgArch arch, bool dropout) {
-  fprintf(stderr, "  %s %s E=%d %s%s\n", strrchr(path, '/') + 1, cg_dtype_name(dt), E,
-          cg_arch_name(arch), dropout ? " dropout" : "");
+static void check_one(const char *path, CgDtype dt, int E, CgArch arch, bool dropout, bool det) {
+  fprintf(stderr, "  %s %s E=%d %s%s%s\n", strrchr(path, '/') + 1, cg_dtype_name(dt), E,
+          cg_arch_name(arch), dropout ? " dropout" : "", det ? " deterministic" : "");
   flex_kernel *k;
   ck_assert_msg(flex_kernel_load(&k, path, NULL) == FLEX_OK, "%s", flex_last_error());
   CgOptions o;
   char err[256];
   ck_assert_msg(cg_options_init(&o, k->mod, dt, E, E, arch, true, err, sizeof err), "%s", err);
   o.dropout = dropout;
+  o.deterministic = det;
   ck_assert_msg(cg_options_retile(&o, err, sizeof err), "%s", err);
   /* Masked kernels also carry the BlockMask builder entries (the runtime
    * emits them for masks the analysis cannot decide): compile them too. */
@@ -63,14 +66,16 @@ static void check_one(const char *path, CgDtype dt, int E, CgArch arch, bool dro
   cg_emit_cuda(&src, k->mod, &o);
   flex_kernel_free(k);
   ck_assert(dropout == (strstr(src.data, "#define FLEX_DROPOUT 1") != NULL));
+  ck_assert(det == (strstr(src.data, "#define FLEX_DETERMINISTIC 1") != NULL));
   RtNvrtcResult r;
   flex_status st = rt_nvrtc_compile(&r, src.data, cg_arch_name(arch), RT_NVRTC_CUBIN, true);
   ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
   RtPtxasInfo info[8];
   int n = rt_ptxas_parse(r.log.data ? r.log.data : "", info, 8);
   /* flex_fwd, flex_fwd_combine, three backward entries, the builder's two,
-   * and flex_sorted_check for a `sorted` buffer */
-  ck_assert_int_eq(n, (o.mask_builder ? 7 : 5) + o.sorted_check);
+   * flex_sorted_check for a `sorted` buffer, and flex_grad_exact for a
+   * deterministic backward with `grad` buffers */
+  ck_assert_int_eq(n, (o.mask_builder ? 7 : 5) + o.sorted_check + (det && o.grad_buffers));
   for (int i = 0; i < n; i++) {
     ck_assert_msg(info[i].spill_stores == 0 && info[i].spill_loads == 0,
                   "%s spills %d/%d bytes", info[i].name, info[i].spill_stores, info[i].spill_loads);
@@ -111,11 +116,11 @@ START_TEST(sampled_matrix) {
   if (_i >= nsamples) return;
   bool full = getenv("FLEXC_NVRTC_FULL") != NULL;
   uint64_t st = tl_seed() + (uint64_t)_i;
-  int per = NDTYPES * NDIMS * NARCHS * 2;
+  int per = NDTYPES * NDIMS * NARCHS * 4;
   for (int j = 0; j < (full ? per : 1); j++) {
-    int c = full ? j : (int)(tl_rand(&st) % (uint64_t)per);
+    int c = full ? j : (int)(tl_rand(&st) % (uint64_t)per), rest = c / NDTYPES / NDIMS / NARCHS;
     check_one(samples[_i], (CgDtype)(c % NDTYPES), head_dims[c / NDTYPES % NDIMS],
-              archs[c / NDTYPES / NDIMS % NARCHS], c / NDTYPES / NDIMS / NARCHS != 0);
+              archs[c / NDTYPES / NDIMS % NARCHS], rest & 1, rest >> 1);
   }
 }
 END_TEST

@@ -283,6 +283,75 @@ START_TEST(repeat_and_threads) {
 }
 END_TEST
 
+/* Whether two .npy files hold the same bytes. */
+static bool same_file(const char *a, const char *b) {
+  RtArray x, y;
+  read_npy(a, &x);
+  read_npy(b, &y);
+  size_t n = (size_t)rt_array_count(&x) * (x.dtype.bits / 8);
+  bool same = rt_array_count(&x) == rt_array_count(&y) && x.dtype.bits == y.dtype.bits &&
+              !memcmp(x.data, y.data, n);
+  rt_array_free(&x);
+  rt_array_free(&y);
+  return same;
+}
+
+/* --deterministic: the cpu backend with one thread and with two, and the
+ * emulator with two CTA orders, give bitwise the same gradient files, all
+ * within tolerance of the reference; without it the files are compared
+ * and the outcome printed (float sums in another order usually differ). */
+START_TEST(deterministic) {
+  uint64_t seed = tl_seed();
+  int64_t q[4] = {1, 4, 128, 32}, k[4] = {1, 2, 192, 32}, bias[2] = {4, 33};
+  write_random("dq_q.npy", rt_dtype(kDLFloat, 32), 4, q, &seed);
+  write_random("dq_k.npy", rt_dtype(kDLFloat, 32), 4, k, &seed);
+  write_random("dq_v.npy", rt_dtype(kDLFloat, 32), 4, k, &seed);
+  write_random("dq_do.npy", rt_dtype(kDLFloat, 32), 4, q, &seed);
+  write_random("dq_bias.npy", rt_dtype(kDLFloat, 32), 2, bias, &seed);
+  const struct {
+    const char *name, *env, *backend, *flag;
+  } runs[] = {{"cpu1", "FLEXC_THREADS=1", "cpu", "--deterministic"},
+              {"cpu2", "FLEXC_THREADS=2", "cpu", "--deterministic"},
+              {"emu3", "FLEXC_EMU_THREADS=2 FLEXC_EMU_SHUFFLE=3", "emu", "--deterministic"},
+              {"emu5", "FLEXC_EMU_THREADS=2 FLEXC_EMU_SHUFFLE=5", "emu", "--deterministic"},
+              {"acpu1", "FLEXC_THREADS=1", "cpu", ""},
+              {"acpu2", "FLEXC_THREADS=2", "cpu", ""},
+              {"ref", "", "reference", "--deterministic"}};
+  enum { NRUNS = sizeof runs / sizeof *runs };
+  bool cpu = flex_backend_available(FLEX_BACKEND_CPU);
+  for (int i = 0; i < NRUNS; i++) {
+    if (!cpu && !strcmp(runs[i].backend, "cpu")) continue;
+    Buf cmd = {0}, out = {0};
+    buf_printf(&cmd, "env %s %s run %s --q %s/dq_q.npy --k %s/dq_k.npy --v %s/dq_v.npy "
+               "--dout %s/dq_do.npy --buffer rel_bias=%s/dq_bias.npy --backend %s %s --out %s/det_%s",
+               runs[i].env, tl_flexc(), tl_src_path("samples/relpos_bias.score"), dir, dir, dir, dir,
+               dir, runs[i].backend, runs[i].flag, dir, runs[i].name);
+    ck_assert_msg(tl_run(cmd.data, &out) == 0, "%s: %s", cmd.data, out.data);
+    buf_free(&cmd);
+    buf_free(&out);
+  }
+  const char *files[] = {"dq", "dk", "dv", "d_rel_bias"};
+  for (int f = 0; f < 4; f++) {
+    char a[128], b[128], r[128];
+    snprintf(r, sizeof r, "det_ref/%s.npy", files[f]);
+    for (int i = 0; i < 4; i += 2) {
+      if (!cpu && i == 0) continue;
+      snprintf(a, sizeof a, "det_%s/%s.npy", runs[i].name, files[f]);
+      snprintf(b, sizeof b, "det_%s/%s.npy", runs[i + 1].name, files[f]);
+      ck_assert_msg(same_file(a, b), "--deterministic: %s and %s differ", a, b);
+      double e = file_err(a, r);
+      ck_assert_msg(e < 1e-3, "%s: relative error %g against the reference", a, e);
+    }
+    if (cpu) {
+      snprintf(a, sizeof a, "det_acpu1/%s.npy", files[f]);
+      snprintf(b, sizeof b, "det_acpu2/%s.npy", files[f]);
+      fprintf(stderr, "  without --deterministic, cpu 1 vs 2 threads: %s %s\n", files[f],
+              same_file(a, b) ? "same bits" : "bits differ");
+    }
+  }
+}
+END_TEST
+
 /* Each failing command and a piece of the message it must print. */
 START_TEST(user_errors) {
   struct { const char *sample, *fmt, *want; int status; } cases[] = {
@@ -321,6 +390,7 @@ int main(void) {
   tcase_add_test(tc, emu_backend);
   tcase_add_test(tc, fast_math_emu);
   tcase_add_test(tc, kv_splits_option);
+  tcase_add_test(tc, deterministic);
   suite_add_tcase(s, tc);
   return tl_run_suite(s);
 }
