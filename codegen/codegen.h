@@ -59,6 +59,8 @@ typedef struct CgOptions {
                           kernels are exactly the unpaged ones */
   bool out_f32;        /* O is fp32 whatever the input dtype: flex_fwd writes it, flex_bwd_pre reads it */
   bool dropout;        /* dropout on (p > 0): FLEX_DROPOUT defined, the kernels draw Philox bits */
+  bool kv_split;       /* a split-KV forward (FlexParams.kv_splits > 1): FLEX_KV_SPLIT defined,
+                          flex_fwd writes partials per key chunk (docs/decoding.md) */
   bool pack_gqa;       /* forward only: grouped-query packing, the rows of a kernel head are the
                           G query heads of a kv head (FlexParams.pack_g, pack_q_len; wrappers map
                           them back for the user's functions; docs/decoding.md) */

@@ -18,6 +18,15 @@
 #define FLEX_DROP false
 #endif
 
+/* Split-KV likewise (CgOptions.kv_split, FLEX_KV_SPLIT defined): only the
+ * forward of a split call carries the chunk arithmetic and the partials'
+ * stores, so every other forward is the code it was without them. */
+#ifdef FLEX_KV_SPLIT
+#define FLEX_SPLIT true
+#else
+#define FLEX_SPLIT false
+#endif
+
 /* Whether element (qi, kj) of batch b (as the kernel indexes it; functions
  * and the bits see b + b0) and query head h is kept (DSL.md "Dropout"). */
 __device__ __forceinline__ bool flex_drop_keep(const FlexParams &p, int b, int h, int qi, int kj) {

@@ -15,9 +15,9 @@
  * BlockMask lists as full), keys past KV_LEN are -inf. Fully masked rows
  * give O = 0 and LSE = -inf.
  *
- * Split-KV (FlexParams.kv_splits > 1, docs/decoding.md): each CTA walks one
- * chunk of the key tiles and writes fp32 partials; flex_fwd_combine_body
- * merges them by LSE.
+ * Split-KV (kernels generated with FLEX_KV_SPLIT and FlexParams.kv_splits >
+ * 1, docs/decoding.md): each CTA walks one chunk of the key tiles and writes
+ * fp32 partials; flex_fwd_combine_body merges them by LSE.
  */
 #ifndef FLEX_FWD_CUH
 #define FLEX_FWD_CUH
@@ -100,7 +100,7 @@ struct FlexSplit {
 template <int BM, int BN>
 __device__ __forceinline__ FlexSplit flex_fwd_split(const FlexParams &p) {
   FlexSplit sp;
-  if (p.kv_splits <= 1) {
+  if (!FLEX_SPLIT || p.kv_splits <= 1) {
     sp.m0 = blockIdx.x * BM, sp.split = -1, sp.lo = 0, sp.hi = 0x7fffffff;
     return sp;
   }

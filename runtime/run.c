@@ -481,8 +481,7 @@ static int kv_splits(RtRun *r, const FlexParams *p) {
 /* flex_fwd over the whole key range, or into S partials in memory of ours
  * merged by flex_fwd_combine into O and LSE. The grid is p's (heads and
  * rows are a packed call's kv heads and packed rows). */
-static flex_status forward(RtRun *r, Work *w, const FlexParams *p) {
-  const int S = kv_splits(r, p);
+static flex_status forward(RtRun *r, Work *w, const FlexParams *p, int S) {
   if (S > last_stats.kv_splits) last_stats.kv_splits = S;
   if (S <= 1)
     return launch(r, RT_ENTRY_FWD, cg_launch_fwd(&r->opts, p->B, p->H, p->q_len), p,
@@ -571,6 +570,10 @@ static flex_status run(RtRun *r, Work *w) {
     r->opts.pack_gqa = last_stats.pack_gqa = true;
     pack_params(&p);
   }
+  /* Splitting is decided before the kernels are generated: only a split
+   * forward is compiled with the chunk code (FLEX_KV_SPLIT). */
+  const int splits = st || c->backward ? 1 : kv_splits(r, &p);
+  r->opts.kv_split = splits > 1;
   if (!st) st = r->be->prepare(r);
   if (!st) st = sorted_on_device(r, w, &p);
   if (!st && c->args->check_bounds) {
@@ -581,7 +584,7 @@ static flex_status run(RtRun *r, Work *w) {
   if (!st) st = mask_lists(r, w, &p);
   if (st) return st;
   if (!c->backward)
-    st = forward(r, w, &p);
+    st = forward(r, w, &p, splits);
   else
     st = backward(r, w, &p);
   if (!st && w->bounds) st = bounds_verdict(r, w);
