@@ -26,6 +26,7 @@
 #define __forceinline__ inline __attribute__((always_inline))
 #endif
 #define __launch_bounds__(...)
+#define __grid_constant__
 #define __align__(n) __attribute__((aligned(n)))
 #define __restrict__ __restrict
 /* Shared memory is per OS thread (one block runs per OS thread at a time). */

@@ -110,6 +110,7 @@ typedef struct RtRunStats {
   int64_t blocks[3];   /* built masks: empty, full, partial blocks */
   bool vec16;          /* the 16-byte cp.async path was on */
   int sorted_checks;   /* flex_sorted_check launches (the `sorted` check where the buffers live) */
+  bool fwd_sm90;       /* flex_fwd was the sm_90a body (TMA + wgmma) */
 } RtRunStats;
 RtRunStats rt_run_last_stats(void);
 /* Start the statistics of a new call (a packed call of no sequences runs none). */

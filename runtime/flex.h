@@ -218,6 +218,11 @@ typedef struct flex_args {
    * only by a checked run (check_bounds) on emu and cuda (always on the
    * reference and cpu backends, which gather on the host). */
   const DLTensor *page_table, *kv_lens;
+  /* The architecture the emu backend generates for: NULL or "sm_80" the
+   * sm_80 kernels, "sm_90a" the sm_90a ones (the forward on TMA and wgmma,
+   * docs/kernels.md); any of sm_80, sm_86, sm_89, sm_90, sm_90a. Other
+   * backends ignore it (cuda compiles for the device's own). */
+  const char *arch;
 } flex_args;
 
 /* ---- block masks ---------------------------------------------------------- */

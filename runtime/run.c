@@ -424,19 +424,22 @@ static flex_status configure(RtRun *r, Work *w) {
   CgDtype dt = kd.code == kDLBfloat ? CG_BF16 : kd.bits == 16 ? CG_FP16 : CG_FP32;
   if (!cg_options_init(&r->opts, c->mod, dt, c->E, c->EV, r->arch, c->backward, err, sizeof err))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
-  /* Dropout needs registers for its Philox rounds: tiles picked for it. */
+  /* Dropout needs registers for its Philox rounds; the sm_90a forward
+   * needs TMA-loadable, unpaged K/V and no dropout: tiles picked again. */
   r->opts.dropout = c->args->dropout_p > 0.0f;
-  if (r->opts.dropout && !cg_options_retile(&r->opts, err, sizeof err))
+  r->opts.paged = c->pages != NULL;
+  r->opts.no_tma = !rt_launch_tma_ok(c);
+  if ((r->opts.dropout || r->opts.arch == CG_SM90A) && !cg_options_retile(&r->opts, err, sizeof err))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
   const DLTensor *out = c->args->out;
   r->opts.out_f32 = (out && !rt_dtype_same(out->dtype, kd)) || needs_exact_out(c);
-  r->opts.paged = c->pages != NULL;
   if (r->be->configure) r->be->configure(r);
   flex_status st = plan_mask(r, w);
   r->opts.source = c->kernel->src.path;
   r->opts.check_bounds = c->args->check_bounds;
   r->opts.fast_math = c->args->fast_math;
   last_stats.mode = r->opts.mask_mode;
+  last_stats.fwd_sm90 = r->opts.fwd_sm90;
   return st;
 }
 

@@ -128,6 +128,7 @@ class Args(ctypes.Structure):  # flex_args
         ("dropout_p", ctypes.c_float),
         ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64),
         ("page_table", PDL), ("kv_lens", PDL),
+        ("arch", ctypes.c_char_p),
     ]
 
 

@@ -23,3 +23,7 @@ set_tests_properties(check_emu_kernels_gpu_full PROPERTIES LABELS slow SKIP_RETU
 add_test(NAME check_tiles COMMAND check_emu_kernels --tiles)
 set_tests_properties(check_tiles PROPERTIES TIMEOUT 1200
   ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+# The sm_90a forward's cross product (samples x fp16/bf16 x shapes).
+add_test(NAME check_emu_sm90_fwd_full COMMAND check_emu_sm90_fwd --full)
+set_tests_properties(check_emu_sm90_fwd_full PROPERTIES LABELS slow TIMEOUT 3600
+  ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")

@@ -1,0 +1,178 @@
+/* The sm_90a forward (kernels/flex_fwd_sm90.cuh: TMA through an mbarrier
+ * ring, wgmma SS for Q K^T, wgmma RS for P V) on the emulator against the
+ * float64 reference, through the public API with flex_args.arch "sm_90a".
+ *
+ * Samples with a score function (softcap, alibi, relpos_bias), implicit
+ * masks (causal, sliding_window, dilated with fully masked rows) and a mask
+ * the runtime builds BlockMask lists for (document), fp16 and bf16, head
+ * dims 64, 128 and a padded one (72 / 40: TMA zero-fills the panel), Q_LEN
+ * and KV_LEN that miss the tiles, GQA and MQA, O in q's dtype or float32.
+ * Both backends read the same rounded inputs; outputs are NaN-poisoned
+ * first; O and LSE are compared by relative norm error (fp16 5e-3, bf16
+ * 3e-2), NaN never passes; fully masked rows must be exactly O = 0,
+ * LSE = -inf. Each case also asserts that the sm_90a body ran
+ * (rt_run_last_stats().fwd_sm90), and one case that a call TMA cannot load
+ * (E = 15: rows not 16-byte aligned) falls back to the sm_80 body and still
+ * matches.
+ *
+ * The default run gives every sample both dtypes once with the shapes
+ * rotated; --full (CTest check_emu_sm90_fwd_full, label slow) runs the
+ * cross product.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/backend.h"
+#include "runtime/flex.h"
+#include "runtime/npy.h"
+#include "testlib.h"
+
+static uint64_t rng;
+
+typedef struct Shape {
+  int B, H, HKV, QL, KL, E, EV;
+  bool native_out; /* O in q's dtype instead of float32 */
+} Shape;
+
+static const Shape shapes[] = {
+    {2, 4, 2, 77, 201, 64, 64, false},  /* GQA, two row tiles, two key tiles with a tail */
+    {1, 2, 1, 130, 67, 128, 128, true}, /* MQA, three row tiles, one partial key tile */
+    {1, 2, 2, 45, 150, 72, 40, false},  /* padded head dims (72 -> 128, 40 -> 64), EV != E */
+};
+#define NSHAPES ((int)(sizeof shapes / sizeof *shapes))
+
+static const char *const samples[] = {"causal",  "softcap",     "alibi",         "document",
+                                      "dilated", "relpos_bias", "sliding_window"};
+#define NSAMPLES ((int)(sizeof samples / sizeof *samples))
+
+typedef struct Extras {
+  flex_param params[4];
+  int np;
+  TlArr buf[2];
+  flex_buffer fb[2];
+  int nb;
+} Extras;
+
+static TlArr *add_buf(Extras *x, const char *name, DLDataType dt, int nd, int64_t d0, int64_t d1) {
+  int i = x->nb++;
+  int64_t shape[2] = {d0, d1};
+  tl_arr_init(&x->buf[i], dt, nd, shape);
+  x->fb[i] = (flex_buffer){name, &x->buf[i].t, NULL};
+  return &x->buf[i];
+}
+
+static void sample_extras(Extras *x, const char *name, const Shape *s) {
+  DLDataType f32 = rt_dtype(kDLFloat, 32), i32 = rt_dtype(kDLInt, 32);
+  memset(x, 0, sizeof *x);
+  if (!strcmp(name, "alibi")) tl_arr_uniform(add_buf(x, "slopes", f32, 1, s->H, 0), 0.05, 0.5, &rng);
+  if (!strcmp(name, "softcap")) x->params[x->np++] = (flex_param){"softcap", 2.5};
+  if (!strcmp(name, "sliding_window")) x->params[x->np++] = (flex_param){"window", 10};
+  if (!strcmp(name, "dilated")) x->params[x->np++] = (flex_param){"dilation", 3};
+  if (!strcmp(name, "relpos_bias")) tl_arr_normal(add_buf(x, "rel_bias", f32, 2, s->H, 9), &rng);
+  if (!strcmp(name, "document")) { /* sorted ids, runs of random length */
+    int T = s->QL > s->KL ? s->QL : s->KL;
+    TlArr *d = add_buf(x, "doc", i32, 1, T, 0);
+    int32_t id = 0;
+    for (int i = 0; i < T; i++) {
+      if (i && tl_uniform(&rng) < 0.05) id++;
+      rt_array_set(&d->a, i, id);
+    }
+  }
+}
+
+/* One forward on the emulator (sm_90a) and on the reference; returns
+ * whether the sm_90a body ran. */
+static bool run_shape(const char *sample, int di, const Shape *s) {
+  const TlDtype *d = &tl_dtypes[di];
+  DLDataType dt = rt_dtype(d->code, d->bits), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
+  char path[256];
+  snprintf(path, sizeof path, "samples/%s.score", sample);
+  flex_kernel *k = NULL;
+  ck_assert_msg(flex_kernel_load(&k, tl_src_path(path), NULL) == FLEX_OK, "%s", flex_last_error());
+  int64_t qs[4] = {s->B, s->H, s->QL, s->E}, ks[4] = {s->B, s->HKV, s->KL, s->E};
+  int64_t vs[4] = {s->B, s->HKV, s->KL, s->EV}, os[4] = {s->B, s->H, s->QL, s->EV};
+  TlArr q, kk, v, out[2], lse[2];
+  tl_arr_init(&q, dt, 4, qs), tl_arr_normal(&q, &rng);
+  tl_arr_init(&kk, dt, 4, ks), tl_arr_normal(&kk, &rng);
+  tl_arr_init(&v, dt, 4, vs), tl_arr_normal(&v, &rng);
+  Extras x;
+  sample_extras(&x, sample, s);
+  bool sm90 = false;
+  for (int i = 1; i >= 0; i--) {
+    tl_arr_init(&out[i], i ? f64 : s->native_out ? dt : f32, 4, os);
+    tl_arr_init(&lse[i], i ? f64 : f32, 3, qs);
+    tl_arr_poison(&out[i]), tl_arr_poison(&lse[i]);
+    flex_args a;
+    memset(&a, 0, sizeof a);
+    a.backend = i ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
+    a.arch = i ? NULL : "sm_90a";
+    a.q = &q.t, a.k = &kk.t, a.v = &v.t, a.out = &out[i].t, a.lse = &lse[i].t;
+    a.params = x.params, a.nparams = x.np, a.buffers = x.fb, a.nbuffers = x.nb;
+    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s forward: %s", i ? "reference" : "emu sm_90a",
+                  flex_last_error());
+    if (!i) sm90 = rt_run_last_stats().fwd_sm90;
+  }
+  double eo = tl_rel_err(&out[0].a, &out[1].a), el = tl_rel_err(&lse[0].a, &lse[1].a);
+  int rows = s->B * s->H * s->QL, masked = 0;
+  for (int r = 0; r < rows; r++) {
+    if (rt_array_get(&lse[1].a, r) != -INFINITY) continue;
+    masked++;
+    double l = rt_array_get(&lse[0].a, r);
+    ck_assert_msg(l == -INFINITY, "%s: fully masked row %d: lse %g, want -inf", sample, r, l);
+    for (int e = 0; e < s->EV; e++) {
+      double o = rt_array_get(&out[0].a, (int64_t)r * s->EV + e);
+      ck_assert_msg(o == 0, "%s: fully masked row %d: out[%d] = %g, want 0", sample, r, e, o);
+    }
+  }
+  fprintf(stderr, "  %-15s %s B%d H%d/%d L%d/%d E%d/%d%s: %s body, out %.2g lse %.2g, %d masked rows\n",
+          sample, d->name, s->B, s->H, s->HKV, s->QL, s->KL, s->E, s->EV,
+          s->native_out ? " native-out" : "", sm90 ? "sm_90a" : "sm_80", eo, el, masked);
+  ck_assert_msg(eo < d->tol && el < d->tol, "%s %s E%d: forward error out %g lse %g", sample,
+                d->name, s->E, eo, el);
+  tl_arr_free(&q), tl_arr_free(&kk), tl_arr_free(&v);
+  for (int i = 0; i < 2; i++) tl_arr_free(&out[i]), tl_arr_free(&lse[i]);
+  for (int i = 0; i < x.nb; i++) tl_arr_free(&x.buf[i]);
+  flex_kernel_free(k);
+  return sm90;
+}
+
+/* Default: every sample x {fp16, bf16}, shapes rotated. */
+START_TEST(sample_default) {
+  int si = _i / 2, di = 1 + _i % 2;
+  ck_assert_msg(run_shape(samples[si], di, &shapes[_i % NSHAPES]), "%s: the sm_80 body ran",
+                samples[si]);
+}
+END_TEST
+
+START_TEST(sample_full) {
+  int si = _i / (2 * NSHAPES), di = 1 + _i / NSHAPES % 2;
+  ck_assert_msg(run_shape(samples[si], di, &shapes[_i % NSHAPES]), "%s: the sm_80 body ran",
+                samples[si]);
+}
+END_TEST
+
+/* E = 15: rows of 30 bytes cannot be TMA-loaded; the sm_80 body runs, correctly. */
+START_TEST(fallback_unaligned) {
+  const Shape s = {1, 2, 1, 37, 70, 15, 16, false};
+  ck_assert_msg(!run_shape("causal", 1, &s), "E = 15 ran the sm_90a body");
+}
+END_TEST
+
+int main(int argc, char **argv) {
+  rng = tl_seed();
+  bool full = argc > 1 && !strcmp(argv[1], "--full");
+  Suite *su = suite_create("emu_sm90_fwd");
+  TCase *tc = tcase_create("forward");
+  tcase_set_timeout(tc, 600);
+  if (full) {
+    tcase_add_loop_test(tc, sample_full, 0, NSAMPLES * 2 * NSHAPES);
+  } else {
+    tcase_add_loop_test(tc, sample_default, 0, NSAMPLES * 2);
+    tcase_add_test(tc, fallback_unaligned);
+  }
+  suite_add_tcase(su, tc);
+  return tl_run_suite(su);
+}
