@@ -92,6 +92,12 @@ static flex_status emu_copy(RtRun *r, void *dst, const void *src, size_t bytes) 
   return FLEX_OK;
 }
 
+/* The emulator builds the sm_90a forward's tensor maps itself. */
+static bool emu_tensor_maps(RtRun *r) {
+  (void)r;
+  return true;
+}
+
 /* The emulator's stand-in for cuTensorMapEncodeTiled (RtTmapEncode). */
 static const char *emu_tmap(void *ctx, FlexTmapBytes *map, const void *base, const uint64_t dims[4],
                             const uint64_t strides[3], const uint32_t box[4]) {
@@ -157,4 +163,5 @@ const RtBackend rt_emu_backend = {
     .launch = emu_launch,
     .sync = emu_sync,
     .close = emu_close,
+    .tensor_maps = emu_tensor_maps,
 };

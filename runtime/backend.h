@@ -84,6 +84,9 @@ typedef struct RtBackend {
   flex_status (*sync)(RtRun *r);
   /* Drop what open and prepare left in r->state (may be NULL). */
   void (*close)(RtRun *r);
+  /* Whether launch builds the tensor maps of the sm_90a forward (FlexFwdTma,
+   * rt_launch_fwd_tma) for this call; NULL: never (the sm_80 forward runs). */
+  bool (*tensor_maps)(RtRun *r);
 } RtBackend;
 
 /* The device backends, each a table in its own room. */

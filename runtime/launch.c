@@ -55,6 +55,9 @@ static flex_status tma_map(RtTmapEncode enc, void *ctx, FlexTmapBytes *map, cons
   return FLEX_OK;
 }
 
+/* A kernel's parameters take at most 4 KiB. */
+_Static_assert(sizeof(FlexFwdTma) <= 4096, "the sm_90a forward's parameter fits a launch");
+
 flex_status rt_launch_fwd_tma(const CgOptions *o, const FlexParams *p, RtTmapEncode enc, void *ctx,
                               FlexFwdTma *out) {
   memset(out, 0, sizeof *out);

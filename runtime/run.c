@@ -428,7 +428,7 @@ static flex_status configure(RtRun *r, Work *w) {
    * needs TMA-loadable, unpaged K/V and no dropout: tiles picked again. */
   r->opts.dropout = c->args->dropout_p > 0.0f;
   r->opts.paged = c->pages != NULL;
-  r->opts.no_tma = !rt_launch_tma_ok(c);
+  r->opts.no_tma = !rt_launch_tma_ok(c) || !r->be->tensor_maps || !r->be->tensor_maps(r);
   if ((r->opts.dropout || r->opts.arch == CG_SM90A) && !cg_options_retile(&r->opts, err, sizeof err))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
   const DLTensor *out = c->args->out;
