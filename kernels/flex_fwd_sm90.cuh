@@ -83,6 +83,9 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
       flex_mbar_init(fullb + s, 1);     /* the producer's arrival (+ the TMA bytes) */
       flex_mbar_init(emptyb + s, 128);  /* every consumer thread */
     }
+    /* The initialisations are generic-proxy writes the TMA unit (async
+     * proxy) will update: make them visible to it before any copy. */
+    flex_fence_proxy_async();
   }
   __syncthreads();
 

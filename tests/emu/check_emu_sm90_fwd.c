@@ -5,7 +5,8 @@
  * Samples with a score function (softcap, alibi, relpos_bias), implicit
  * masks (causal, sliding_window, dilated with fully masked rows) and a mask
  * the runtime builds BlockMask lists for (document), fp16 and bf16, head
- * dims 64, 128 and a padded one (72 / 40: TMA zero-fills the panel), Q_LEN
+ * dims 64, 128, 256 and padded ones (72 / 40 / 136: TMA zero-fills the
+ * panel), Q_LEN
  * and KV_LEN that miss the tiles, GQA and MQA, O in q's dtype or float32.
  * Both backends read the same rounded inputs; outputs are NaN-poisoned
  * first; O and LSE are compared by relative norm error (fp16 5e-3, bf16
@@ -41,6 +42,7 @@ static const Shape shapes[] = {
     {2, 4, 2, 77, 201, 64, 64, false},  /* GQA, two row tiles, two key tiles with a tail */
     {1, 2, 1, 130, 67, 128, 128, true}, /* MQA, three row tiles, one partial key tile */
     {1, 2, 2, 45, 150, 72, 40, false},  /* padded head dims (72 -> 128, 40 -> 64), EV != E */
+    {1, 2, 1, 33, 150, 256, 136, true}, /* wide: 64-key tiles, P V at N = 192 */
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof *shapes))
 
@@ -139,11 +141,11 @@ static bool run_shape(const char *sample, int di, const Shape *s) {
   return sm90;
 }
 
-/* Default: every sample x {fp16, bf16}, shapes rotated. */
+/* Default: every sample x {fp16, bf16}, shapes rotated so that each dtype
+ * meets every shape and each sample two of them. */
 START_TEST(sample_default) {
-  int si = _i / 2, di = 1 + _i % 2;
-  ck_assert_msg(run_shape(samples[si], di, &shapes[_i % NSHAPES]), "%s: the sm_80 body ran",
-                samples[si]);
+  int si = _i / 2, di = 1 + _i % 2, shi = (si + 2 * (_i % 2)) % NSHAPES;
+  ck_assert_msg(run_shape(samples[si], di, &shapes[shi]), "%s: the sm_80 body ran", samples[si]);
 }
 END_TEST
 
@@ -161,6 +163,28 @@ START_TEST(fallback_unaligned) {
 }
 END_TEST
 
+/* An unknown arch is the caller's error, named, on every backend. */
+START_TEST(bad_arch) {
+  flex_kernel *k = NULL;
+  ck_assert(flex_kernel_load(&k, tl_src_path("samples/causal.score"), NULL) == FLEX_OK);
+  int64_t sh[4] = {1, 1, 8, 16};
+  TlArr q, o, l;
+  tl_arr_init(&q, rt_dtype(kDLFloat, 16), 4, sh), tl_arr_normal(&q, &rng);
+  tl_arr_init(&o, rt_dtype(kDLFloat, 32), 4, sh), tl_arr_init(&l, rt_dtype(kDLFloat, 32), 3, sh);
+  for (int i = 0; i < 2; i++) {
+    flex_args a;
+    memset(&a, 0, sizeof a);
+    a.backend = i ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
+    a.arch = "sm_91x";
+    a.q = a.k = a.v = &q.t, a.out = &o.t, a.lse = &l.t;
+    ck_assert_int_eq(flex_forward(k, &a), FLEX_ERR_INVALID);
+    ck_assert_msg(strstr(flex_last_error(), "arch 'sm_91x'"), "%s", flex_last_error());
+  }
+  tl_arr_free(&q), tl_arr_free(&o), tl_arr_free(&l);
+  flex_kernel_free(k);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   rng = tl_seed();
   bool full = argc > 1 && !strcmp(argv[1], "--full");
@@ -172,6 +196,7 @@ int main(int argc, char **argv) {
   } else {
     tcase_add_loop_test(tc, sample_default, 0, NSAMPLES * 2);
     tcase_add_test(tc, fallback_unaligned);
+    tcase_add_test(tc, bad_arch);
   }
   suite_add_tcase(su, tc);
   return tl_run_suite(su);
