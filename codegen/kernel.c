@@ -53,6 +53,9 @@ static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 int cg_fwd_sm90_dim(int head_dim) { return round_up(head_dim, 64); }
 
+/* Consumer warpgroups of the sm_90a forward (1 or 2; the template takes either). */
+enum { CG_SM90_CONSUMERS = 2 };
+
 bool cg_fwd_sm90_ok(const CgOptions *o) {
   return o->arch == CG_SM90A && o->dtype != CG_FP32 && !o->paged && !o->dropout && !o->no_tma;
 }
@@ -131,13 +134,14 @@ static void pick_tiles(CgOptions *o) {
   int big = o->head_dim_pad > o->head_dim_v_pad ? o->head_dim_pad : o->head_dim_v_pad;
   o->fwd = tile_row(o, o->dtype == CG_FP32 ? big : o->head_dim_v_pad)->fwd;
   o->bwd = tile_row(o, big)->bwd;
-  /* sm_90a forward: 64 query rows for one consumer warpgroup plus a
-   * producer warpgroup; 128 keys per tile up to head dim 128 (S and O take
-   * 64 accumulator registers each), 64 above (O alone takes 128). */
+  /* sm_90a forward: a producer warpgroup and two consumer warpgroups of 64
+   * query rows each (128 rows share every K/V tile); 128 keys per tile up
+   * to head dim 128 (S and O take 64 accumulator registers each), 64 above
+   * (O alone takes 128). */
   o->fwd_sm90 = cg_fwd_sm90_ok(o);
   if (o->fwd_sm90) {
     int wide = cg_fwd_sm90_dim(o->head_dim) > 128 || cg_fwd_sm90_dim(o->head_dim_v) > 128;
-    o->fwd = (CgTiles){64, wide ? 64 : 128, 256};
+    o->fwd = (CgTiles){64 * CG_SM90_CONSUMERS, wide ? 64 : 128, 128 * (1 + CG_SM90_CONSUMERS)};
   }
   /* A head dim above 128 on an arch with less shared memory: narrower K/V tiles. */
   size_t limit = cg_arch_smem_limit(o->arch);
@@ -329,10 +333,10 @@ static void entry_sm90(Buf *out, const CgOptions *o, const char *el, const char 
                        const char *mm, const char *sid) {
   buf_printf(out, "extern \"C\" __global__ void __launch_bounds__(%d, 1) flex_fwd("
                   "const __grid_constant__ FlexFwdTma t) {\n"
-                  "  flex_fwd_sm90<%s, %s, %d, %d, %d, %s, %s>(t);\n}\n"
+                  "  flex_fwd_sm90<%s, %s, %d, %d, %d, %d, %s, %s>(t);\n}\n"
                   "FLEX_EMU_ENTRY(flex_fwd, FlexFwdTma)\n\n",
              o->fwd.threads, el, oel, cg_fwd_sm90_dim(o->head_dim), cg_fwd_sm90_dim(o->head_dim_v),
-             o->fwd.block_n, mm, sid);
+             o->fwd.block_n, o->fwd.block_m / 64, mm, sid);
 }
 
 static void emit_entries(Buf *out, const CgOptions *o) {

@@ -1,20 +1,24 @@
 /* flex_fwd_sm90.cuh: the sm_90a forward (fp16/bf16), FlashAttention-3 style.
  *
- * One CTA per (64 query rows, head, batch), two warpgroups:
+ * One CTA per (64 NC query rows, head, batch), 1 + NC warpgroups:
  *   warpgroup 0, the producer: one elected thread of warp 0 walks the key
  *     tiles (FlexWalk, the only walk of the CTA) and issues the TMA loads
  *     (cp.async.bulk.tensor) of Q once and of K and V per tile through a
  *     2-stage ring of full/empty mbarriers; the other 127 threads exit.
- *   warpgroup 1, the consumer: S = Q K^T with wgmma SS, the score, mask
- *     and online softmax on the accumulator fragment, then O += P V with
- *     wgmma RS (P converted to fp16/bf16 in registers), then frees the stage.
+ *   warpgroups 1..NC, the consumers, 64 query rows each, sharing every K/V
+ *     tile: S = Q K^T with wgmma SS, the score, mask and online softmax on
+ *     the accumulator fragment, then O += P V with wgmma RS (P converted to
+ *     fp16/bf16 in registers), then each frees the stage (`empty` counts
+ *     all 128 NC consumer threads).
+ * With NC = 2, setmaxnreg moves registers from the producer (40) to the
+ * consumers (232): 384 threads would otherwise get 168 each.
  * The producer tells the consumer which tile a stage holds (its first key
  * and the walk's `full` flag) in two shared words per stage, written before
  * the arrival that completes the stage's `full` phase; a first key of -1
  * ends the loop.
  *
  * Shared memory (base rounded up to 1024 bytes: the 128-byte swizzle
- * repeats every 1024): Q [EPT/64 panels][64 rows][64 cols], K [2][EPT/64]
+ * repeats every 1024): Q [NC][EPT/64 panels][64 rows][64 cols], K [2][EPT/64]
  * [BN][64], V [2][EVPT/64][BN][64], each panel written by one TMA box with
  * the 128-byte swizzle; then the mbarriers and the stage words. EPT, EVPT:
  * head dims padded to 64 (TMA zero-fills the columns past E and EV, and the
@@ -59,17 +63,18 @@ template <> struct FlexWgmma<FlexBF16> {
 
 /* EPT, EVPT: E and EV padded to 64 (whole 128-byte swizzle rows); BN keys
  * per tile (at most 128: one 64-bit live word per thread). */
-template <class El, class OutEl, int EPT, int EVPT, int BN, int MASK_MODE, bool SCORE_ID>
+template <class El, class OutEl, int EPT, int EVPT, int BN, int NC, int MASK_MODE, bool SCORE_ID>
 __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
   const FlexParams &p = t.p;
   typedef FlexWgmma<El> W;
-  constexpr int BM = 64, QP = EPT / 64, KP = EPT / 64, VP = EVPT / 64;
+  constexpr int BM = 64 * NC, QP = EPT / 64, KP = EPT / 64, VP = EVPT / 64;
+  static_assert(NC == 1 || NC == 2, "one or two consumer warpgroups");
   static_assert(EPT % 64 == 0 && EVPT % 64 == 0 && EPT <= 256 && EVPT <= 256, "head dims in 64-column panels");
   static_assert(BN % 16 == 0 && BN >= 16 && BN <= 128, "BN: whole k16 steps, 64 live bits per thread");
-  constexpr uint32_t PANEL_Q = BM * 128, PANEL_KV = BN * 128; /* bytes of one 64-column panel */
+  constexpr uint32_t PANEL_Q = 64 * 128, PANEL_KV = BN * 128; /* bytes of one 64-column panel */
   constexpr uint32_t QBYTES = QP * PANEL_Q, KBYTES = KP * PANEL_KV, VBYTES = VP * PANEL_KV;
   unsigned char *smem = flex_smem + ((1024u - (flex_smem_addr(flex_smem) & 1023u)) & 1023u);
-  unsigned char *sQ = smem, *sK = sQ + QBYTES, *sV = sK + 2 * KBYTES;
+  unsigned char *sQ = smem, *sK = sQ + NC * QBYTES, *sV = sK + 2 * KBYTES;
   uint64_t *qbar = (uint64_t *)(sV + 2 * VBYTES), *fullb = qbar + 1, *emptyb = qbar + 3;
   int32_t *stage_n0 = (int32_t *)(qbar + 5), *stage_full = stage_n0 + 2;
   const int tid = threadIdx.x;
@@ -81,7 +86,7 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
     flex_mbar_init(qbar, 1);
     for (int s = 0; s < 2; s++) {
       flex_mbar_init(fullb + s, 1);     /* the producer's arrival (+ the TMA bytes) */
-      flex_mbar_init(emptyb + s, 128);  /* every consumer thread */
+      flex_mbar_init(emptyb + s, 128 * NC); /* every consumer thread */
     }
     /* The initialisations are generic-proxy writes the TMA unit (async
      * proxy) will update: make them visible to it before any copy. */
@@ -90,10 +95,14 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
   __syncthreads();
 
   if (tid < 128) { /* ---- producer ---- */
+    if (NC > 1) flex_setmaxnreg_dec<40>();
     if (tid >= 32 || !flex_elect_one()) return;
-    flex_mbar_arrive_expect_tx(qbar, QBYTES);
+    flex_mbar_arrive_expect_tx(qbar, NC * QBYTES);
 #pragma unroll
-    for (int c = 0; c < QP; c++) flex_tma_load_4d(sQ + c * PANEL_Q, tq, qbar, 64 * c, m0, h, b);
+    for (int r = 0; r < NC; r++)
+#pragma unroll
+      for (int c = 0; c < QP; c++)
+        flex_tma_load_4d(sQ + r * QBYTES + c * PANEL_Q, tq, qbar, 64 * c, m0 + 64 * r, h, b);
     FlexWalk walk;
     walk.init(p, false, MASK_MODE == FLEX_MASK_LISTS, b, h, m0, BN);
 #pragma unroll 1
@@ -120,9 +129,11 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
     }
   }
 
-  /* ---- consumer: 64 query rows, warp w owns rows 16 w .. 16 w + 15 ---- */
-  const int ct = tid - 128, w = ct / 32, lane = ct % 32, g = lane / 4, t4 = lane % 4;
-  const uint32_t aQ = flex_smem_addr(sQ), aK = flex_smem_addr(sK), aV = flex_smem_addr(sV);
+  /* ---- consumer cw: query rows r0 .. r0 + 63, warp w owns 16 w .. 16 w + 15 of them ---- */
+  if (NC > 1) flex_setmaxnreg_inc<232>();
+  const int ct = tid - 128, cw = ct / 128, w = ct / 32 % 4, lane = ct % 32, g = lane / 4, t4 = lane % 4;
+  const int r0 = m0 + 64 * cw;
+  const uint32_t aQ = flex_smem_addr(sQ + cw * QBYTES), aK = flex_smem_addr(sK), aV = flex_smem_addr(sV);
   float o[EVPT / 2];
 #pragma unroll
   for (int i = 0; i < EVPT / 2; i++) o[i] = 0.0f;
@@ -154,12 +165,12 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
 
     /* Scale and score; out-of-range or masked elements are -inf. Only
      * tiles at the sequence ends or partial under the mask test elements. */
-    const bool edge = n0 + BN > p.kv_len || m0 + BM > p.q_len;
+    const bool edge = n0 + BN > p.kv_len || r0 + 64 > p.q_len;
     const bool check = edge || (MASK_MODE != FLEX_MASK_NONE && !full);
     typename FlexBits<BN / 2>::T live[1];
     live[0] = ~(typename FlexBits<BN / 2>::T)0;
     if (check)
-      flex_live_bits<MASK_MODE, 1, BN / 8, false>(live, p, b, h, m0 + 16 * w + g, n0 + 2 * t4, full);
+      flex_live_bits<MASK_MODE, 1, BN / 8, false>(live, p, b, h, r0 + 16 * w + g, n0 + 2 * t4, full);
 #pragma unroll
     for (int j = 0; j < BN / 8; j++)
 #pragma unroll
@@ -169,7 +180,7 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
         if (SCORE_ID) {
           x = ok ? x * scale_log2 : -INFINITY;
         } else {
-          const int qi = m0 + 16 * w + g + (c >> 1) * 8, kj = n0 + j * 8 + 2 * t4 + (c & 1);
+          const int qi = r0 + 16 * w + g + (c >> 1) * 8, kj = n0 + j * 8 + 2 * t4 + (c & 1);
           /* user code never sees an element that is out of range or masked */
           x = ok ? flex_score(p, x * p.scale, b, h, qi, kj) * FLEX_LOG2E : -INFINITY;
         }
@@ -236,7 +247,7 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
     float lse;
     const float inv = flex_finish_row(row_max[r], row_sum[r], &lse);
-    const int qi = m0 + 16 * w + g + r * 8;
+    const int qi = r0 + 16 * w + g + r * 8;
     if (qi >= p.q_len) continue;
     if (t4 == 0) flex_gstore(p.lse + b * p.lse_b + h * p.lse_h + qi, lse);
 #pragma unroll
