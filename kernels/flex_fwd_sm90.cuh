@@ -81,6 +81,9 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
   const int m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
   const FlexTensorMap *tq = (const FlexTensorMap *)&t.tq, *tk = (const FlexTensorMap *)&t.tk,
                       *tv = (const FlexTensorMap *)&t.tv;
+  /* No query rows (an empty sequence launches one CTA): nothing to write,
+   * and an empty tensor's map must not be read. */
+  if (m0 >= p.q_len) return;
 
   if (tid == 0) {
     flex_mbar_init(qbar, 1);

@@ -43,9 +43,15 @@ bool rt_launch_tma_ok(const RtCall *c) {
 static flex_status tma_map(RtTmapEncode enc, void *ctx, FlexTmapBytes *map, const char *name,
                            const void *base, FlexStrides st, int cols, int rows, int heads, int B,
                            int box_rows) {
-  /* Empty extents still need a valid map; the kernel reads none of it then. */
+  /* Empty extents still need a valid map; the kernel reads none of it then
+   * (no CTA has query rows; the walk visits no key tile). */
   uint64_t dims[4] = {(uint64_t)cols, (uint64_t)(rows > 0 ? rows : 1), (uint64_t)heads, (uint64_t)B};
   uint64_t strides[3] = {(uint64_t)st.row * 2, (uint64_t)st.h * 2, (uint64_t)st.b * 2};
+  /* A dimension of extent 1 is never stepped along, so its stride is free:
+   * a broadcast or per-sequence view may give 0 there, which the driver
+   * need not accept. Use the packed stride instead. */
+  for (int d = 1; d < 4; d++)
+    if (dims[d] == 1) strides[d - 1] = d == 1 ? dims[0] * 2 : strides[d - 2] * dims[d - 1];
   uint32_t box[4] = {64, (uint32_t)box_rows, 1, 1};
   const char *why = enc(ctx, map, base, dims, strides, box);
   if (why)
