@@ -61,6 +61,18 @@ template <> struct FlexWgmma<FlexBF16> {
   }
 };
 
+/* O += P V for one tile: BN / 16 RS wgmma (P in `a`); V (at shared
+ * address aV) is N-major (imm-trans-b): LBO the next 64-column panel, SBO 8
+ * keys, a k16 step 16 rows of 128 bytes. */
+template <class El, int EVPT, int BN>
+__device__ __forceinline__ void flex_fwd_sm90_pv(float *o, const uint32_t (*a)[4], uint32_t aV) {
+#pragma unroll
+  for (int ks = 0; ks < BN / 16; ks++) {
+    const uint64_t dv = flex_wgmma_desc(aV + ks * 2048, BN * 128, 1024, 128);
+    FlexWgmma<El>::template rs<EVPT, 1>(o, a[ks], dv, 1);
+  }
+}
+
 /* EPT, EVPT: E and EV padded to 64 (whole 128-byte swizzle rows); BN keys
  * per tile (at most 128: one 64-bit live word per thread). */
 template <class El, class OutEl, int EPT, int EVPT, int BN, int NC, int MASK_MODE, bool SCORE_ID>
@@ -144,6 +156,15 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
   const float scale_log2 = p.scale * FLEX_LOG2E;
   flex_mbar_wait(qbar, 0);
 
+  /* Tile i's S wgmma is issued before tile i - 1's P V, and the softmax of
+   * tile i runs while that P V still computes, so the tensor cores work
+   * through the softmax (FlashAttention-3's intra-warpgroup overlap). P of
+   * tile i - 1 stays in `a` (the RS operand registers) until the wait that
+   * retires its P V; O is rescaled only after that wait, since the wgmma
+   * owns it until then. */
+  uint32_t a[BN / 16][4]; /* P of the previous tile: the A fragments of its k16 steps */
+  int ps = 0;             /* the previous tile's stage */
+  bool prev = false;      /* a previous tile's P V is still to be issued */
 #pragma unroll 1
   for (int i = 0;; i++) {
     const int s = i & 1;
@@ -164,7 +185,13 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
       W::template ss<BN, 0>(sacc, dq, dk, kk > 0);
     }
     flex_wgmma_commit();
-    flex_wgmma_wait<0>();
+    if (prev) { /* the previous tile's P V behind it; wait for S only */
+      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + ps * VBYTES);
+      flex_wgmma_commit();
+      flex_wgmma_wait<1>();
+    } else {
+      flex_wgmma_wait<0>();
+    }
 
     /* Scale and score; out-of-range or masked elements are -inf. Only
      * tiles at the sequence ends or partial under the mask test elements. */
@@ -213,17 +240,19 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
         sacc[4 * j + c] = flex_ex2(sacc[4 * j + c] - m_use[c >> 1]);
         row_sum[c >> 1] += sacc[4 * j + c];
       }
+
+    /* The previous P V done: its stage is free, O and `a` are ours again. */
+    if (prev) {
+      flex_wgmma_wait<0>();
+      flex_mbar_arrive(emptyb + ps); /* the stage's K and V are no longer read */
+    }
 #pragma unroll
     for (int j = 0; j < EVPT / 8; j++) {
       o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
       o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
     }
-
-    /* O += P V: the accumulator of P is the A register fragment of a k16
-     * step (columns 16 ks .. 16 ks + 15 are n8 tiles 2 ks and 2 ks + 1). V is
-     * N-major (imm-trans-b): LBO the next 64-column panel, SBO 8 keys, a k16
-     * step 16 rows of 128 bytes. */
-    uint32_t a[BN / 16][4];
+    /* P's accumulator layout is the A register fragment of a k16 step
+     * (columns 16 ks .. 16 ks + 15 are n8 tiles 2 ks and 2 ks + 1). */
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ks++) {
       a[ks][0] = El::pack(sacc[8 * ks], sacc[8 * ks + 1]);
@@ -231,15 +260,15 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
       a[ks][2] = El::pack(sacc[8 * ks + 4], sacc[8 * ks + 5]);
       a[ks][3] = El::pack(sacc[8 * ks + 6], sacc[8 * ks + 7]);
     }
+    prev = true;
+    ps = s;
+  }
+  if (prev) { /* the last tile's P V */
     flex_wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < BN / 16; ks++) {
-      const uint64_t dv = flex_wgmma_desc(aV + s * VBYTES + ks * 2048, PANEL_KV, 1024, 128);
-      W::template rs<EVPT, 1>(o, a[ks], dv, 1);
-    }
+    flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + ps * VBYTES);
     flex_wgmma_commit();
     flex_wgmma_wait<0>();
-    flex_mbar_arrive(emptyb + s); /* the stage's K and V are no longer read */
+    flex_mbar_arrive(emptyb + ps);
   }
 
   /* Normalise and write O and LSE. */
