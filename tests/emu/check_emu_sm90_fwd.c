@@ -18,7 +18,10 @@
  *
  * The default run gives every sample both dtypes once with the shapes
  * rotated; --full (CTest check_emu_sm90_fwd_full, label slow) runs the
- * cross product.
+ * cross product. --cuda runs the same cases on GPU 0 through the CUDA
+ * backend (O in q's dtype; exit 77 without a device); CTest
+ * check_emu_sm90_fwd_gpu sets FLEXC_CUDA_SM90_FWD=1, so on a 9.0 device it
+ * checks the sm_90a body on the hardware, elsewhere the sm_80 one.
  */
 #include <check.h>
 #include <math.h>
@@ -26,12 +29,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/driver.h"
 #include "runtime/backend.h"
 #include "runtime/flex.h"
 #include "runtime/npy.h"
 #include "testlib.h"
 
 static uint64_t rng;
+static bool on_cuda;  /* --cuda: the GPU (CUDA backend) instead of the emulator */
+static bool want_sm90; /* the sm_90a body must run: always on the emulator; on a GPU, a 9.0
+                          device with FLEXC_CUDA_SM90_FWD=1 */
 
 typedef struct Shape {
   int B, H, HKV, QL, KL, E, EV;
@@ -104,16 +111,17 @@ static bool run_shape(const char *sample, int di, const Shape *s) {
   sample_extras(&x, sample, s);
   bool sm90 = false;
   for (int i = 1; i >= 0; i--) {
-    tl_arr_init(&out[i], i ? f64 : s->native_out ? dt : f32, 4, os);
+    tl_arr_init(&out[i], i ? f64 : s->native_out || on_cuda ? dt : f32, 4, os);
     tl_arr_init(&lse[i], i ? f64 : f32, 3, qs);
     tl_arr_poison(&out[i]), tl_arr_poison(&lse[i]);
     flex_args a;
     memset(&a, 0, sizeof a);
-    a.backend = i ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
+    a.backend = i ? FLEX_BACKEND_REFERENCE : on_cuda ? FLEX_BACKEND_CUDA : FLEX_BACKEND_EMU;
     a.arch = i ? NULL : "sm_90a";
     a.q = &q.t, a.k = &kk.t, a.v = &v.t, a.out = &out[i].t, a.lse = &lse[i].t;
     a.params = x.params, a.nparams = x.np, a.buffers = x.fb, a.nbuffers = x.nb;
-    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s forward: %s", i ? "reference" : "emu sm_90a",
+    flex_status st = !i && on_cuda ? tl_cuda_call(k, &a, false) : flex_forward(k, &a);
+    ck_assert_msg(st == FLEX_OK, "%s forward: %s", i ? "reference" : on_cuda ? "cuda" : "emu sm_90a",
                   flex_last_error());
     if (!i) sm90 = rt_run_last_stats().fwd_sm90;
   }
@@ -129,8 +137,8 @@ static bool run_shape(const char *sample, int di, const Shape *s) {
       ck_assert_msg(o == 0, "%s: fully masked row %d: out[%d] = %g, want 0", sample, r, e, o);
     }
   }
-  fprintf(stderr, "  %-15s %s B%d H%d/%d L%d/%d E%d/%d%s: %s body, out %.2g lse %.2g, %d masked rows\n",
-          sample, d->name, s->B, s->H, s->HKV, s->QL, s->KL, s->E, s->EV,
+  fprintf(stderr, "  %-15s %s%s B%d H%d/%d L%d/%d E%d/%d%s: %s body, out %.2g lse %.2g, %d masked rows\n",
+          sample, d->name, on_cuda ? " cuda" : "", s->B, s->H, s->HKV, s->QL, s->KL, s->E, s->EV,
           s->native_out ? " native-out" : "", sm90 ? "sm_90a" : "sm_80", eo, el, masked);
   ck_assert_msg(eo < d->tol && el < d->tol, "%s %s E%d: forward error out %g lse %g", sample,
                 d->name, s->E, eo, el);
@@ -145,14 +153,15 @@ static bool run_shape(const char *sample, int di, const Shape *s) {
  * meets every shape and each sample two of them. */
 START_TEST(sample_default) {
   int si = _i / 2, di = 1 + _i % 2, shi = (si + 2 * (_i % 2)) % NSHAPES;
-  ck_assert_msg(run_shape(samples[si], di, &shapes[shi]), "%s: the sm_80 body ran", samples[si]);
+  ck_assert_msg(run_shape(samples[si], di, &shapes[shi]) == want_sm90, "%s: the wrong body ran",
+                samples[si]);
 }
 END_TEST
 
 START_TEST(sample_full) {
   int si = _i / (2 * NSHAPES), di = 1 + _i / NSHAPES % 2;
-  ck_assert_msg(run_shape(samples[si], di, &shapes[_i % NSHAPES]), "%s: the sm_80 body ran",
-                samples[si]);
+  ck_assert_msg(run_shape(samples[si], di, &shapes[_i % NSHAPES]) == want_sm90,
+                "%s: the wrong body ran", samples[si]);
 }
 END_TEST
 
@@ -230,7 +239,24 @@ END_TEST
 
 int main(int argc, char **argv) {
   rng = tl_seed();
-  bool full = argc > 1 && !strcmp(argv[1], "--full");
+  bool full = false;
+  for (int i = 1; i < argc; i++) {
+    full |= !strcmp(argv[i], "--full");
+    on_cuda |= !strcmp(argv[i], "--cuda");
+  }
+  want_sm90 = true;
+  if (on_cuda) {
+    int major = 0, minor = 0;
+    if (rt_drv_init() != FLEX_OK || rt_drv_use_device(0) != FLEX_OK ||
+        rt_drv_compute_capability(0, &major, &minor) != FLEX_OK) {
+      printf("skipped: %s\n", flex_last_error());
+      return 77;
+    }
+    const char *on = getenv("FLEXC_CUDA_SM90_FWD");
+    want_sm90 = major == 9 && minor == 0 && on && !strcmp(on, "1") && rt_drv_has_tensor_maps();
+    fprintf(stderr, "cuda device 0: compute capability %d.%d, sm_90a forward %s\n", major, minor,
+            want_sm90 ? "expected" : "not expected");
+  }
   Suite *su = suite_create("emu_sm90_fwd");
   TCase *tc = tcase_create("forward");
   tcase_set_timeout(tc, 600);
@@ -239,8 +265,10 @@ int main(int argc, char **argv) {
   } else {
     tcase_add_loop_test(tc, sample_default, 0, NSAMPLES * 2);
     tcase_add_test(tc, fallback_unaligned);
-    tcase_add_test(tc, bad_arch);
-    tcase_add_test(tc, packed_batch);
+    if (!on_cuda) { /* emulator only: the arch field and packed batches on host tensors */
+      tcase_add_test(tc, bad_arch);
+      tcase_add_test(tc, packed_batch);
+    }
   }
   suite_add_tcase(su, tc);
   return tl_run_suite(su);
