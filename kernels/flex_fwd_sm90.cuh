@@ -9,10 +9,11 @@
  *     tile: S = Q K^T with wgmma SS, the score, mask and online softmax on
  *     the accumulator fragment, then O += P V with wgmma RS (P converted to
  *     fp16/bf16 in registers), then each frees the stage (`empty` counts
- *     all 128 NC consumer threads).
+ *     all 128 NC consumer threads). Tile i's S wgmma is issued ahead of
+ *     tile i - 1's P V, so the softmax runs under the P V.
  * With NC = 2, setmaxnreg moves registers from the producer (40) to the
  * consumers (232): 384 threads would otherwise get 168 each.
- * The producer tells the consumer which tile a stage holds (its first key
+ * The producer tells the consumers which tile a stage holds (its first key
  * and the walk's `full` flag) in two shared words per stage, written before
  * the arrival that completes the stage's `full` phase; a first key of -1
  * ends the loop.
