@@ -53,8 +53,12 @@ static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 int cg_fwd_sm90_dim(int head_dim) { return round_up(head_dim, 64); }
 
-/* Consumer warpgroups of the sm_90a forward (1 or 2; the template takes either). */
-enum { CG_SM90_CONSUMERS = 2 };
+/* Consumer warpgroups of the sm_90a forward: two (with setmaxnreg, 232
+ * registers each) for an identity score, whose S, P and O fit beside each
+ * other with the overlap; one (255 registers, no overlap) for a score
+ * function, which ptxas could not fit in 232 (chunked_gelu: register
+ * allocation failed). */
+static int sm90_consumers(const CgOptions *o) { return o->score_identity ? 2 : 1; }
 
 bool cg_fwd_sm90_ok(const CgOptions *o) {
   return o->arch == CG_SM90A && o->dtype != CG_FP32 && !o->paged && !o->dropout && !o->no_tma;
@@ -141,7 +145,8 @@ static void pick_tiles(CgOptions *o) {
   o->fwd_sm90 = cg_fwd_sm90_ok(o);
   if (o->fwd_sm90) {
     int wide = cg_fwd_sm90_dim(o->head_dim) > 128 || cg_fwd_sm90_dim(o->head_dim_v) > 128;
-    o->fwd = (CgTiles){64 * CG_SM90_CONSUMERS, wide ? 64 : 128, 128 * (1 + CG_SM90_CONSUMERS)};
+    int nc = sm90_consumers(o);
+    o->fwd = (CgTiles){64 * nc, wide ? 64 : 128, 128 * (1 + nc)};
   }
   /* A head dim above 128 on an arch with less shared memory: narrower K/V tiles. */
   size_t limit = cg_arch_smem_limit(o->arch);
@@ -333,10 +338,10 @@ static void entry_sm90(Buf *out, const CgOptions *o, const char *el, const char 
                        const char *mm, const char *sid) {
   buf_printf(out, "extern \"C\" __global__ void __launch_bounds__(%d, 1) flex_fwd("
                   "const __grid_constant__ FlexFwdTma t) {\n"
-                  "  flex_fwd_sm90<%s, %s, %d, %d, %d, %d, %s, %s>(t);\n}\n"
+                  "  flex_fwd_sm90<%s, %s, %d, %d, %d, %d, %s, %s, %s>(t);\n}\n"
                   "FLEX_EMU_ENTRY(flex_fwd, FlexFwdTma)\n\n",
              o->fwd.threads, el, oel, cg_fwd_sm90_dim(o->head_dim), cg_fwd_sm90_dim(o->head_dim_v),
-             o->fwd.block_n, o->fwd.block_m / 64, mm, sid);
+             o->fwd.block_n, o->fwd.block_m / 64, o->fwd.block_m > 64 ? "true" : "false", mm, sid);
 }
 
 static void emit_entries(Buf *out, const CgOptions *o) {

@@ -75,8 +75,11 @@ __device__ __forceinline__ void flex_fwd_sm90_pv(float *o, const uint32_t (*a)[4
 }
 
 /* EPT, EVPT: E and EV padded to 64 (whole 128-byte swizzle rows); BN keys
- * per tile (at most 128: one 64-bit live word per thread). */
-template <class El, class OutEl, int EPT, int EVPT, int BN, int NC, int MASK_MODE, bool SCORE_ID>
+ * per tile (at most 128: one 64-bit live word per thread); NC consumer
+ * warpgroups; OVERLAP: tile i's S wgmma ahead of tile i - 1's P V (S, P and
+ * O live at once: more registers than a score function leaves). */
+template <class El, class OutEl, int EPT, int EVPT, int BN, int NC, bool OVERLAP, int MASK_MODE,
+          bool SCORE_ID>
 __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
   const FlexParams &p = t.p;
   typedef FlexWgmma<El> W;
@@ -260,6 +263,14 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
       a[ks][1] = El::pack(sacc[8 * ks + 2], sacc[8 * ks + 3]);
       a[ks][2] = El::pack(sacc[8 * ks + 4], sacc[8 * ks + 5]);
       a[ks][3] = El::pack(sacc[8 * ks + 6], sacc[8 * ks + 7]);
+    }
+    if (!OVERLAP) { /* P V right away: S of the next tile is never live beside P and O */
+      flex_wgmma_fence();
+      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + s * VBYTES);
+      flex_wgmma_commit();
+      flex_wgmma_wait<0>();
+      flex_mbar_arrive(emptyb + s);
+      continue;
     }
     prev = true;
     ps = s;

@@ -431,6 +431,15 @@ static flex_status configure(RtRun *r, Work *w) {
   r->opts.no_tma = !rt_launch_tma_ok(c) || !r->be->tensor_maps || !r->be->tensor_maps(r);
   if ((r->opts.dropout || r->opts.arch == CG_SM90A) && !cg_options_retile(&r->opts, err, sizeof err))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
+  /* A caller's BlockMask whose blocks the sm_90a forward's 128 x 128 tiles
+   * do not divide (64-key blocks, say) runs on the sm_80 forward's smaller ones. */
+  const flex_block_mask *bm = c->args->block_mask;
+  if (r->opts.fwd_sm90 && bm &&
+      !cg_mask_blocks_ok(&r->opts, bm->block_q ? bm->block_q : 128, bm->block_kv ? bm->block_kv : 128)) {
+    r->opts.no_tma = true;
+    if (!cg_options_retile(&r->opts, err, sizeof err))
+      return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
+  }
   const DLTensor *out = c->args->out;
   r->opts.out_f32 = (out && !rt_dtype_same(out->dtype, kd)) || needs_exact_out(c);
   if (r->be->configure) r->be->configure(r);

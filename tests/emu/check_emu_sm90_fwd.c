@@ -215,6 +215,52 @@ START_TEST(packed_batch) {
 }
 END_TEST
 
+/* A caller's BlockMask: 128 x 128 blocks (the sm_90a tiles divide them)
+ * run the sm_90a body and visit only the listed blocks; 128 x 64 blocks
+ * (not multiples of its 128-key tiles) fall back to the sm_80 body. */
+START_TEST(user_block_mask) {
+  const int QL = 200, KL = 300, H = 2, E = 64;
+  flex_kernel *k = NULL;
+  ck_assert(flex_kernel_load(&k, tl_src_path("samples/sliding_window.score"), NULL) == FLEX_OK);
+  flex_param win = {"window", 40};
+  DLDataType f16 = rt_dtype(kDLFloat, 16), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
+  int64_t qs[4] = {1, H, QL, E}, ks[4] = {1, H, KL, E}, ls[3] = {1, H, QL};
+  TlArr q, kk, v;
+  tl_arr_init(&q, f16, 4, qs), tl_arr_normal(&q, &rng);
+  tl_arr_init(&kk, f16, 4, ks), tl_arr_normal(&kk, &rng);
+  tl_arr_init(&v, f16, 4, ks), tl_arr_normal(&v, &rng);
+  for (int blk = 128; blk >= 64; blk /= 2) {
+    TlArr out[2], lse[2];
+    flex_block_mask *bm = NULL;
+    flex_args a;
+    memset(&a, 0, sizeof a);
+    a.params = &win, a.nparams = 1;
+    ck_assert_msg(flex_block_mask_create(&bm, k, &a, 1, H, QL, KL, 128, blk, NULL) == FLEX_OK, "%s",
+                  flex_last_error());
+    bool sm90 = false;
+    for (int i = 1; i >= 0; i--) {
+      tl_arr_init(&out[i], i ? f64 : f32, 4, qs), tl_arr_init(&lse[i], i ? f64 : f32, 3, ls);
+      tl_arr_poison(&out[i]), tl_arr_poison(&lse[i]);
+      a.backend = i ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
+      a.arch = i ? NULL : "sm_90a";
+      a.q = &q.t, a.k = &kk.t, a.v = &v.t, a.out = &out[i].t, a.lse = &lse[i].t;
+      a.block_mask = bm;
+      ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%d-blocks: %s", blk, flex_last_error());
+      if (!i) sm90 = rt_run_last_stats().fwd_sm90;
+    }
+    double eo = tl_rel_err(&out[0].a, &out[1].a), el = tl_rel_err(&lse[0].a, &lse[1].a);
+    fprintf(stderr, "  sliding_window BlockMask 128x%d fp16: %s body, out %.2g lse %.2g\n", blk,
+            sm90 ? "sm_90a" : "sm_80", eo, el);
+    ck_assert_msg(sm90 == (blk == 128), "%d-blocks: the %s body ran", blk, sm90 ? "sm_90a" : "sm_80");
+    ck_assert_msg(eo < 5e-3 && el < 5e-3, "%d-blocks: out %g lse %g", blk, eo, el);
+    for (int i = 0; i < 2; i++) tl_arr_free(&out[i]), tl_arr_free(&lse[i]);
+    flex_block_mask_free(bm);
+  }
+  tl_arr_free(&q), tl_arr_free(&kk), tl_arr_free(&v);
+  flex_kernel_free(k);
+}
+END_TEST
+
 /* An unknown arch is the caller's error, named, on every backend. */
 START_TEST(bad_arch) {
   flex_kernel *k = NULL;
@@ -268,6 +314,7 @@ int main(int argc, char **argv) {
     if (!on_cuda) { /* emulator only: the arch field and packed batches on host tensors */
       tcase_add_test(tc, bad_arch);
       tcase_add_test(tc, packed_batch);
+      tcase_add_test(tc, user_block_mask);
     }
   }
   suite_add_tcase(su, tc);

@@ -68,7 +68,7 @@ __device__ __forceinline__ int flex_mask_block(const FlexParams &p, int flex_b0,
 #include "flex_bwd.cuh"
 
 extern "C" __global__ void __launch_bounds__(384, 1) flex_fwd(const __grid_constant__ FlexFwdTma t) {
-  flex_fwd_sm90<FlexF16, FlexF16, 128, 128, 128, 2, FLEX_MASK_DENSE, true>(t);
+  flex_fwd_sm90<FlexF16, FlexF16, 128, 128, 128, 2, true, FLEX_MASK_DENSE, true>(t);
 }
 FLEX_EMU_ENTRY(flex_fwd, FlexFwdTma)
 
