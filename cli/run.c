@@ -3,7 +3,8 @@
  *   flexc run FILE [--kernel K] --q Q.npy --k K.npy --v V.npy [--dout DO.npy]
  *             [--dlse DLSE.npy] [--buffer NAME=F.npy]... [--param NAME=VALUE]...
  *             [--scale X] [--dtype fp32|fp16|bf16] [--backend reference|emu|cuda|cpu]
- *             [--check-bounds] [--trust-sorted] [--fast-math] [--deterministic]
+ *             [--arch sm_80|sm_86|sm_89|sm_90|sm_90a] [--check-bounds] [--trust-sorted] [--fast-math]
+ *             [--deterministic]
  *             [--dropout P --seed S [--offset O]]
  *             [--cu-seqlens-q CQ.npy --cu-seqlens-kv CK.npy]
  *             [--page-table PT.npy --kv-lens KL.npy] [--repeat N] [--threads N]
@@ -24,6 +25,9 @@
  *
  * --kv-splits N sets flex_args.kv_splits (docs/decoding.md): 0 automatic
  * (the default), 1 never split, N key chunks.
+ * --arch picks the architecture the emu backend generates kernels for
+ * (default sm_80; sm_90a runs the TMA + wgmma forward); other backends
+ * ignore it.
  *
  * --dropout P (in [0, 1)) drops attention weights by the Philox bits of
  * --seed S at --offset O (unsigned 64-bit integers; DSL.md "Dropout"); the
@@ -76,6 +80,7 @@ typedef struct RunOpts {
   uint64_t seed, offset; /* --seed S, --offset O */
   int repeat;            /* --repeat N: calls timed (the median is printed) */
   int threads;           /* --threads N: cpu and emu worker threads (0: every core) */
+  const char *arch;      /* --arch: the emu backend's target (NULL: its default) */
 } RunOpts;
 
 /* Everything one run allocates, freed together. */
@@ -167,6 +172,15 @@ static int parse_opt(RunOpts *o, const char *opt, char *val) {
                              "key chunks, got '%s'", val);
     o->kv_splits = (int)n;
     return 0;
+  }
+  if (!strcmp(opt, "--arch")) {
+    static const char *const archs[] = {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"};
+    for (size_t i = 0; i < sizeof archs / sizeof *archs; i++)
+      if (!strcmp(val, archs[i])) {
+        o->arch = archs[i];
+        return 0;
+      }
+    return cli_usage_error("--arch must be sm_80, sm_86, sm_89, sm_90 or sm_90a, got '%s'", val);
   }
   if (!strcmp(opt, "--dtype")) return parse_dtype(val, &o->dtype);
   if (!strcmp(opt, "--backend")) return parse_backend(val, &o->backend);
@@ -422,6 +436,7 @@ static int execute(const RunOpts *o, flex_kernel *kern, RunState *s) {
   a.trust_sorted = o->trust_sorted;
   a.fast_math = o->fast_math;
   a.deterministic = o->deterministic;
+  a.arch = o->arch;
   a.dropout_p = o->dropout, a.dropout_seed = o->seed, a.dropout_offset = o->offset;
   a.kv_splits = o->kv_splits;
   a.cu_seqlens_q = s->cu_q.dev, a.cu_seqlens_kv = s->cu_kv.dev; /* NULL when not given */

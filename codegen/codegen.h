@@ -66,6 +66,10 @@ typedef struct CgOptions {
                           them back for the user's functions; docs/decoding.md) */
   bool deterministic;  /* a deterministic backward: FLEX_DETERMINISTIC defined, dQ summed per CTA
                           slice in a fixed order, buffer gradients exact (docs/kernels.md) */
+  bool no_tma;         /* the call's q, k, v cannot be TMA-loaded (rows or bases not 16-byte
+                          aligned) or the backend builds no tensor maps: no sm_90a forward */
+  bool fwd_sm90;       /* set by the tile choice: flex_fwd is the sm_90a body (wgmma + TMA,
+                          kernels/flex_fwd_sm90.cuh) taking a FlexFwdTma; see cg_fwd_sm90_ok */
   CgTiles fwd;         /* forward tiles */
   CgTiles bwd;         /* backward main tiles */
   const char *source;  /* the .score file's name, for the header comment */
@@ -78,8 +82,14 @@ bool cg_module_fits(const IrModule *m, char *err, size_t errlen);
  * false with a message in `err` (size errlen) for unsupported options. */
 bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int EV, CgArch arch,
                      bool backward, char *err, size_t errlen);
-/* Pick the tiles again after a field that decides them changed (dropout),
- * FLEXC_TILES applied as cg_options_init does. */
+/* Whether the forward of `o` can be the sm_90a body: sm_90a, fp16/bf16, K/V
+ * not paged, no dropout, TMA-loadable tensors (!no_tma). */
+bool cg_fwd_sm90_ok(const CgOptions *o);
+/* The sm_90a forward's head dims padded to whole 64-column TMA panels. */
+int cg_fwd_sm90_dim(int head_dim);
+
+/* Pick the tiles again after a field that decides them changed (dropout,
+ * paged, no_tma), FLEXC_TILES applied as cg_options_init does. */
 bool cg_options_retile(CgOptions *o, char *err, size_t errlen);
 
 /* One row of the tile table (codegen/kernel.c): the first row that matches

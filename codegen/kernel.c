@@ -51,9 +51,26 @@ bool cg_dtype_parse(const char *s, CgDtype *out) {
 
 static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
+int cg_fwd_sm90_dim(int head_dim) { return round_up(head_dim, 64); }
+
+/* Consumer warpgroups of the sm_90a forward: two (with setmaxnreg, 232
+ * registers each) for an identity score, whose S, P and O fit beside each
+ * other with the overlap; one (255 registers, no overlap) for a score
+ * function, which ptxas could not fit in 232 (chunked_gelu: register
+ * allocation failed). */
+static int sm90_consumers(const CgOptions *o) { return o->score_identity ? 2 : 1; }
+
+bool cg_fwd_sm90_ok(const CgOptions *o) {
+  return o->arch == CG_SM90A && o->dtype != CG_FP32 && !o->paged && !o->dropout && !o->no_tma;
+}
+
 /* Dynamic shared memory of each body (must match the templates' carving). */
 static size_t smem_fwd(const CgOptions *o) {
   int EP = o->head_dim_pad, EVP = o->head_dim_v_pad, BM = o->fwd.block_m, BN = o->fwd.block_n;
+  if (o->fwd_sm90) { /* 1024 alignment slack, Q, 2 stages of K and V, 5 mbarriers, 4 stage words */
+    int EPT = cg_fwd_sm90_dim(o->head_dim), EVPT = cg_fwd_sm90_dim(o->head_dim_v);
+    return 1024u + 2u * (size_t)(BM * EPT + 2 * BN * (EPT + EVPT)) + 5 * 8 + 4 * 4;
+  }
   if (o->dtype == CG_FP32)
     return 4u * (size_t)(BM * (EP + 1) + BN * (EP + 1) + BN * EVP + BM * (BN + 1));
   return 2u * (size_t)(BM * (EP + 8) + 2 * BN * (EP + 8) + 2 * BN * (EVP + 8));
@@ -121,9 +138,20 @@ static void pick_tiles(CgOptions *o) {
   int big = o->head_dim_pad > o->head_dim_v_pad ? o->head_dim_pad : o->head_dim_v_pad;
   o->fwd = tile_row(o, o->dtype == CG_FP32 ? big : o->head_dim_v_pad)->fwd;
   o->bwd = tile_row(o, big)->bwd;
+  /* sm_90a forward: a producer warpgroup and two consumer warpgroups of 64
+   * query rows each (128 rows share every K/V tile); 128 keys per tile up
+   * to head dim 128 (S and O take 64 accumulator registers each), 64 above
+   * (O alone takes 128). */
+  o->fwd_sm90 = cg_fwd_sm90_ok(o);
+  if (o->fwd_sm90) {
+    int wide = cg_fwd_sm90_dim(o->head_dim) > 128 || cg_fwd_sm90_dim(o->head_dim_v) > 128;
+    int nc = sm90_consumers(o);
+    o->fwd = (CgTiles){64 * nc, wide ? 64 : 128, 128 * (1 + nc)};
+  }
   /* A head dim above 128 on an arch with less shared memory: narrower K/V tiles. */
   size_t limit = cg_arch_smem_limit(o->arch);
-  while (o->dtype != CG_FP32 && o->fwd.block_n > 16 && smem_fwd(o) > limit) o->fwd.block_n /= 2;
+  while (o->dtype != CG_FP32 && !o->fwd_sm90 && o->fwd.block_n > 16 && smem_fwd(o) > limit)
+    o->fwd.block_n /= 2;
 }
 
 /* Whether a shape can instantiate its template (see the static_asserts of
@@ -151,10 +179,11 @@ static bool tiles_valid(const CgOptions *o, const CgTiles *t, bool bwd, char *er
 
 bool cg_tiles_apply(CgOptions *o, const char *spec, char *err, size_t errlen) {
   CgTiles t[2] = {o->fwd, o->bwd};
+  bool gave_fwd = false;
   const char *s = spec;
   while (*s) {
     int bwd, bm, bn, w, n = 0;
-    if (!strncmp(s, "fwd=", 4)) bwd = 0;
+    if (!strncmp(s, "fwd=", 4)) bwd = 0, gave_fwd = true;
     else if (!strncmp(s, "bwd=", 4)) bwd = 1;
     else break;
     if (sscanf(s + 4, "%dx%dx%d%n", &bm, &bn, &w, &n) != 3 || w < 1 || w > 32) break;
@@ -169,7 +198,9 @@ bool cg_tiles_apply(CgOptions *o, const char *spec, char *err, size_t errlen) {
   }
   CgOptions n = *o;
   n.fwd = t[0], n.bwd = t[1];
-  if (!tiles_valid(&n, &n.fwd, false, err, errlen) ||
+  /* A forward shape names the sm_80 body's tiles: it turns the sm_90a body off. */
+  if (gave_fwd) n.fwd_sm90 = false;
+  if ((!n.fwd_sm90 && !tiles_valid(&n, &n.fwd, false, err, errlen)) ||
       (o->backward && !tiles_valid(&n, &n.bwd, true, err, errlen)))
     return false;
   *o = n;
@@ -336,6 +367,18 @@ static void entry(Buf *out, const char *name, int threads, const char *body) {
              threads, name, body, name);
 }
 
+/* The sm_90a forward: one __grid_constant__ FlexFwdTma (params and tensor
+ * maps), register count known at entry (one CTA per SM). */
+static void entry_sm90(Buf *out, const CgOptions *o, const char *el, const char *oel,
+                       const char *mm, const char *sid) {
+  buf_printf(out, "extern \"C\" __global__ void __launch_bounds__(%d, 1) flex_fwd("
+                  "const __grid_constant__ FlexFwdTma t) {\n"
+                  "  flex_fwd_sm90<%s, %s, %d, %d, %d, %d, %s, %s, %s>(t);\n}\n"
+                  "FLEX_EMU_ENTRY(flex_fwd, FlexFwdTma)\n\n",
+             o->fwd.threads, el, oel, cg_fwd_sm90_dim(o->head_dim), cg_fwd_sm90_dim(o->head_dim_v),
+             o->fwd.block_n, o->fwd.block_m / 64, o->fwd.block_m > 64 ? "true" : "false", mm, sid);
+}
+
 static void emit_entries(Buf *out, const CgOptions *o) {
   char body[256];
   const char *el = elem_type(o->dtype), *mm = mask_mode(o->mask_mode);
@@ -343,13 +386,15 @@ static void emit_entries(Buf *out, const CgOptions *o) {
   const char *sid = o->score_identity ? "true" : "false";
   int EP = o->head_dim_pad, EVP = o->head_dim_v_pad;
   const char *paged = o->paged ? ", true" : ""; /* the PAGED argument (default false) */
-  if (o->dtype == CG_FP32)
+  if (o->fwd_sm90)
+    entry_sm90(out, o, el, oel, mm, sid);
+  else if (o->dtype == CG_FP32)
     snprintf(body, sizeof body, "flex_fwd_simt<%d, %d, %d, %d, %s, %s%s>", EP, EVP, o->fwd.block_m,
              o->fwd.block_n, mm, sid, paged);
   else
     snprintf(body, sizeof body, "flex_fwd_tc<%s, %s, %d, %d, %d, %d, %d, %s, %s%s>", el, oel, EP,
              EVP, o->fwd.block_m, o->fwd.block_n, o->fwd.threads / 32, mm, sid, paged);
-  entry(out, "flex_fwd", o->fwd.threads, body);
+  if (!o->fwd_sm90) entry(out, "flex_fwd", o->fwd.threads, body);
   snprintf(body, sizeof body, "flex_fwd_combine_body<%s>", oel);
   entry(out, "flex_fwd_combine", 128, body);
   if (o->mask_builder) {
@@ -389,6 +434,8 @@ void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o) {
              o->deterministic && o->backward ? ", deterministic backward" : "");
   if (o->pack_gqa)
     buf_puts(out, "/* grouped-query packing: a tile's rows are the query heads of one kv head */\n");
+  if (o->fwd_sm90)
+    buf_puts(out, "/* forward: sm_90a body (TMA, mbarrier ring, wgmma; kernels/flex_fwd_sm90.cuh) */\n");
   if (o->fast_math) buf_puts(out, "#define FLEX_FAST_MATH 1\n");
   if (o->dropout) buf_puts(out, "#define FLEX_DROPOUT 1\n");
   if (o->kv_split && !o->backward) buf_puts(out, "#define FLEX_KV_SPLIT 1\n");
@@ -402,7 +449,7 @@ void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o) {
   cg_emit_funcs(out, m, o);
   if (o->mask_builder) buf_puts(out, "#include \"flex_blockmask.cuh\"\n");
   if (o->sorted_check) buf_puts(out, "#include \"flex_sorted.cuh\"\n");
-  buf_puts(out, "#include \"flex_fwd.cuh\"\n");
+  buf_puts(out, o->fwd_sm90 ? "#include \"flex_fwd_sm90.cuh\"\n" : "#include \"flex_fwd.cuh\"\n");
   if (o->backward) buf_puts(out, "#include \"flex_bwd.cuh\"\n");
   buf_puts(out, "\n");
   emit_entries(out, o);

@@ -4,6 +4,7 @@
  * (cuda/cache.c, cuda/nvrtc.c), and launch on the caller's stream through
  * the dlopened driver (cuda/driver.c). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "codegen/codegen.h"
@@ -139,6 +140,25 @@ static flex_status cuda_download(RtRun *r, void *dst, const void *src, size_t by
   return rt_drv_memcpy_dtoh(dst, (RtCuDevicePtr)(uintptr_t)src, bytes, (RtCuStream)r->stream);
 }
 
+/* The sm_90a forward on a GPU: opt-in ($FLEXC_CUDA_SM90_FWD=1) until it
+ * has been run on hardware (it is verified on the emulator), and only with
+ * a driver that encodes tensor maps. */
+static bool cuda_tensor_maps(RtRun *r) {
+  (void)r;
+  const char *on = getenv("FLEXC_CUDA_SM90_FWD");
+  return on && !strcmp(on, "1") && rt_drv_has_tensor_maps();
+}
+
+/* RtTmapEncode through the driver. */
+static const char *cuda_tmap(void *ctx, FlexTmapBytes *map, const void *base, const uint64_t dims[4],
+                             const uint64_t strides[3], const uint32_t box[4]) {
+  (void)ctx;
+  static _Thread_local char why[512]; /* the caller formats it into the next error */
+  if (!rt_drv_tensor_map_16(map, 4, base, dims, strides, box)) return NULL;
+  snprintf(why, sizeof why, "%s", flex_last_error());
+  return why;
+}
+
 /* Look up and launch one entry of the module with the params struct. */
 static flex_status cuda_launch(RtRun *r, RtEntry e, const CgLaunch *g, const FlexParams *p) {
   const char *entry = rt_entry_name(e);
@@ -148,6 +168,11 @@ static flex_status cuda_launch(RtRun *r, RtEntry e, const CgLaunch *g, const Fle
   st = rt_drv_function(&f, (RtCuModule)r->module, entry);
   if (!st) st = rt_drv_set_smem(f, (int)g->smem);
   void *args[1] = {(void *)p};
+  FlexFwdTma tma; /* the sm_90a forward's parameter: p and the tensor maps (copied at launch) */
+  if (!st && e == RT_ENTRY_FWD && r->opts.fwd_sm90) {
+    st = rt_launch_fwd_tma(&r->opts, p, cuda_tmap, NULL, &tma);
+    args[0] = &tma;
+  }
   if (!st) st = rt_drv_launch(f, g->grid, g->block, (unsigned)g->smem, (RtCuStream)r->stream, args);
   if (st) return rt_err(st, "launching %s: %s", entry, flex_last_error());
   return FLEX_OK;
@@ -185,4 +210,5 @@ const RtBackend rt_cuda_backend = {
     .launch = cuda_launch,
     .sync = cuda_sync,
     .close = cuda_close,
+    .tensor_maps = cuda_tensor_maps,
 };

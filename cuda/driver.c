@@ -57,6 +57,10 @@ typedef struct Drv {
   RtCuResult (*cuEventSynchronize)(RtCuEvent);
   RtCuResult (*cuEventElapsedTime)(float *, RtCuEvent, RtCuEvent);
   RtCuResult (*cuEventDestroy)(RtCuEvent);
+  /* optional (CUDA 12 on): the sm_90a forward's tensor maps */
+  RtCuResult (*cuTensorMapEncodeTiled)(void *, int, unsigned, void *, const uint64_t *,
+                                       const uint64_t *, const unsigned *, const unsigned *, int,
+                                       int, int, int);
 } Drv;
 
 static Drv D;
@@ -90,7 +94,7 @@ static const Sym syms[] = {
 /* Entry points only benchmarks use: their absence does not fail the load. */
 static const Sym opt_syms[] = {
     SYM(cuEventCreate), SYM(cuEventRecord), SYM(cuEventSynchronize), SYM(cuEventElapsedTime),
-    SYMV(cuEventDestroy, "cuEventDestroy_v2"),
+    SYMV(cuEventDestroy, "cuEventDestroy_v2"), SYM(cuTensorMapEncodeTiled),
 };
 
 /* Names for the errors a stub or broken install gives before
@@ -308,6 +312,21 @@ flex_status rt_drv_memcpy_htod(RtCuDevicePtr dst, const void *src, size_t bytes,
 flex_status rt_drv_memcpy_dtoh(void *dst, RtCuDevicePtr src, size_t bytes, RtCuStream stream) {
   CHECK(D.cuMemcpyDtoHAsync);
   return bytes ? CHECK_CU(D.cuMemcpyDtoHAsync(dst, src, bytes, stream)) : FLEX_OK;
+}
+
+bool rt_drv_has_tensor_maps(void) { return D.cuTensorMapEncodeTiled != NULL; }
+
+/* cuda.h's enumerators: CU_TENSOR_MAP_DATA_TYPE_UINT16 (the copy moves
+ * bits; fp16 and bf16 alike, zero fill is 0.0 in both), no interleave,
+ * CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+ * CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (zeros). Element strides 1. */
+flex_status rt_drv_tensor_map_16(void *map, unsigned rank, const void *base, const uint64_t *dims,
+                                 const uint64_t *strides, const unsigned *box) {
+  if (!D.cuTensorMapEncodeTiled)
+    return rt_err(FLEX_ERR_UNSUPPORTED, "the CUDA driver library has no cuTensorMapEncodeTiled");
+  unsigned ones[5] = {1, 1, 1, 1, 1};
+  return CHECK_CU(D.cuTensorMapEncodeTiled(map, 1, rank, (void *)base, dims, strides, box, ones,
+                                           0, 3, 2, 0));
 }
 
 /* The event entry points are optional: an error, not an internal check. */

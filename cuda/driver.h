@@ -70,6 +70,14 @@ flex_status rt_drv_event_record(RtCuEvent e, RtCuStream stream);
 flex_status rt_drv_event_elapsed(float *ms, RtCuEvent start, RtCuEvent end);
 flex_status rt_drv_event_destroy(RtCuEvent e);
 
+/* Tensor maps (optional entry point, CUDA 12 on): whether the driver has
+ * cuTensorMapEncodeTiled, and a tiled map of a 16-bit tensor (rank dims,
+ * innermost first; byte strides of dims 1..; box; 128-byte swizzle,
+ * out-of-bounds zeros) into the 128 bytes at `map` (64-byte aligned). */
+bool rt_drv_has_tensor_maps(void);
+flex_status rt_drv_tensor_map_16(void *map, unsigned rank, const void *base, const uint64_t *dims,
+                                 const uint64_t *strides, const unsigned *box);
+
 /* Check one driver result: FLEX_OK, or a FLEX_ERR_RUNTIME (NOMEM for out of
  * memory) naming `what`, file, line and the driver's error name and text. */
 flex_status rt_drv_check(RtCuResult r, const char *what, const char *file, int line);

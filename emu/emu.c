@@ -31,8 +31,9 @@ static void add_tensor(EmuState *s, const char *name, const DLTensor *t) {
 }
 
 static flex_status emu_open(RtRun *r) {
-  r->arch = CG_SM80;
+  r->arch = CG_SM80; /* the default target; flex_args.arch picks another (validated) */
   if (!r->c) return FLEX_OK;
+  if (r->c->args->arch && !cg_arch_parse(r->c->args->arch, &r->arch)) r->arch = CG_SM80;
   EmuState *s = base_alloc(sizeof *s);
   r->state = s;
   const RtCall *c = r->c;
@@ -91,6 +92,20 @@ static flex_status emu_copy(RtRun *r, void *dst, const void *src, size_t bytes) 
   return FLEX_OK;
 }
 
+/* The emulator builds the sm_90a forward's tensor maps itself. */
+static bool emu_tensor_maps(RtRun *r) {
+  (void)r;
+  return true;
+}
+
+/* The emulator's stand-in for cuTensorMapEncodeTiled (RtTmapEncode). */
+static const char *emu_tmap(void *ctx, FlexTmapBytes *map, const void *base, const uint64_t dims[4],
+                            const uint64_t strides[3], const uint32_t box[4]) {
+  (void)ctx;
+  _Static_assert(sizeof(FlexTensorMap) <= sizeof(FlexTmapBytes), "the emulator's map fits a CUtensorMap");
+  return emu_tensor_map_encode((FlexTensorMap *)map, 2, 4, base, dims, strides, box, 128);
+}
+
 static flex_status emu_launch(RtRun *r, RtEntry e, const CgLaunch *g, const FlexParams *p) {
   const char *entry = rt_entry_name(e);
   flex_status st = rt_launch_check_geometry("emu", entry, g->grid, g->block);
@@ -100,6 +115,12 @@ static flex_status emu_launch(RtRun *r, RtEntry e, const CgLaunch *g, const Flex
   memset(&L, 0, sizeof L);
   L.kernel = entry;
   L.params = p;
+  FlexFwdTma tma; /* the sm_90a forward takes the params with q, k, v's tensor maps */
+  if (e == RT_ENTRY_FWD && r->opts.fwd_sm90) {
+    st = rt_launch_fwd_tma(&r->opts, p, emu_tmap, NULL, &tma);
+    if (st) return st;
+    L.params = &tma;
+  }
   L.grid = (EmuDim){g->grid[0], g->grid[1], g->grid[2]};
   L.block = (EmuDim){g->block[0], g->block[1], g->block[2]};
   L.smem_bytes = g->smem;
@@ -150,4 +171,5 @@ const RtBackend rt_emu_backend = {
     .launch = emu_launch,
     .sync = emu_sync,
     .close = emu_close,
+    .tensor_maps = emu_tensor_maps,
 };

@@ -27,6 +27,7 @@
 #endif
 #define __launch_bounds__(...)
 #define FLEX_NOINLINE __attribute__((noinline))
+#define __grid_constant__
 #define __align__(n) __attribute__((aligned(n)))
 #define __restrict__ __restrict
 /* Shared memory is per OS thread (one block runs per OS thread at a time). */

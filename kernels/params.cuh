@@ -100,6 +100,21 @@ typedef struct FlexParams {
   int32_t exact_slot;              /* flex_grad_exact: the buffer rounded into buf_grad */
 } FlexParams;
 
+/* The 128 bytes of a CUtensorMap, 64-byte aligned, as cuTensorMapEncodeTiled
+ * writes them (the emulator's FlexTensorMap, emu/emu_abi.h, fits in them). */
+typedef struct __attribute__((aligned(64))) FlexTmapBytes {
+  uint64_t w[16];
+} FlexTmapBytes;
+
+/* The parameter of the sm_90a forward (kernels/flex_fwd_sm90.cuh), a
+ * __grid_constant__ so the TMA units read the maps from parameter space:
+ * the call's FlexParams and the tensor maps of q, k and v, each 4-D
+ * {E, rows, heads, B} with a box of 64 columns (128-byte swizzle). */
+typedef struct FlexFwdTma {
+  FlexParams p;
+  FlexTmapBytes tq, tk, tv;
+} FlexFwdTma;
+
 /* The checked-run record: [0] nonzero once a load failed, [1] its site
  * ((function kind << 16) | instruction index, bit 30 set for an i64 value
  * that does not fit in 32 bits), [2] the index count, [3..10] the indices. */

@@ -233,6 +233,11 @@ typedef struct flex_args {
    * scratch per element, rounded once). Without it, float atomics may vary
    * the last bits. A forward ignores it. */
   bool deterministic;
+  /* The architecture the emu backend generates for: NULL or "sm_80" the
+   * sm_80 kernels, "sm_90a" the sm_90a ones (the forward on TMA and wgmma,
+   * docs/kernels.md); any of sm_80, sm_86, sm_89, sm_90, sm_90a. Other
+   * backends ignore it (cuda compiles for the device's own). */
+  const char *arch;
 } flex_args;
 
 /* ---- block masks ---------------------------------------------------------- */

@@ -33,6 +33,48 @@ static bool use_vec16(const RtCall *c) {
          aligned16(a->k) && aligned16(a->v) && (!c->backward || aligned16(a->dout));
 }
 
+bool rt_launch_tma_ok(const RtCall *c) {
+  const flex_args *a = c->args;
+  return c->dtype.bits == 16 && c->E % 8 == 0 && c->EV % 8 == 0 && aligned16(a->q) &&
+         aligned16(a->k) && aligned16(a->v);
+}
+
+/* One map: a [B, heads, rows, cols] 16-bit tensor at `base`. */
+static flex_status tma_map(RtTmapEncode enc, void *ctx, FlexTmapBytes *map, const char *name,
+                           const void *base, FlexStrides st, int cols, int rows, int heads, int B,
+                           int box_rows) {
+  /* Empty extents still need a valid map; the kernel reads none of it then
+   * (no CTA has query rows; the walk visits no key tile). */
+  uint64_t dims[4] = {(uint64_t)cols, (uint64_t)(rows > 0 ? rows : 1), (uint64_t)heads, (uint64_t)B};
+  uint64_t strides[3] = {(uint64_t)st.row * 2, (uint64_t)st.h * 2, (uint64_t)st.b * 2};
+  /* A dimension of extent 1 is never stepped along, so its stride is free:
+   * a broadcast or per-sequence view may give 0 there, which the driver
+   * need not accept. Use the packed stride instead. */
+  for (int d = 1; d < 4; d++)
+    if (dims[d] == 1) strides[d - 1] = d == 1 ? dims[0] * 2 : strides[d - 2] * dims[d - 1];
+  uint32_t box[4] = {64, (uint32_t)box_rows, 1, 1};
+  const char *why = enc(ctx, map, base, dims, strides, box);
+  if (why)
+    return rt_err(FLEX_ERR_UNSUPPORTED, "sm_90a forward: no tensor map for '%s' ([%d, %d, %d, %d], "
+                  "strides %lld, %lld, %lld): %s", name, B, heads, rows, cols, (long long)st.b,
+                  (long long)st.h, (long long)st.row, why);
+  return FLEX_OK;
+}
+
+/* A kernel's parameters take at most 4 KiB. */
+_Static_assert(sizeof(FlexFwdTma) <= 4096, "the sm_90a forward's parameter fits a launch");
+
+flex_status rt_launch_fwd_tma(const CgOptions *o, const FlexParams *p, RtTmapEncode enc, void *ctx,
+                              FlexFwdTma *out) {
+  memset(out, 0, sizeof *out);
+  out->p = *p;
+  int bm = o->fwd.block_m, bn = o->fwd.block_n;
+  flex_status st = tma_map(enc, ctx, &out->tq, "q", p->q, p->sq, p->E, p->q_len, p->H, p->B, bm);
+  if (!st) st = tma_map(enc, ctx, &out->tk, "k", p->k, p->sk, p->E, p->kv_len, p->HKV, p->B, bn);
+  if (!st) st = tma_map(enc, ctx, &out->tv, "v", p->v, p->sv, p->EV, p->kv_len, p->HKV, p->B, bn);
+  return st;
+}
+
 flex_status rt_launch_fill(const RtCall *c, FlexParams *p, const char *backend) {
   const flex_args *a = c->args;
   const IrModule *m = c->mod;

@@ -28,6 +28,24 @@ FlexStrides rt_strides4(const DLTensor *t);
  * lists are left empty (see the mask plan). */
 flex_status rt_launch_fill(const RtCall *c, FlexParams *p, const char *backend);
 
+/* Whether TMA can load the call's q, k and v (the sm_90a forward): 16-bit,
+ * E and EV multiples of 8, 16-byte aligned bases and strides. */
+bool rt_launch_tma_ok(const RtCall *c);
+
+/* A tensor-map encoder (the driver's cuTensorMapEncodeTiled, or the
+ * emulator's stand-in): a 16-bit tensor of `rank` dims (innermost first),
+ * byte strides of dims 1.., box, 128-byte swizzle, into the 128 bytes at
+ * `map`. NULL on success, else what is wrong. */
+typedef const char *(*RtTmapEncode)(void *ctx, FlexTmapBytes *map, const void *base,
+                                    const uint64_t dims[4], const uint64_t strides[3],
+                                    const uint32_t box[4]);
+
+/* The sm_90a forward's parameter (o->fwd_sm90): p and the maps of q, k, v
+ * as {E, rows, heads, B} with boxes of 64 columns x the tile's rows.
+ * FLEX_ERR_UNSUPPORTED naming the tensor when the encoder refuses it. */
+flex_status rt_launch_fwd_tma(const CgOptions *o, const FlexParams *p, RtTmapEncode enc, void *ctx,
+                              FlexFwdTma *out);
+
 /* How one call handles its mask. */
 typedef struct RtMaskPlan {
   CgMaskMode mode;      /* what the kernels are generated with */

@@ -529,6 +529,30 @@ static void pack_params(FlexParams *p) {
   p->q_len *= G, p->H = p->HKV, p->G = 1;
 }
 
+/* Packing and splitting, decided before the kernels are generated: only a
+ * split forward is compiled with the chunk code (FLEX_KV_SPLIT). The
+ * sm_90a forward does neither (docs/decoding.md): there a call runs
+ * unpacked and unsplit, unless it asks for chunks (kv_splits > 1), which
+ * the sm_80 forward then computes. */
+static flex_status plan_forward(RtRun *r, FlexParams *p, int *splits) {
+  const RtCall *c = r->c;
+  if (r->opts.fwd_sm90) {
+    if (c->args->kv_splits <= 1) return FLEX_OK;
+    char err[512];
+    r->opts.no_tma = true;
+    if (!cg_options_retile(&r->opts, err, sizeof err))
+      return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
+    last_stats.fwd_sm90 = r->opts.fwd_sm90;
+  }
+  if (pack_gqa(r, p)) {
+    r->opts.pack_gqa = last_stats.pack_gqa = true;
+    pack_params(p);
+  }
+  *splits = kv_splits(r, p);
+  r->opts.kv_split = *splits > 1;
+  return FLEX_OK;
+}
+
 /* ---- one call ------------------------------------------------------------------------ */
 
 /* What the kernels are generated with, and the mask plan. */
@@ -539,20 +563,32 @@ static flex_status configure(RtRun *r, Work *w) {
   CgDtype dt = kd.code == kDLBfloat ? CG_BF16 : kd.bits == 16 ? CG_FP16 : CG_FP32;
   if (!cg_options_init(&r->opts, c->mod, dt, c->E, c->EV, r->arch, c->backward, err, sizeof err))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
-  /* Dropout needs registers for its Philox rounds: tiles picked for it. */
+  /* Dropout needs registers for its Philox rounds; the sm_90a forward
+   * needs TMA-loadable, unpaged K/V and no dropout: tiles picked again. */
   r->opts.dropout = c->args->dropout_p > 0.0f;
-  if (r->opts.dropout && !cg_options_retile(&r->opts, err, sizeof err))
+  r->opts.paged = c->pages != NULL;
+  r->opts.no_tma = !rt_launch_tma_ok(c) || !r->be->tensor_maps || !r->be->tensor_maps(r);
+  if ((r->opts.dropout || r->opts.arch == CG_SM90A) && !cg_options_retile(&r->opts, err, sizeof err))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
+  /* A caller's BlockMask whose blocks the sm_90a forward's 128 x 128 tiles
+   * do not divide (64-key blocks, say) runs on the sm_80 forward's smaller ones. */
+  const flex_block_mask *bm = c->args->block_mask;
+  if (r->opts.fwd_sm90 && bm &&
+      !cg_mask_blocks_ok(&r->opts, bm->block_q ? bm->block_q : 128, bm->block_kv ? bm->block_kv : 128)) {
+    r->opts.no_tma = true;
+    if (!cg_options_retile(&r->opts, err, sizeof err))
+      return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
+  }
   const DLTensor *out = c->args->out;
   r->opts.out_f32 = (out && !rt_dtype_same(out->dtype, kd)) || needs_exact_out(c);
   r->opts.deterministic = c->backward && c->args->deterministic; /* a forward ignores it */
-  r->opts.paged = c->pages != NULL;
   if (r->be->configure) r->be->configure(r);
   flex_status st = plan_mask(r, w);
   r->opts.source = c->kernel->src.path;
   r->opts.check_bounds = c->args->check_bounds;
   r->opts.fast_math = c->args->fast_math;
   last_stats.mode = r->opts.mask_mode;
+  last_stats.fwd_sm90 = r->opts.fwd_sm90;
   return st;
 }
 
@@ -566,14 +602,8 @@ static flex_status run(RtRun *r, Work *w) {
   if (st) return st;
   last_stats.vec16 = p.vec16 != 0;
   st = stage_all(r, w, &p);
-  if (!st && pack_gqa(r, &p)) {
-    r->opts.pack_gqa = last_stats.pack_gqa = true;
-    pack_params(&p);
-  }
-  /* Splitting is decided before the kernels are generated: only a split
-   * forward is compiled with the chunk code (FLEX_KV_SPLIT). */
-  const int splits = st || c->backward ? 1 : kv_splits(r, &p);
-  r->opts.kv_split = splits > 1;
+  int splits = 1;
+  if (!st && !c->backward) st = plan_forward(r, &p, &splits);
   if (!st) st = r->be->prepare(r);
   if (!st) st = sorted_on_device(r, w, &p);
   if (!st && c->args->check_bounds) {

@@ -20,6 +20,7 @@
 
 #include "npy.h"
 #include "rt.h"
+#include "codegen/codegen.h"
 
 /* Validation state: the call being filled and where its memory lives. */
 typedef struct V {
@@ -435,6 +436,10 @@ flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const fle
   if (a->kv_splits < 0)
     return rt_err(FLEX_ERR_INVALID, "kv_splits must be 0 (automatic), 1 (never split) or a "
                   "number of key chunks, got %d", a->kv_splits);
+  CgArch arch;
+  if (a->arch && !cg_arch_parse(a->arch, &arch))
+    return rt_err(FLEX_ERR_INVALID, "arch '%s': expected sm_80, sm_86, sm_89, sm_90 or sm_90a",
+                  a->arch);
   const IrModule *m = k->mod;
   c->sizes = arena_alloc(arena, sizeof(int32_t) * (size_t)(m->nsizes + SZ_COUNT));
   int32_t pre[SZ_COUNT] = {c->B, c->H, c->HKV, c->QL, c->KL, c->QL, c->KL, 0, 0};

@@ -130,6 +130,7 @@ class Args(ctypes.Structure):  # flex_args
         ("page_table", PDL), ("kv_lens", PDL),
         ("kv_splits", ctypes.c_int),
         ("deterministic", ctypes.c_bool),
+        ("arch", ctypes.c_char_p),
     ]
 
 

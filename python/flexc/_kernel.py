@@ -162,7 +162,7 @@ class _Call:
 
     def __init__(self, kernel, backend, q, k, v, scale, params, buffers, block_mask,
                  check_bounds, fast_math, buffer_grads=None, dropout=(0.0, 0, 0),
-                 deterministic=False):
+                 deterministic=False, arch=None):
         self.keep = []
         a = self.args = C.Args()
         if backend not in C.BACKENDS:
@@ -198,6 +198,7 @@ class _Call:
         a.dropout_p = float(p)  # validated by the library: [0, 1)
         a.dropout_seed, a.dropout_offset = _u64("dropout_seed", seed), _u64("dropout_offset", offset)
         a.deterministic = bool(deterministic)
+        a.arch = None if arch is None else str(arch).encode()  # validated by the library
         self.kernel = kernel
 
     def ptr(self, x):
@@ -270,7 +271,7 @@ class Kernel:
     def __call__(self, q, k, v, *, scale=None, params=None, buffers=None, block_mask=None,
                  return_lse=False, backend=None, check_bounds=False, fast_math=False,
                  cu_seqlens_q=None, cu_seqlens_kv=None, dropout_p=0.0, dropout_seed=0,
-                 dropout_offset=0, kv_splits=0):
+                 dropout_offset=0, kv_splits=0, arch=None):
         """out [B, H, Q_LEN, EV] in q's dtype (and LSE [B, H, Q_LEN], float32;
         float64 for float64 inputs on the reference, with return_lse).
 
@@ -287,7 +288,9 @@ class Kernel:
         dropout_p in [0, 1), dropout_seed, dropout_offset (unsigned 64-bit):
         dropout by Philox bits (DSL.md); pass the same three to backward.
         kv_splits: split-KV decoding on emu and cuda (docs/decoding.md): 0
-        automatic, 1 never, N key chunks (ignored by reference and cpu)."""
+        automatic, 1 never, N key chunks (ignored by reference and cpu).
+        arch: the emu backend's target ('sm_80' by default; 'sm_90a' runs
+        the TMA + wgmma forward); other backends ignore it."""
         backend = backend or default_backend(q)
         q, k, v = (T.readable(x) for x in (q, k, v))
         packed = _packed(cu_seqlens_q, cu_seqlens_kv)
@@ -300,7 +303,8 @@ class Kernel:
             out = T.empty(q, (B, H, L, v.shape[-1]), T.dtype_name(q))
             lse = T.empty(q, (B, H, L), lse_dtype(q, backend))
         call = _Call(self, backend, q, k, v, scale, params, buffers, block_mask,
-                     check_bounds, fast_math, dropout=(dropout_p, dropout_seed, dropout_offset))
+                     check_bounds, fast_math, dropout=(dropout_p, dropout_seed, dropout_offset),
+                     arch=arch)
         call.seqlens(cu_seqlens_q, cu_seqlens_kv)
         call.args.kv_splits = int(kv_splits)  # validated by the library: >= 0
         call.args.out, call.args.lse = call.ptr(out), call.ptr(lse)
@@ -310,14 +314,15 @@ class Kernel:
     def backward(self, q, k, v, out, lse, dout, dlse=None, *, scale=None, params=None,
                  buffers=None, block_mask=None, backend=None, buffer_grads=(),
                  check_bounds=False, fast_math=False, cu_seqlens_q=None, cu_seqlens_kv=None,
-                 dropout_p=0.0, dropout_seed=0, dropout_offset=0, deterministic=False):
+                 dropout_p=0.0, dropout_seed=0, dropout_offset=0, deterministic=False, arch=None):
         """Grads(dq, dk, dv, buffers) of the call that gave out and lse, for
         the incoming gradients dout (q's dtype) and dlse (optional); packed
         calls pass the forward's cu_seqlens_q and cu_seqlens_kv.
         buffer_grads names the `grad` buffers whose gradient to return
         (float32, the buffer's shape). dropout_p, dropout_seed and
         dropout_offset: the forward's. deterministic: gradients bitwise the
-        same on every run (DSL.md "Determinism"; no float atomics)."""
+        same on every run (DSL.md "Determinism"; no float atomics). arch as
+        for the forward."""
         backend = backend or default_backend(q)
         q, k, v, out, lse, dout = (T.readable(x) for x in (q, k, v, out, lse, dout))
         dq, dk, dv = (T.empty(x, tuple(x.shape), T.dtype_name(x)) for x in (q, k, v))
@@ -326,7 +331,7 @@ class Kernel:
               for n in buffer_grads if n in bufs}
         call = _Call(self, backend, q, k, v, scale, params, bufs, block_mask,
                      check_bounds, fast_math, gb, (dropout_p, dropout_seed, dropout_offset),
-                     deterministic)
+                     deterministic, arch)
         call.seqlens(cu_seqlens_q, cu_seqlens_kv)
         a = call.args
         a.out, a.lse, a.dout = call.ptr(out), call.ptr(lse), call.ptr(dout)

@@ -284,6 +284,42 @@ START_TEST(sm90_wrappers) {
 }
 END_TEST
 
+/* flexc emit --arch sm_90a --target ptx (flex_emit): the fp16/bf16
+ * forward is the TMA + wgmma body (and nothing of mma.sync), for head dims
+ * 64, 128 and a padded 72, with an identity score and with a score
+ * function; dropout keeps the sm_80 body. */
+START_TEST(sm90_forward_ptx) {
+  static const char *const files[] = {"samples/causal.score", "samples/relpos_bias.score"};
+  static const int dims[] = {64, 128, 72};
+  const char *file = files[_i % 2];
+  int E = dims[_i / 2 % 3];
+  bool bf16 = _i / 6 % 2, dropout = _i >= 12;
+  flex_kernel *k;
+  ck_assert_msg(flex_kernel_load(&k, tl_src_path(file), NULL) == FLEX_OK, "%s", flex_last_error());
+  flex_emit_options eo = {.target = FLEX_TARGET_PTX, .arch = "sm_90a",
+                          .dtype = {bf16 ? kDLBfloat : kDLFloat, 16, 1}, .head_dim = E,
+                          .forward_only = true, .dropout = dropout};
+  char *ptx = NULL;
+  size_t len = 0;
+  ck_assert_msg(flex_emit(k, &eo, &ptx, &len, NULL) == FLEX_OK, "%s", flex_last_error());
+  fprintf(stderr, "  %s %s E=%d sm_90a%s: %zu bytes of PTX\n", file, bf16 ? "bf16" : "fp16", E,
+          dropout ? " dropout" : "", len);
+  bool wgmma = strstr(ptx, "wgmma.mma_async.sync.aligned") != NULL;
+  bool tma = strstr(ptx, "cp.async.bulk.tensor.4d") != NULL;
+  bool mbar = strstr(ptx, "mbarrier.try_wait.parity") != NULL;
+  bool mma = strstr(ptx, "mma.sync.aligned.m16n8k16") != NULL;
+  if (dropout) {
+    ck_assert_msg(!wgmma && !tma && mma, "dropout: the forward must be the sm_80 body");
+  } else {
+    ck_assert_msg(wgmma && tma && mbar, "no wgmma.mma_async / cp.async.bulk.tensor / mbarrier "
+                  "in the sm_90a forward (%d %d %d)", wgmma, tma, mbar);
+    ck_assert_msg(!mma, "mma.sync in the sm_90a forward");
+  }
+  flex_free(ptx);
+  flex_kernel_free(k);
+}
+END_TEST
+
 START_TEST(ptxas_parser) {
   const char *log = "ptxas info    : 0 bytes gmem\n"
                     "ptxas info    : Compiling entry function 'flex_fwd' for 'sm_80'\n"
@@ -320,6 +356,7 @@ int main(void) {
     TCase *sm90 = tcase_create("sm90"); /* CK_RUN_CASE=sm90 runs only this */
     tcase_set_timeout(sm90, 300);
     tcase_add_test(sm90, sm90_wrappers);
+    tcase_add_loop_test(sm90, sm90_forward_ptx, 0, 14);
     suite_add_tcase(s, sm90);
   }
   int rc = tl_run_suite(s);

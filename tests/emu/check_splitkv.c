@@ -483,6 +483,47 @@ START_TEST(clamped) {
 }
 END_TEST
 
+/* --arch sm_90a: the wgmma forward runs a call unsplit and unpacked; one
+ * that asks for chunks runs on the sm_80 forward, split; both match the
+ * reference (docs/decoding.md "Where it applies"). */
+START_TEST(sm90a_falls_back) {
+  const TlDtype *td = &tl_dtypes[1];
+  DLDataType dt = rt_dtype(td->code, td->bits);
+  flex_kernel *k = load(causal_alibi);
+  const Case c = {"sm90a", causal_alibi, B_SLOPES, 1, 1, 2, 2, 4, 600, 64, 64, 0};
+  int64_t s[4] = {1, 2, 4, 64}, ks[4] = {1, 2, 600, 64}, ls[3] = {1, 2, 4};
+  Buffers bf;
+  buffers_init(&bf, &c);
+  const int want[2] = {3, 0};
+  for (int t = 0; t < 2; t++) {
+    TlPair q, kk, v, out, lse;
+    tl_pair_init(&q, dt, 4, s, true, &rng), tl_pair_init(&kk, dt, 4, ks, true, &rng);
+    tl_pair_init(&v, dt, 4, ks, true, &rng), tl_pair_init(&out, dt, 4, s, false, &rng);
+    tl_pair_init(&lse, rt_dtype(kDLFloat, 32), 3, ls, false, &rng);
+    poison(&out), poison(&lse);
+    flex_args a = {0}, r = {0};
+    a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
+    a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
+    r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
+    a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
+    a.arch = "sm_90a";
+    a.kv_splits = want[t];
+    ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s", flex_last_error());
+    RtRunStats st = rt_run_last_stats();
+    ck_assert_msg(st.fwd_sm90 == (want[t] == 0), "kv_splits %d: sm_90a body %d", want[t], st.fwd_sm90);
+    ck_assert_int_eq(st.kv_splits, want[t] ? want[t] : 1);
+    double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
+    fprintf(stderr, "  sm_90a kv_splits %d: out %.2e lse %.2e\n", want[t], eo, el);
+    ck_assert_msg(eo < td->tol && el < td->tol, "kv_splits %d: out %g lse %g", want[t], eo, el);
+    TlPair *all[] = {&q, &kk, &v, &out, &lse};
+    for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  }
+  buffers_free(&bf);
+  flex_kernel_free(k);
+}
+END_TEST
+
 /* The cpu backend (where built) computes rows whole: a forced count is
  * accepted and ignored (one chunk ran), the result still the reference's. */
 START_TEST(cpu_ignores) {
@@ -558,6 +599,7 @@ static Suite *suite(void) {
   tcase_add_loop_test(t, paged_split, 0, 2);
   tcase_add_loop_test(t, varlen_split, 0, 2);
   tcase_add_test(t, clamped);
+  tcase_add_test(t, sm90a_falls_back);
   tcase_add_test(t, negative_splits);
   tcase_add_test(t, cpu_ignores);
   suite_add_tcase(s, t);

@@ -40,6 +40,11 @@ static void setup(void) {
   write_random("do.npy", rt_dtype(kDLFloat, 32), 4, o, &seed);
   write_random("kbad.npy", rt_dtype(kDLFloat, 32), 4, kbad, &seed);
   write_random("bias.npy", rt_dtype(kDLFloat, 32), 2, bias, &seed);
+  /* Head dims TMA can load (rows of 16-byte multiples): the sm_90a forward. */
+  int64_t q16[4] = {1, 4, 70, 16}, k16[4] = {1, 2, 133, 16}, v16[4] = {1, 2, 133, 8};
+  write_random("q16.npy", rt_dtype(kDLFloat, 32), 4, q16, &seed);
+  write_random("k16.npy", rt_dtype(kDLFloat, 32), 4, k16, &seed);
+  write_random("v16.npy", rt_dtype(kDLFloat, 32), 4, v16, &seed);
   char path[512];
   snprintf(path, sizeof path, "%s/garbage.npy", dir);
   FILE *f = fopen(path, "wb");
@@ -216,6 +221,31 @@ START_TEST(kv_splits_option) {
 }
 END_TEST
 
+/* --arch sm_90a on the emulator (the TMA + wgmma forward, then the sm_80
+ * backward) against the reference on the same files. */
+START_TEST(emu_arch_sm90a) {
+  const char *backends[2] = {"emu", "reference"};
+  for (int i = 0; i < 2; i++) {
+    Buf cmd = {0}, out = {0};
+    buf_printf(&cmd, "%s run %s --q %s/q16.npy --k %s/k16.npy --v %s/v16.npy --dtype fp16 "
+               "--backend %s%s --out %s/arch_%s", tl_flexc(), tl_src_path("samples/causal.score"), dir,
+               dir, dir, backends[i], i ? "" : " --arch sm_90a", dir, backends[i]);
+    ck_assert_msg(tl_run(cmd.data, &out) == 0, "%s", out.data);
+    buf_free(&cmd);
+    buf_free(&out);
+  }
+  const char *files[] = {"out", "lse"};
+  for (int i = 0; i < 2; i++) {
+    char a[128], b[128];
+    snprintf(a, sizeof a, "arch_emu/%s.npy", files[i]);
+    snprintf(b, sizeof b, "arch_reference/%s.npy", files[i]);
+    double e = file_err(a, b);
+    fprintf(stderr, "  emu --arch sm_90a %s: rel. error %.2e\n", files[i], e);
+    ck_assert_msg(e < 5e-3, "%s: relative error %g over 5e-3", a, e);
+  }
+}
+END_TEST
+
 /* --fast-math builds and runs on the emulator for every approximated
  * builtin (the emulator stands in exact values for the approximations, so
  * the results must match the reference at fp32 tolerance). */
@@ -366,6 +396,7 @@ START_TEST(user_errors) {
       {"samples/softcap.score", "--k %s/k.npy", "--out", 2},
       {"samples/softcap.score", "--k %s/k.npy --repeat 0 --out %s/o", "--repeat must be an integer", 1},
       {"samples/softcap.score", "--k %s/k.npy --threads 2x --out %s/o", "--threads must be an integer", 1},
+      {"samples/softcap.score", "--k %s/k.npy --arch sm_99 --out %s/o", "--arch", 2},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char extra[1024];
@@ -391,6 +422,7 @@ int main(void) {
   tcase_add_test(tc, fast_math_emu);
   tcase_add_test(tc, kv_splits_option);
   tcase_add_test(tc, deterministic);
+  tcase_add_test(tc, emu_arch_sm90a);
   suite_add_tcase(s, tc);
   return tl_run_suite(s);
 }

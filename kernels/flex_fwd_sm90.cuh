@@ -1,0 +1,307 @@
+/* flex_fwd_sm90.cuh: the sm_90a forward (fp16/bf16), FlashAttention-3 style.
+ *
+ * One CTA per (64 NC query rows, head, batch), 1 + NC warpgroups:
+ *   warpgroup 0, the producer: one elected thread of warp 0 walks the key
+ *     tiles (FlexWalk, the only walk of the CTA) and issues the TMA loads
+ *     (cp.async.bulk.tensor) of Q once and of K and V per tile through a
+ *     2-stage ring of full/empty mbarriers; the other 127 threads exit.
+ *   warpgroups 1..NC, the consumers, 64 query rows each, sharing every K/V
+ *     tile: S = Q K^T with wgmma SS, the score, mask and online softmax on
+ *     the accumulator fragment, then O += P V with wgmma RS (P converted to
+ *     fp16/bf16 in registers), then each frees the stage (`empty` counts
+ *     all 128 NC consumer threads). Tile i's S wgmma is issued ahead of
+ *     tile i - 1's P V, so the softmax runs under the P V.
+ * With NC = 2, setmaxnreg moves registers from the producer (40) to the
+ * consumers (232): 384 threads would otherwise get 168 each.
+ * The producer tells the consumers which tile a stage holds (its first key
+ * and the walk's `full` flag) in two shared words per stage, written before
+ * the arrival that completes the stage's `full` phase; a first key of -1
+ * ends the loop.
+ *
+ * Shared memory (base rounded up to 1024 bytes: the 128-byte swizzle
+ * repeats every 1024): Q [NC][EPT/64 panels][64 rows][64 cols], K [2][EPT/64]
+ * [BN][64], V [2][EVPT/64][BN][64], each panel written by one TMA box with
+ * the 128-byte swizzle; then the mbarriers and the stage words. EPT, EVPT:
+ * head dims padded to 64 (TMA zero-fills the columns past E and EV, and the
+ * rows past Q_LEN and KV_LEN).
+ *
+ * The wgmma accumulator of a warpgroup's 64 x N tile gives thread
+ * (warp w, lane 4 g + t) the elements d[4 j + c] at row 16 w + g + 8 (c / 2)
+ * and column 8 j + 2 t + c % 2: per warp exactly the m16n8 fragments of
+ * mma.sync, so the per-element code is flex_fwd_tc's with one m16 tile.
+ */
+#ifndef FLEX_FWD_SM90_CUH
+#define FLEX_FWD_SM90_CUH
+
+#include "flex_fwd.cuh"
+
+#if !defined(FLEXC_EMU) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "flex_fwd_sm90.cuh needs sm_90a (wgmma)"
+#endif
+
+/* The wgmma of an element type. */
+template <class El> struct FlexWgmma;
+template <> struct FlexWgmma<FlexF16> {
+  template <int N, int TB>
+  static __device__ __forceinline__ void ss(float *d, uint64_t da, uint64_t db, int scale_d) {
+    flex_wgmma_ss_f16<N, 0, TB>(d, da, db, scale_d);
+  }
+  template <int N, int TB>
+  static __device__ __forceinline__ void rs(float *d, const uint32_t a[4], uint64_t db, int scale_d) {
+    flex_wgmma_rs_f16<N, TB>(d, a, db, scale_d);
+  }
+};
+template <> struct FlexWgmma<FlexBF16> {
+  template <int N, int TB>
+  static __device__ __forceinline__ void ss(float *d, uint64_t da, uint64_t db, int scale_d) {
+    flex_wgmma_ss_bf16<N, 0, TB>(d, da, db, scale_d);
+  }
+  template <int N, int TB>
+  static __device__ __forceinline__ void rs(float *d, const uint32_t a[4], uint64_t db, int scale_d) {
+    flex_wgmma_rs_bf16<N, TB>(d, a, db, scale_d);
+  }
+};
+
+/* O += P V for one tile: BN / 16 RS wgmma (P in `a`); V (at shared
+ * address aV) is N-major (imm-trans-b): LBO the next 64-column panel, SBO 8
+ * keys, a k16 step 16 rows of 128 bytes. */
+template <class El, int EVPT, int BN>
+__device__ __forceinline__ void flex_fwd_sm90_pv(float *o, const uint32_t (*a)[4], uint32_t aV) {
+#pragma unroll
+  for (int ks = 0; ks < BN / 16; ks++) {
+    const uint64_t dv = flex_wgmma_desc(aV + ks * 2048, BN * 128, 1024, 128);
+    FlexWgmma<El>::template rs<EVPT, 1>(o, a[ks], dv, 1);
+  }
+}
+
+/* EPT, EVPT: E and EV padded to 64 (whole 128-byte swizzle rows); BN keys
+ * per tile (at most 128: one 64-bit live word per thread); NC consumer
+ * warpgroups; OVERLAP: tile i's S wgmma ahead of tile i - 1's P V (S, P and
+ * O live at once: more registers than a score function leaves). */
+template <class El, class OutEl, int EPT, int EVPT, int BN, int NC, bool OVERLAP, int MASK_MODE,
+          bool SCORE_ID>
+__device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
+  const FlexParams &p = t.p;
+  typedef FlexWgmma<El> W;
+  constexpr int BM = 64 * NC, QP = EPT / 64, KP = EPT / 64, VP = EVPT / 64;
+  static_assert(NC == 1 || NC == 2, "one or two consumer warpgroups");
+  static_assert(EPT % 64 == 0 && EVPT % 64 == 0 && EPT <= 256 && EVPT <= 256, "head dims in 64-column panels");
+  static_assert(BN % 16 == 0 && BN >= 16 && BN <= 128, "BN: whole k16 steps, 64 live bits per thread");
+  constexpr uint32_t PANEL_Q = 64 * 128, PANEL_KV = BN * 128; /* bytes of one 64-column panel */
+  constexpr uint32_t QBYTES = QP * PANEL_Q, KBYTES = KP * PANEL_KV, VBYTES = VP * PANEL_KV;
+  unsigned char *smem = flex_smem + ((1024u - (flex_smem_addr(flex_smem) & 1023u)) & 1023u);
+  unsigned char *sQ = smem, *sK = sQ + NC * QBYTES, *sV = sK + 2 * KBYTES;
+  uint64_t *qbar = (uint64_t *)(sV + 2 * VBYTES), *fullb = qbar + 1, *emptyb = qbar + 3;
+  int32_t *stage_n0 = (int32_t *)(qbar + 5), *stage_full = stage_n0 + 2;
+  const int tid = threadIdx.x;
+  const int m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  const FlexTensorMap *tq = (const FlexTensorMap *)&t.tq, *tk = (const FlexTensorMap *)&t.tk,
+                      *tv = (const FlexTensorMap *)&t.tv;
+  /* No query rows (an empty sequence launches one CTA): nothing to write,
+   * and an empty tensor's map must not be read. */
+  if (m0 >= p.q_len) return;
+
+  if (tid == 0) {
+    flex_mbar_init(qbar, 1);
+    for (int s = 0; s < 2; s++) {
+      flex_mbar_init(fullb + s, 1);     /* the producer's arrival (+ the TMA bytes) */
+      flex_mbar_init(emptyb + s, 128 * NC); /* every consumer thread */
+    }
+    /* The initialisations are generic-proxy writes the TMA unit (async
+     * proxy) will update: make them visible to it before any copy. */
+    flex_fence_proxy_async();
+  }
+  __syncthreads();
+
+  if (tid < 128) { /* ---- producer ---- */
+    if (NC > 1) flex_setmaxnreg_dec<40>();
+    if (tid >= 32 || !flex_elect_one()) return;
+    flex_mbar_arrive_expect_tx(qbar, NC * QBYTES);
+#pragma unroll
+    for (int r = 0; r < NC; r++)
+#pragma unroll
+      for (int c = 0; c < QP; c++)
+        flex_tma_load_4d(sQ + r * QBYTES + c * PANEL_Q, tq, qbar, 64 * c, m0 + 64 * r, h, b);
+    FlexWalk walk;
+    walk.init(p, false, MASK_MODE == FLEX_MASK_LISTS, b, h, m0, BN);
+#pragma unroll 1
+    for (int i = 0;; i++) {
+      const int s = i & 1;
+      /* The consumer freed this stage (the tile two back) before it is refilled. */
+      if (i >= 2) flex_mbar_wait(emptyb + s, (uint32_t)((i >> 1) - 1) & 1);
+      int n0 = 0;
+      bool full = false;
+      const bool have = walk.next(n0, full);
+      stage_n0[s] = have ? n0 : -1;
+      stage_full[s] = full;
+      if (!have) {
+        flex_mbar_arrive(fullb + s); /* no bytes: the end marker */
+        return;
+      }
+      flex_mbar_arrive_expect_tx(fullb + s, KBYTES + VBYTES);
+#pragma unroll
+      for (int c = 0; c < KP; c++)
+        flex_tma_load_4d(sK + s * KBYTES + c * PANEL_KV, tk, fullb + s, 64 * c, n0, hk, b);
+#pragma unroll
+      for (int c = 0; c < VP; c++)
+        flex_tma_load_4d(sV + s * VBYTES + c * PANEL_KV, tv, fullb + s, 64 * c, n0, hk, b);
+    }
+  }
+
+  /* ---- consumer cw: query rows r0 .. r0 + 63, warp w owns 16 w .. 16 w + 15 of them ---- */
+  if (NC > 1) flex_setmaxnreg_inc<232>();
+  const int ct = tid - 128, cw = ct / 128, w = ct / 32 % 4, lane = ct % 32, g = lane / 4, t4 = lane % 4;
+  const int r0 = m0 + 64 * cw;
+  const uint32_t aQ = flex_smem_addr(sQ + cw * QBYTES), aK = flex_smem_addr(sK), aV = flex_smem_addr(sV);
+  float o[EVPT / 2];
+#pragma unroll
+  for (int i = 0; i < EVPT / 2; i++) o[i] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  const float scale_log2 = p.scale * FLEX_LOG2E;
+  flex_mbar_wait(qbar, 0);
+
+  /* Tile i's S wgmma is issued before tile i - 1's P V, and the softmax of
+   * tile i runs while that P V still computes, so the tensor cores work
+   * through the softmax (FlashAttention-3's intra-warpgroup overlap). P of
+   * tile i - 1 stays in `a` (the RS operand registers) until the wait that
+   * retires its P V; O is rescaled only after that wait, since the wgmma
+   * owns it until then. */
+  uint32_t a[BN / 16][4]; /* P of the previous tile: the A fragments of its k16 steps */
+  int ps = 0;             /* the previous tile's stage */
+  bool prev = false;      /* a previous tile's P V is still to be issued */
+#pragma unroll 1
+  for (int i = 0;; i++) {
+    const int s = i & 1;
+    flex_mbar_wait(fullb + s, (uint32_t)(i >> 1) & 1);
+    const int n0 = stage_n0[s];
+    const bool full = stage_full[s] != 0;
+    if (n0 < 0) break;
+
+    /* S = Q K^T: EPT / 16 wgmma of k16, both operands K-major with the
+     * 128-byte swizzle (a k16 step is 32 bytes into the row; SBO: 8 rows). */
+    float sacc[BN / 2];
+    flex_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < EPT / 16; kk++) {
+      const uint32_t off = (kk % 4) * 32;
+      const uint64_t dq = flex_wgmma_desc(aQ + (kk / 4) * PANEL_Q + off, 16, 1024, 128);
+      const uint64_t dk = flex_wgmma_desc(aK + s * KBYTES + (kk / 4) * PANEL_KV + off, 16, 1024, 128);
+      W::template ss<BN, 0>(sacc, dq, dk, kk > 0);
+    }
+    flex_wgmma_commit();
+    if (prev) { /* the previous tile's P V behind it; wait for S only */
+      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + ps * VBYTES);
+      flex_wgmma_commit();
+      flex_wgmma_wait<1>();
+    } else {
+      flex_wgmma_wait<0>();
+    }
+
+    /* Scale and score; out-of-range or masked elements are -inf. Only
+     * tiles at the sequence ends or partial under the mask test elements. */
+    const bool edge = n0 + BN > p.kv_len || r0 + 64 > p.q_len;
+    const bool check = edge || (MASK_MODE != FLEX_MASK_NONE && !full);
+    typename FlexBits<BN / 2>::T live[1];
+    live[0] = ~(typename FlexBits<BN / 2>::T)0;
+    if (check)
+      flex_live_bits<MASK_MODE, 1, BN / 8, false>(live, p, b, h, r0 + 16 * w + g, n0 + 2 * t4, full);
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const bool ok = live[0] >> (4 * j + c) & 1;
+        float &x = sacc[4 * j + c];
+        if (SCORE_ID) {
+          x = ok ? x * scale_log2 : -INFINITY;
+        } else {
+          const int qi = r0 + 16 * w + g + (c >> 1) * 8, kj = n0 + j * 8 + 2 * t4 + (c & 1);
+          /* user code never sees an element that is out of range or masked */
+          x = ok ? flex_score(p, x * p.scale, b, h, qi, kj) * FLEX_LOG2E : -INFINITY;
+        }
+      }
+
+    /* Online softmax of rows g and g + 8 (the four lanes t4 share a row). */
+    float tile_max[2] = {-INFINITY, -INFINITY}, corr[2], m_use[2];
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) tile_max[c >> 1] = flex_max_nan(tile_max[c >> 1], sacc[4 * j + c]);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = flex_max_nan(row_max[r], tile_max[r]);
+      /* A row that has seen only -inf keeps max -inf; use 0 so exp2 gives 0, not NaN. */
+      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+      corr[r] = flex_ex2(row_max[r] - m_use[r]);
+      row_max[r] = m_new;
+      row_sum[r] *= corr[r];
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        sacc[4 * j + c] = flex_ex2(sacc[4 * j + c] - m_use[c >> 1]);
+        row_sum[c >> 1] += sacc[4 * j + c];
+      }
+
+    /* The previous P V done: its stage is free, O and `a` are ours again. */
+    if (prev) {
+      flex_wgmma_wait<0>();
+      flex_mbar_arrive(emptyb + ps); /* the stage's K and V are no longer read */
+    }
+#pragma unroll
+    for (int j = 0; j < EVPT / 8; j++) {
+      o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
+      o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+    }
+    /* P's accumulator layout is the A register fragment of a k16 step
+     * (columns 16 ks .. 16 ks + 15 are n8 tiles 2 ks and 2 ks + 1). */
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ks++) {
+      a[ks][0] = El::pack(sacc[8 * ks], sacc[8 * ks + 1]);
+      a[ks][1] = El::pack(sacc[8 * ks + 2], sacc[8 * ks + 3]);
+      a[ks][2] = El::pack(sacc[8 * ks + 4], sacc[8 * ks + 5]);
+      a[ks][3] = El::pack(sacc[8 * ks + 6], sacc[8 * ks + 7]);
+    }
+    if (!OVERLAP) { /* P V right away: S of the next tile is never live beside P and O */
+      flex_wgmma_fence();
+      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + s * VBYTES);
+      flex_wgmma_commit();
+      flex_wgmma_wait<0>();
+      flex_mbar_arrive(emptyb + s);
+      continue;
+    }
+    prev = true;
+    ps = s;
+  }
+  if (prev) { /* the last tile's P V */
+    flex_wgmma_fence();
+    flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + ps * VBYTES);
+    flex_wgmma_commit();
+    flex_wgmma_wait<0>();
+    flex_mbar_arrive(emptyb + ps);
+  }
+
+  /* Normalise and write O and LSE. */
+  typename OutEl::T *out = (typename OutEl::T *)p.out + b * p.so.b + h * p.so.h;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+    float lse;
+    const float inv = flex_finish_row(row_max[r], row_sum[r], &lse);
+    const int qi = r0 + 16 * w + g + r * 8;
+    if (qi >= p.q_len) continue;
+    if (t4 == 0) flex_gstore(p.lse + b * p.lse_b + h * p.lse_h + qi, lse);
+#pragma unroll
+    for (int j = 0; j < EVPT / 8; j++)
+#pragma unroll
+      for (int c = 0; c < 2; c++) {
+        const int col = j * 8 + 2 * t4 + c;
+        if (col < p.EV) OutEl::store(out + qi * p.so.row + col, o[4 * j + 2 * r + c] * inv);
+      }
+  }
+}
+
+#endif /* FLEX_FWD_SM90_CUH */

@@ -1,0 +1,216 @@
+/* The emulator against bugs in the sm_90a forward: the generated source for
+ * sm_90a with kernels/flex_fwd_sm90.cuh (as embedded) mutated the way a
+ * kernel change could break its pipeline or layouts, compiled and launched
+ * on the emulator with its tensor maps (rt_launch_fwd_tma). Each mutation
+ * must be caught: the launch fails (a TMA refill of a stage an in-flight
+ * wgmma reads, a deadlock, a broken rule) or the result leaves the
+ * tolerance against the float64 reference. The unmutated controls (plain
+ * and race-check) must pass, so a detection means the mutation. A mutation
+ * whose text is not in the template exactly once fails the test.
+ *
+ * Not caught, and so not listed: a consumer that skips its wait on a
+ * stage's `full` phase. The emulator lands a bulk copy once no thread of
+ * the block can move, and the consumers always block first (on the Q
+ * barrier, or in a wgmma.wait_group, which is released only after pending
+ * copies land), so every copy has landed before they read it.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+#include "emu/emu_host.h"
+#include "kernels/params.cuh"
+#include "runtime/embedded.h"
+#include "runtime/launch.h"
+#include "runtime/npy.h"
+#include "runtime/rt.h"
+#include "testlib.h"
+
+static uint64_t rng;
+
+/* A mask that keeps every row alive (it drops about one element in
+ * eleven): the per-element path runs on every tile. No score function, so
+ * the body is the two-consumer one with the S / P V overlap. */
+static const char kSource[] = "mask m(b, h, q, kv) { return (q + kv) % 11 != 3; }\n";
+
+enum { B = 1, H = 2, HKV = 1, QL = 70, KL = 400, E = 64 }; /* GQA, 2 row tiles, 4 key tiles */
+
+typedef struct Case {
+  const char *what; /* the bug, in words */
+  const char *from; /* text of flex_fwd_sm90.cuh that must occur exactly once (NULL: clean) */
+  const char *to;   /* its replacement */
+  bool launch_fails; /* the emulator must fail the launch (else: a wrong result or a failure) */
+} Case;
+
+static const Case cases[] = {
+    {"clean", NULL, NULL, false},
+    {"stage freed before the wait that retires its P V",
+     "      flex_wgmma_wait<0>();\n      flex_mbar_arrive(emptyb + ps);",
+     "      flex_mbar_arrive(emptyb + ps);\n      flex_wgmma_wait<0>();", true},
+    {"S read before the wait that retires it (P V still pending too)", "flex_wgmma_wait<1>();",
+     "flex_wgmma_wait<2>();", false},
+    {"producer refills a stage without waiting for `empty`",
+     "if (i >= 2) flex_mbar_wait(emptyb + s,", "if (i < 0) flex_mbar_wait(emptyb + s,", false},
+    {"V k16 step of 8 rows instead of 16", "aV + ks * 2048", "aV + ks * 1024", false},
+    {"K descriptor without the 128-byte swizzle",
+     "(kk / 4) * PANEL_KV + off, 16, 1024, 128)", "(kk / 4) * PANEL_KV + off, 16, 1024, 0)", false},
+    {"mask rows of warp 0 for every warp", "(live, p, b, h, r0 + 16 * w + g,", "(live, p, b, h, r0 + g,",
+     false},
+    {"P fragment halves swapped", "a[ks][1] = El::pack(sacc[8 * ks + 2], sacc[8 * ks + 3]);",
+     "a[ks][1] = El::pack(sacc[8 * ks + 4], sacc[8 * ks + 5]);", false},
+    {"second consumer reads the first one's Q", "aQ = flex_smem_addr(sQ + cw * QBYTES)",
+     "aQ = flex_smem_addr(sQ)", false},
+    {"second consumer's rows start at the first one's", "const int r0 = m0 + 64 * cw;",
+     "const int r0 = m0;", false},
+    {"`empty` expects one consumer warpgroup", "flex_mbar_init(emptyb + s, 128 * NC);",
+     "flex_mbar_init(emptyb + s, 128);", true},
+    {"no wgmma.fence before the last P V", "    flex_wgmma_fence();\n    flex_fwd_sm90_pv",
+     "    flex_fwd_sm90_pv", true},
+};
+#define NCASES ((int)(sizeof cases / sizeof *cases))
+
+static const char *embedded(const char *name) {
+  for (const EmbeddedFile *e = rt_embedded; e->name; e++)
+    if (!strcmp(e->name, name)) return e->text;
+  ck_abort_msg("no embedded template %s", name);
+  return NULL;
+}
+
+static void replace_once(Buf *out, const char *text, const char *from, const char *to) {
+  const char *at = strstr(text, from);
+  ck_assert_msg(at, "mutation text not found: %s", from);
+  ck_assert_msg(!strstr(at + 1, from), "mutation text found twice: %s", from);
+  buf_put(out, text, (size_t)(at - text));
+  buf_puts(out, to);
+  buf_puts(out, at + strlen(from));
+}
+
+/* The generated sm_90a forward for `c`, the mutated template spliced in
+ * where it is included (its include guard hides the original). */
+static char *mutated_source(const flex_kernel *k, const Case *c, CgOptions *o) {
+  char err[256];
+  ck_assert_msg(cg_options_init(o, k->mod, CG_FP16, E, E, CG_SM90A, false, err, sizeof err), "%s", err);
+  ck_assert_msg(o->fwd_sm90, "sm_90a fp16 did not pick the sm_90a forward");
+  o->mask_mode = CG_MASK_DENSE;
+  o->out_f32 = true; /* O is compared in float32 */
+  o->source = c->what;
+  Buf gen = {0}, out = {0}, edit = {0};
+  cg_emit_cuda(&gen, k->mod, o);
+  if (!c->from) return gen.data;
+  replace_once(&edit, embedded("flex_fwd_sm90.cuh"), c->from, c->to);
+  buf_puts(&edit, "\n");
+  replace_once(&out, gen.data, "#include \"flex_fwd_sm90.cuh\"\n", edit.data);
+  buf_free(&gen);
+  buf_free(&edit);
+  return out.data;
+}
+
+static const char *emu_tmap(void *ctx, FlexTmapBytes *map, const void *base, const uint64_t dims[4],
+                            const uint64_t strides[3], const uint32_t box[4]) {
+  (void)ctx;
+  return emu_tensor_map_encode((FlexTensorMap *)map, 2, 4, base, dims, strides, box, 128);
+}
+
+/* Build (plain or race-check) and run case c on fresh inputs; the relative
+ * error of O and LSE against the reference into *err (inf when the launch
+ * failed), the launch's message into msg. */
+static flex_status run_case(const Case *c, bool race, char *msg, double *err) {
+  flex_kernel *k = NULL;
+  ck_assert_msg(flex_kernel_from_source(&k, "broken90.score", kSource, strlen(kSource), NULL) ==
+                FLEX_OK, "%s", flex_last_error());
+  CgOptions o;
+  char *src = mutated_source(k, c, &o);
+  EmuBuildOpts bo = {.racecheck = race};
+  Buf log = {0};
+  EmuModule *m = NULL;
+  ck_assert_msg(emu_module_get(&m, src, &bo, &log) == FLEX_OK, "%s: does not build:\n%s", c->what,
+                log.data ? log.data : "");
+  DLDataType f16 = rt_dtype(kDLFloat, 16), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
+  int64_t sq[4] = {B, H, QL, E}, sk[4] = {B, HKV, KL, E}, sl[3] = {B, H, QL};
+  TlArr q, kk, v, out, lse, rout, rlse;
+  tl_arr_init(&q, f16, 4, sq), tl_arr_normal(&q, &rng);
+  tl_arr_init(&kk, f16, 4, sk), tl_arr_normal(&kk, &rng);
+  tl_arr_init(&v, f16, 4, sk), tl_arr_normal(&v, &rng);
+  tl_arr_init(&out, f32, 4, sq), tl_arr_init(&lse, f32, 3, sl);
+  tl_arr_init(&rout, f64, 4, sq), tl_arr_init(&rlse, f64, 3, sl);
+  tl_arr_poison(&out), tl_arr_poison(&lse), tl_arr_poison(&rout), tl_arr_poison(&rlse);
+  flex_args a;
+  memset(&a, 0, sizeof a);
+  a.backend = FLEX_BACKEND_REFERENCE;
+  a.q = &q.t, a.k = &kk.t, a.v = &v.t, a.out = &rout.t, a.lse = &rlse.t;
+  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "reference: %s", flex_last_error());
+
+  FlexParams p;
+  memset(&p, 0, sizeof p);
+  p.out = out.t.data, p.lse = lse.t.data, p.q = q.t.data, p.k = kk.t.data, p.v = v.t.data;
+  p.sq = p.so = (FlexStrides){(int64_t)H * QL * E, (int64_t)QL * E, E};
+  p.sk = p.sv = (FlexStrides){(int64_t)HKV * KL * E, (int64_t)KL * E, E};
+  p.lse_b = H * QL, p.lse_h = QL;
+  int32_t sizes[5] = {B, H, HKV, QL, KL};
+  memcpy(p.sizes, sizes, sizeof sizes);
+  p.B = B, p.H = H, p.HKV = HKV, p.G = H / HKV, p.q_len = QL, p.kv_len = KL, p.E = p.EV = E;
+  p.scale = (float)(1.0 / sqrt((double)E));
+  p.vec16 = 1;
+  FlexFwdTma t;
+  ck_assert_msg(rt_launch_fwd_tma(&o, &p, emu_tmap, NULL, &t) == FLEX_OK, "%s", flex_last_error());
+  EmuRange r[5] = {{(uintptr_t)p.q, (uint64_t)B * H * QL * E * 2, "q"},
+                   {(uintptr_t)p.k, (uint64_t)B * HKV * KL * E * 2, "k"},
+                   {(uintptr_t)p.v, (uint64_t)B * HKV * KL * E * 2, "v"},
+                   {(uintptr_t)p.out, (uint64_t)B * H * QL * E * 4, "out"},
+                   {(uintptr_t)p.lse, (uint64_t)B * H * QL * 4, "lse"}};
+  CgLaunch g = cg_launch_fwd(&o, B, H, QL);
+  EmuLaunch L;
+  memset(&L, 0, sizeof L);
+  L.kernel = "flex_fwd";
+  L.params = &t;
+  L.grid = (EmuDim){g.grid[0], g.grid[1], g.grid[2]};
+  L.block = (EmuDim){g.block[0], g.block[1], g.block[2]};
+  L.smem_bytes = g.smem;
+  L.ranges = r;
+  L.nranges = 5;
+  flex_status st = emu_module_launch(m, &L, NULL);
+  snprintf(msg, EMU_ERR_LEN, "%s", L.error);
+  double eo = tl_rel_err(&out.a, &rout.a), el = tl_rel_err(&lse.a, &rlse.a);
+  *err = st != FLEX_OK ? INFINITY : eo >= el ? eo : el;
+  fprintf(stderr, "  %-52s %s: status %d, error %.3g%s%.200s\n", c->what, race ? "race-check" : "plain",
+          st, *err, msg[0] ? ": " : "", msg);
+  TlArr *all[] = {&q, &kk, &v, &out, &lse, &rout, &rlse};
+  for (int i = 0; i < 7; i++) tl_arr_free(all[i]);
+  buf_free(&log);
+  base_free(src);
+  flex_kernel_free(k);
+  return st;
+}
+
+START_TEST(mutation) {
+  const Case *c = &cases[_i];
+  char msg[EMU_ERR_LEN];
+  double err;
+  if (!c->from) { /* the control, plain and race-checked */
+    for (int race = 0; race < 2; race++) {
+      flex_status st = run_case(c, race, msg, &err);
+      ck_assert_msg(st == FLEX_OK, "%s: %s", c->what, msg);
+      ck_assert_msg(err < 5e-3, "%s: error %g", c->what, err);
+    }
+    return;
+  }
+  flex_status st = run_case(c, false, msg, &err);
+  if (c->launch_fails)
+    ck_assert_msg(st != FLEX_OK, "%s went undetected (error %g)", c->what, err);
+  else
+    ck_assert_msg(st != FLEX_OK || !(err < 5e-3), "%s went undetected (error %g)", c->what, err);
+}
+END_TEST
+
+int main(void) {
+  rng = tl_seed();
+  Suite *s = suite_create("emu_sm90_broken");
+  TCase *tc = tcase_create("mutations");
+  tcase_set_timeout(tc, 300);
+  tcase_add_loop_test(tc, mutation, 0, NCASES);
+  suite_add_tcase(s, tc);
+  return tl_run_suite(s);
+}
