@@ -96,23 +96,6 @@ static const Case cases[] = {
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
-static const char *embedded(const char *name) {
-  for (const EmbeddedFile *e = rt_embedded; e->name; e++)
-    if (!strcmp(e->name, name)) return e->text;
-  ck_abort_msg("no embedded template %s", name);
-  return NULL;
-}
-
-/* Replace the one occurrence of `from` in `text` by `to` (into *out). */
-static void replace_once(Buf *out, const char *text, const char *from, const char *to) {
-  const char *at = strstr(text, from);
-  ck_assert_msg(at, "mutation text not found: %s", from);
-  ck_assert_msg(!strstr(at + 1, from), "mutation text found twice: %s", from);
-  buf_put(out, text, (size_t)(at - text));
-  buf_puts(out, to);
-  buf_puts(out, at + strlen(from));
-}
-
 /* The generated forward source for `c`, with its mutation spliced in where
  * the template would be included (its include guard hides the original). */
 static char *mutated_source(const flex_kernel *k, const Case *c, CgOptions *o) {
@@ -125,12 +108,12 @@ static char *mutated_source(const flex_kernel *k, const Case *c, CgOptions *o) {
   cg_emit_cuda(&gen, k->mod, o);
   if (!c->file) return gen.data;
   Buf edit = {0};
-  replace_once(&edit, embedded(c->file), c->from, c->to);
+  tl_replace_once(&edit, tl_embedded(c->file), c->from, c->to);
   const char *inc = "#include \"flex_fwd.cuh\"\n";
   ck_assert_msg(strstr(gen.data, inc), "generated source does not include flex_fwd.cuh");
   buf_puts(&edit, "\n");
   buf_puts(&edit, !strcmp(c->file, "flex_fwd.cuh") ? "" : inc);
-  replace_once(&out, gen.data, inc, edit.data);
+  tl_replace_once(&out, gen.data, inc, edit.data);
   buf_free(&gen);
   buf_free(&edit);
   return out.data;

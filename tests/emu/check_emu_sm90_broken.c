@@ -72,22 +72,6 @@ static const Case cases[] = {
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
-static const char *embedded(const char *name) {
-  for (const EmbeddedFile *e = rt_embedded; e->name; e++)
-    if (!strcmp(e->name, name)) return e->text;
-  ck_abort_msg("no embedded template %s", name);
-  return NULL;
-}
-
-static void replace_once(Buf *out, const char *text, const char *from, const char *to) {
-  const char *at = strstr(text, from);
-  ck_assert_msg(at, "mutation text not found: %s", from);
-  ck_assert_msg(!strstr(at + 1, from), "mutation text found twice: %s", from);
-  buf_put(out, text, (size_t)(at - text));
-  buf_puts(out, to);
-  buf_puts(out, at + strlen(from));
-}
-
 /* The generated sm_90a forward for `c`, the mutated template spliced in
  * where it is included (its include guard hides the original). */
 static char *mutated_source(const flex_kernel *k, const Case *c, CgOptions *o) {
@@ -100,9 +84,9 @@ static char *mutated_source(const flex_kernel *k, const Case *c, CgOptions *o) {
   Buf gen = {0}, out = {0}, edit = {0};
   cg_emit_cuda(&gen, k->mod, o);
   if (!c->from) return gen.data;
-  replace_once(&edit, embedded("flex_fwd_sm90.cuh"), c->from, c->to);
+  tl_replace_once(&edit, tl_embedded("flex_fwd_sm90.cuh"), c->from, c->to);
   buf_puts(&edit, "\n");
-  replace_once(&out, gen.data, "#include \"flex_fwd_sm90.cuh\"\n", edit.data);
+  tl_replace_once(&out, gen.data, "#include \"flex_fwd_sm90.cuh\"\n", edit.data);
   buf_free(&gen);
   buf_free(&edit);
   return out.data;

@@ -80,6 +80,13 @@ void tl_pair_free(TlPair *p);
  * gives infinity. */
 double tl_pair_err(const TlPair *p);
 
+/* The kernel template `name` as the library embeds it (aborts the test
+ * when there is none), and `text` with the one occurrence of `from`
+ * replaced by `to`, into *out (aborts when `from` is missing or repeated):
+ * for tests that mutate a kernel (testlib_mutate.c). */
+const char *tl_embedded(const char *name);
+void tl_replace_once(Buf *out, const char *text, const char *from, const char *to);
+
 /* Run a Check suite with the default settings; the process exit status. */
 int tl_run_suite(Suite *s);
 
