@@ -30,7 +30,8 @@ class _Spec:
     """The non-tensor part of a call, which the custom ops take as one
     string (they take no lists of strings): 'KERNEL;BACKEND;P=V,...;
     BUFFER,...;WANT;FLAGS;BLOCK' where WANT is one 0/1 per buffer (its
-    gradient is wanted), FLAGS check_bounds and fast_math as 0/1, and BLOCK
+    gradient is wanted), FLAGS check_bounds, fast_math and deterministic
+    as 0/1, and BLOCK
     'BQ,BKV' or empty (no block mask)."""
 
     def __init__(self, spec):
@@ -40,6 +41,7 @@ class _Spec:
         self.bnames = [n for n in bnames.split(",") if n]
         self.want = [w == "1" for w in want]
         self.check_bounds, self.fast_math = flags[0] == "1", flags[1] == "1"
+        self.deterministic = flags[2] == "1"
         self.block = [int(b) for b in block.split(",")] if block else []
 
 
@@ -93,7 +95,7 @@ def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
     g = sp.kernel.backward(q, k, v, out, lse, dout, dlse, scale=scale or None, params=sp.params,
                            buffers=bufs, block_mask=_mask(mask, sp), backend=sp.backend,
                            buffer_grads=wanted, check_bounds=sp.check_bounds,
-                           fast_math=sp.fast_math)
+                           fast_math=sp.fast_math, deterministic=sp.deterministic)
     dbufs = [g.buffers[n].to(bufs[n].dtype) for n in wanted]
     return g.dq, g.dk, g.dv, dbufs
 
@@ -133,7 +135,7 @@ _attention.register_autograd(_backward, setup_context=_setup_context)
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, params=None,
                    buffers=None, return_lse=False, *, enable_gqa=False, backend=None,
-                   check_bounds=False, fast_math=False):
+                   check_bounds=False, fast_math=False, deterministic=False):
     """Attention with a flexc kernel, like torch.nn.attention.flex_attention.
 
     query [B, H, Q_LEN, E], key [B, HKV, KV_LEN, E], value [B, HKV, KV_LEN,
@@ -147,7 +149,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     `grad`). Returns out in query's dtype, or (out, lse) with return_lse
     (lse float32, natural log). backend: None picks `cuda` for CUDA
     tensors, `cpu` for host tensors where this build has it, else
-    `reference`."""
+    `reference`. deterministic: the backward's gradients bitwise the same on
+    every run (DSL.md "Determinism")."""
     kernel = _PLAIN if score_mod is None else score_mod
     if not isinstance(kernel, K.Kernel):
         raise TypeError("flexc.torch.flex_attention: score_mod must be a kernel from "
@@ -163,7 +166,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     want = "".join("1" if t.requires_grad else "0" for t in btensors)
     if backend is None:
         backend = "cuda" if query.is_cuda else _HOST_BACKEND
-    flags = ("1" if check_bounds else "0") + ("1" if fast_math else "0")
+    flags = "".join("1" if f else "0" for f in (check_bounds, fast_math, deterministic))
     if block_mask is None:
         mask, block = [], ""
     else:
