@@ -41,7 +41,7 @@ class _Spec:
         self.bnames = [n for n in bnames.split(",") if n]
         self.want = [w == "1" for w in want]
         self.check_bounds, self.fast_math = flags[0] == "1", flags[1] == "1"
-        self.deterministic = flags[2] == "1"
+        self.deterministic = flags[2:3] == "1"  # optional: a two-flag spec is not deterministic
         self.block = [int(b) for b in block.split(",")] if block else []
 
 
