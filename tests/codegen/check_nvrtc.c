@@ -294,8 +294,7 @@ START_TEST(sm90_forward_ptx) {
   const char *file = files[_i % 2];
   int E = dims[_i / 2 % 3];
   bool bf16 = _i / 6 % 2, dropout = _i >= 12;
-  flex_kernel *k;
-  ck_assert_msg(flex_kernel_load(&k, tl_src_path(file), NULL) == FLEX_OK, "%s", flex_last_error());
+  flex_kernel *k = tl_load(file, NULL, NULL);
   flex_emit_options eo = {.target = FLEX_TARGET_PTX, .arch = "sm_90a",
                           .dtype = {bf16 ? kDLBfloat : kDLFloat, 16, 1}, .head_dim = E,
                           .forward_only = true, .dropout = dropout};

@@ -76,12 +76,7 @@ typedef struct Case {
   float drop;
 } Case;
 
-static flex_kernel *load(const char *src) {
-  flex_kernel *k = NULL;
-  flex_status st = flex_kernel_from_source(&k, "splitkv", src, strlen(src), NULL);
-  ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
-  return k;
-}
+static flex_kernel *load(const char *src) { return tl_load(NULL, "splitkv", src); }
 
 /* The buffers of a case (host arrays shared by both backends). */
 typedef struct Buffers {

@@ -888,8 +888,7 @@ START_TEST(cli_run_packed) {
   ck_assert_msg(rc == 0, "exit %d: %s", rc, log.data);
   buf_free(&log);
   /* the same call through the API */
-  flex_kernel *k;
-  ck_assert(flex_kernel_load(&k, tl_src_path("samples/causal_lower_right.score"), NULL) == FLEX_OK);
+  flex_kernel *k = tl_load("samples/causal_lower_right.score", NULL, NULL);
   DLDataType f64 = rt_dtype(kDLFloat, 64);
   int64_t os[3] = {r.TQ, 2, 8}, ls[2] = {2, r.TQ}, ks[3] = {r.TK, 1, 8};
   TlArr out, lse, dq, dk, dv;
