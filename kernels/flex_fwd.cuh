@@ -175,7 +175,25 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
 #pragma unroll
   for (int m = 0; m < RW; m++)
     row_max[m][0] = row_max[m][1] = -INFINITY, row_sum[m][0] = row_sum[m][1] = 0.0f;
-  const float scale_log2 = p.scale * FLEX_LOG2E;
+  /* An identity score keeps S unscaled: the running max is taken on Q K^T
+   * and the scale (times log2 e) goes into the exponent's FMA, x s - m s,
+   * one instruction per element instead of a multiply and a subtract. That
+   * needs s positive and finite in fp32; any other scale (validate.c admits
+   * finite ones only) is folded into Q here, once: times -1 for a negative
+   * scale (exact; s = |scale| log2 e), else times the scale itself (one
+   * whose log2-domain value underflows to 0 or overflows; s = log2 e). A
+   * score function sees scale * Q K^T as before and returns log2-domain
+   * logits (s = 1). */
+  float scale_log2 = SCORE_ID ? p.scale * FLEX_LOG2E : 1.0f;
+  if (SCORE_ID && !(scale_log2 > 0.0f && scale_log2 < INFINITY)) {
+    const bool neg = scale_log2 < 0.0f && scale_log2 > -INFINITY;
+    const float f = neg ? -1.0f : p.scale;
+    flex_cp_async_wait<0>(); /* Q, the only group in flight */
+    __syncthreads();
+    for (int i = tid; i < BM * QS; i += NT) sQ[i] = El::mul(sQ[i], f);
+    __syncthreads();
+    scale_log2 = neg ? -scale_log2 : FLEX_LOG2E;
+  }
   /* Iteration i loads tile i into stage i % 2 and computes tile i - 1: the
    * first iteration only loads, so the walk advances at one call site. */
   int stage = 1;
@@ -246,7 +264,7 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
         for (int c = 0; c < 4; c++) {
           const bool ok = live[m] >> (4 * j + c) & 1;
           if (SCORE_ID) {
-            s[m][j][c] = ok ? s[m][j][c] * scale_log2 : -INFINITY;
+            s[m][j][c] = ok ? s[m][j][c] : -INFINITY;
           } else {
             const int qi = m0 + wr + 16 * m + g + (c >> 1) * 8, kj = n0 + j * 8 + 2 * t4 + (c & 1);
             /* user code never sees an element that is out of range or masked */
@@ -269,9 +287,11 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
         tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
         tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
         const float m_new = flex_max_nan(row_max[m][r], tile_max[r]);
-        /* A row that has seen only -inf keeps max -inf; use 0 so exp2 gives 0, not NaN. */
+        /* A row that has seen only -inf keeps max -inf; use 0 so exp2 gives 0,
+         * not NaN. m_use is in S's units; times scale_log2 in log2 units. */
         m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-        corr[r] = flex_ex2(row_max[m][r] - m_use[r]);
+        corr[r] = flex_ex2(fmaf(row_max[m][r], scale_log2, -m_use[r] * scale_log2));
+        m_use[r] *= scale_log2;
         row_max[m][r] = m_new;
         row_sum[m][r] *= corr[r];
       }
@@ -279,7 +299,7 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
       for (int j = 0; j < BN / 8; j++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-          s[m][j][c] = flex_ex2(s[m][j][c] - m_use[c >> 1]);
+          s[m][j][c] = flex_ex2(fmaf(s[m][j][c], scale_log2, -m_use[c >> 1]));
           row_sum[m][c >> 1] += s[m][j][c];
         }
 #pragma unroll
@@ -344,7 +364,7 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
       row_sum[m][r] += __shfl_xor_sync(0xffffffffu, row_sum[m][r], 1);
       row_sum[m][r] += __shfl_xor_sync(0xffffffffu, row_sum[m][r], 2);
       float lse;
-      float inv = flex_finish_row(row_max[m][r], row_sum[m][r], &lse);
+      float inv = flex_finish_row(row_max[m][r] * scale_log2, row_sum[m][r], &lse);
       if (FLEX_DROP) inv *= p.drop_scale;
       const int qi = m0 + wr + 16 * m + g + r * 8;
       if (qi >= p.q_len) continue;

@@ -5,13 +5,15 @@
 # python3 or cuobjdump cannot be had (--install tries pip into build/model-venv).
 # The backward's 14.2 (was 14) pays for a NaN P reaching the gradients and
 # P = 0 for a score of -inf even where LSE is NaN (measured 14.11, causal).
+# The forward's 5.9: the scale folded into the exponent's FMA (measured
+# 5.78, causal; 6.03 before).
 find_program(FLEXC_PYTHON3 python3)
 if(FLEXC_PYTHON3)
   add_test(NAME kernel_model COMMAND ${FLEXC_PYTHON3} ${PROJECT_SOURCE_DIR}/bench/kernel_model.py
     samples/causal.score --arch sm_80 --dtype bf16 --head-dim 128 --install
     --flexc $<TARGET_FILE:flexc>
     --max flex_fwd:spill=0 --max flex_bwd:spill=0 --max flex_fwd:stack=0 --max flex_bwd:stack=0
-    --max flex_fwd:i_per_hmma=6.1 --max flex_fwd:b_per_hmma=166
+    --max flex_fwd:i_per_hmma=5.9 --max flex_fwd:b_per_hmma=166
     --max flex_bwd:i_per_hmma=14.2 --max flex_bwd:b_per_hmma=370
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(kernel_model PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300

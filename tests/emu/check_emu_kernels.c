@@ -45,6 +45,8 @@ typedef struct Shape {
   bool native_out;              /* emu outputs in q's dtype instead of float32 */
 } Shape;
 
+static double call_scale; /* flex_args.scale of every call (0: 1/sqrt(E)); odd_scales sets it */
+
 static const Shape shapes[] = {
     {2, 4, 2, 37, 70, 15, 24, true, false},  /* GQA, odd E, EV != E, ragged tails */
     {1, 3, 1, 70, 37, 16, 16, false, true},  /* MQA, Q_LEN > KV_LEN */
@@ -190,6 +192,7 @@ static void run_init(Run *r, const Shape *s, DLDataType dt, const char *sample) 
     a->dq = &r->dq[i].t, a->dk = &r->dk[i].t, a->dv = &r->dv[i].t;
     a->params = r->x.params, a->nparams = r->x.np;
     a->buffers = i ? r->x.fr : r->x.fe, a->nbuffers = r->x.nb;
+    a->scale = call_scale;
   }
 }
 
@@ -302,6 +305,38 @@ END_TEST
 
 /* Head dims over 128 (the halved tiles) for two samples in the default run. */
 START_TEST(large_head_dim) { run_case(_i ? 9 : 5, _i ? 1 : 2, 4); }
+END_TEST
+
+/* Scales the tensor-core forward folds into Q instead of the exponent
+ * (kernels/flex_fwd.cuh): a negative one (forward and backward), and one
+ * whose log2-domain value underflows fp32, so every logit is 0 and rows
+ * are uniform (forward only: its gradients, ~1e-46, are below fp32's
+ * range); an identity score (causal) and a score function (alibi), fp16
+ * and bf16. */
+START_TEST(odd_scales) {
+  const int si = _i / 4 % 2 ? 0 : 1, di = _i % 2 ? 1 : 2;
+  const Shape *s = &shapes[_i % 2];
+  call_scale = _i / 2 % 2 ? 1e-46 : -0.3;
+  fprintf(stderr, "  scale %g\n", call_scale);
+  if (call_scale < 0) {
+    run_shape(si, di, s);
+  } else {
+    const TlDtype *d = &tl_dtypes[di];
+    char path[256];
+    snprintf(path, sizeof path, "samples/%s.score", samples[si]);
+    flex_kernel *k = tl_load(path, NULL, NULL);
+    Run r;
+    run_init(&r, s, rt_dtype(d->code, d->bits), samples[si]);
+    for (int i = 1; i >= 0; i--)
+      ck_assert_msg(flex_forward(k, &r.a[i]) == FLEX_OK, "%s", flex_last_error());
+    double eo = tl_rel_err(&r.out[0].a, &r.out[1].a), el = tl_rel_err(&r.lse[0].a, &r.lse[1].a);
+    fprintf(stderr, "  %s %s forward: out %.2g lse %.2g\n", samples[si], d->name, eo, el);
+    ck_assert_msg(eo < d->tol && el < d->tol, "out %g lse %g", eo, el);
+    run_free(&r);
+    flex_kernel_free(k);
+  }
+  call_scale = 0;
+}
 END_TEST
 
 /* ---- tiles: every row of the tile table and every sweep shape ---------- */
@@ -425,6 +460,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, samples_listed);
     tcase_add_loop_test(tc, sample_default, 0, NSAMPLES * 3);
     tcase_add_loop_test(tc, large_head_dim, 0, 2);
+    tcase_add_loop_test(tc, odd_scales, 0, 8);
   }
   suite_add_tcase(s, tc);
   return tl_run_suite(s);
