@@ -14,7 +14,8 @@
  *   min.f / max.f             llvm.minnum / llvm.maxnum (fminf / fmaxf)
  *   abs.f sqrt floor ceil     llvm.fabs / llvm.sqrt / llvm.floor / llvm.ceil
  *   mod.f                     frem (fmodf)
- *   exp exp2 log log2 tanh sigmoid (as e^-|x| / (1 + e^-|x|) below 0; tanh without a division)
+ *   exp exp2 log log2 tanh sigmoid (as e^-|x| / (1 + e^-|x|) below 0;
+ *                             tanh with its own exp for 2|x| >= 1.25)
  *                             inline polynomials (lower_math below: Cephes-style,
  *                             1-2 ulp, special values handled by selects), so
  *                             that rows vectorise; checked by check_cpu_math
@@ -182,24 +183,32 @@ static LLVMValueRef lower_log(Lw *w, LLVMValueRef x, bool base2) {
   return sel(w, fcmp(w, LLVMRealUNO, x, x), x, r);
 }
 
-/* tanh: Cephes tanhf's odd polynomial below |x| 0.625; above, with
- * u = e^-2|x| in (0, e^-1.25], tanh|x| = (1 - u) / (1 + u) = 1 - 2u g(u)
- * where g is a degree-7 polynomial for 1 / (1 + u) on that interval
- * (Chebyshev interpolation, coefficients rounded to float: 6e-9 from
- * 1 / (1 + u), 0.06 ulp of the result), so there is no division: a
- * vector divide costs as much as the rest of the function on AVX-512.
- * +-inf give u = 0 and +-1, NaN stays NaN; sign restored by copysign. */
+/* tanh: Cephes tanhf's odd polynomial below |x| 0.625, 1 - 2 / (e^2|x| + 1)
+ * above, sign restored by copysign. The e^2|x| is lower_exp less what its
+ * argument range (2|x| >= 1.25, or NaN) does not need: the argument is
+ * clamped to 88 (e^88 is finite and 2 / (e^88 + 1) already rounds 1 - it
+ * to 1), so 2^n is one exponent insertion and neither overflow nor
+ * underflow needs a select; a NaN passes through the arithmetic. It is
+ * about half the instructions of the general exp, and the whole function
+ * is what a softcap score costs per element (the divide is not the
+ * expensive part: one vdivps costs fewer cycles than the three
+ * instructions that would replace it). */
 static LLVMValueRef lower_tanh(Lw *w, LLVMValueRef x) {
   static const double P[] = {-5.70498872745E-3, 2.06390887954E-2, -5.37397155531E-2,
                              1.33314422036E-1, -3.33332819422E-1};
-  static const double G[] = {-0.3536563813686371, 0.7589533925056458, -0.9476476311683655,
-                             0.9933922290802002,  -0.9995356798171997, 0.9999837279319763,
-                             -0.9999997615814209, 1.0};
+  static const double E[] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
+                             4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
   LLVMValueRef ax = intr1(w, "llvm.fabs", x);
   LLVMValueRef z = fmul(w, x, x);
-  LLVMValueRef small = fadd(w, fmul(w, fmul(w, horner(w, z, P, 5), z), x), x);
-  LLVMValueRef u = lower_exp(w, fmul(w, ax, cf(w, -2.0)), false);
-  LLVMValueRef big = fma3(w, fmul(w, u, cf(w, -2.0)), horner(w, u, G, 8), cf(w, 1.0));
+  LLVMValueRef small = fma3(w, fmul(w, x, z), horner(w, z, P, 5), x);
+  LLVMValueRef y = fadd(w, ax, ax);
+  y = sel(w, fcmp(w, LLVMRealOGT, y, cf(w, 88.0)), cf(w, 88.0), y);
+  LLVMValueRef nf = intr1(w, "llvm.floor", fma3(w, y, cf(w, 1.44269504088896341), cf(w, 0.5)));
+  LLVMValueRef r = fma3(w, nf, cf(w, -0.693359375), y);
+  r = fma3(w, nf, cf(w, 2.12194440e-4), r);
+  LLVMValueRef e = fadd(w, fma3(w, horner(w, r, E, 6), fmul(w, r, r), r), cf(w, 1.0));
+  e = fmul(w, e, pow2i(w, LLVMBuildFPToSI(w->b, nf, w->i32, "")));
+  LLVMValueRef big = fsub(w, cf(w, 1.0), LLVMBuildFDiv(w->b, cf(w, 2.0), fadd(w, e, cf(w, 1.0)), ""));
   big = intr(w, "llvm.copysign", w->f32, (LLVMValueRef[]){big, x}, 2);
   return sel(w, fcmp(w, LLVMRealOLT, ax, cf(w, 0.625)), small, big);
 }
