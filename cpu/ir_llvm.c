@@ -196,8 +196,11 @@ static LLVMValueRef lower_log(Lw *w, LLVMValueRef x, bool base2) {
 static LLVMValueRef lower_tanh(Lw *w, LLVMValueRef x) {
   static const double P[] = {-5.70498872745E-3, 2.06390887954E-2, -5.37397155531E-2,
                              1.33314422036E-1, -3.33332819422E-1};
-  static const double E[] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
-                             4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
+  /* e^r = 1 + r + r^2 p(r) on |r| <= ln2 / 2: p of degree 4 (Chebyshev
+   * interpolation, float coefficients; 1.1e-8 relative, 0.18 ulp: one
+   * degree less than exp's, as tanh's error is at most 0.62 of e's here) */
+  static const double E[] = {1.3926932588219643E-3, 8.363778702914715E-3, 4.166654869914055E-2,
+                             1.6666573286056519E-1, 0.5};
   LLVMValueRef ax = intr1(w, "llvm.fabs", x);
   LLVMValueRef z = fmul(w, x, x);
   LLVMValueRef small = fma3(w, fmul(w, x, z), horner(w, z, P, 5), x);
@@ -206,11 +209,12 @@ static LLVMValueRef lower_tanh(Lw *w, LLVMValueRef x) {
   LLVMValueRef nf = intr1(w, "llvm.floor", fma3(w, y, cf(w, 1.44269504088896341), cf(w, 0.5)));
   LLVMValueRef r = fma3(w, nf, cf(w, -0.693359375), y);
   r = fma3(w, nf, cf(w, 2.12194440e-4), r);
-  LLVMValueRef e = fadd(w, fma3(w, horner(w, r, E, 6), fmul(w, r, r), r), cf(w, 1.0));
+  LLVMValueRef e = fadd(w, fma3(w, horner(w, r, E, 5), fmul(w, r, r), r), cf(w, 1.0));
   e = fmul(w, e, pow2i(w, LLVMBuildFPToSI(w->b, nf, w->i32, "")));
   LLVMValueRef big = fsub(w, cf(w, 1.0), LLVMBuildFDiv(w->b, cf(w, 2.0), fadd(w, e, cf(w, 1.0)), ""));
-  big = intr(w, "llvm.copysign", w->f32, (LLVMValueRef[]){big, x}, 2);
-  return sel(w, fcmp(w, LLVMRealOLT, ax, cf(w, 0.625)), small, big);
+  /* the sign last, for both sides: the polynomial's x + x z P(z) makes -0 +0 */
+  LLVMValueRef t = sel(w, fcmp(w, LLVMRealOLT, ax, cf(w, 0.625)), small, big);
+  return intr(w, "llvm.copysign", w->f32, (LLVMValueRef[]){t, x}, 2);
 }
 
 /* 1 / (1 + e^-x), as e / (1 + e) with e = e^x below 0 so that it never
