@@ -194,23 +194,27 @@ static void fwd_item(void *ctx, int64_t item, int worker) {
     if (a->bf16) K->gemm_bf16(m, bnp, E2, Qb, E2, ktb + kv0, a->ldk, S, bnp, p->scale, false);
     else K->gemm(m, bnp, E, Q, E, 1, kt + kv0, a->ldk, S, bnp, false);
     scores(a, S, bnp, m, n, b, h, q0, kv0, cls);
+    /* bf16 without dropout: P straight to bf16 (exp_sum_bf16), no fp32 P */
+    bool fused = a->bf16 && p->drop_p == 0.0f;
+    int n2 = n + (n & 1); /* bf16: an odd last tile's pad key has P = 0 */
     for (int i = 0; i < m; i++) {
       float *t = S + (size_t)i * bnp, mt = K->row_max(t, n), mo = mrow[i];
       float mn = isnan(mt) || isnan(mo) ? NAN : mt > mo ? mt : mo;
       if (mn == -INFINITY) { /* nothing kept so far: P = 0 */
-        memset(t, 0, sizeof(float) * (size_t)n);
+        if (fused) memset(Pb + (size_t)i * bnp, 0, sizeof(uint16_t) * (size_t)n2);
+        else memset(t, 0, sizeof(float) * (size_t)n);
         continue;
       }
       float alpha = mo == -INFINITY ? 0.0f : mo == mn ? 1.0f : expf(mo - mn);
-      lrow[i] = lrow[i] * alpha + K->exp_sum(t, n, mn);
+      float sum = fused ? K->exp_sum_bf16(Pb + (size_t)i * bnp, t, n, mn) : K->exp_sum(t, n, mn);
+      lrow[i] = lrow[i] * alpha + sum;
       if (alpha != 1.0f) K->scale(O + (size_t)i * EVp, EVp, alpha);
       mrow[i] = mn;
     }
     if (p->drop_p > 0.0f) /* after the row sums, before P V; 1 / (1 - p) scales O at the end */
       for (int i = 0; i < m; i++) drop_row(p, b, h, q0 + i, kv0, n, S + (size_t)i * bnp, false);
     if (a->bf16) { /* P to bf16, as FlashAttention does before P V (l summed the fp32 P) */
-      int n2 = n + (n & 1); /* an odd last tile: the pad key's P is 0 */
-      for (int i = 0; i < m; i++) {
+      for (int i = 0; i < m && !fused; i++) {
         float *t = S + (size_t)i * bnp;
         if (n & 1) t[n] = 0.0f;
         K->to_bf16(Pb + (size_t)i * bnp, t, n2);

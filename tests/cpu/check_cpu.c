@@ -22,7 +22,8 @@
  *   dispatch   cpu_kern() picks the AVX512-BF16 table exactly where CPUID
  *              has it, and FLEXC_CPU_ISA forces each lower table (children)
  *   bf16       the bf16 products (vdpbf16ps) and P's rounding against
- *              binary64 over random shapes; bf16 attention (the forward on
+ *              binary64 over random shapes, the fused exp_sum_bf16 against
+ *              exp_sum + to_bf16 bit for bit; bf16 attention (the forward on
  *              those products) against the reference, fp32 and bf16 O
  */
 #include <check.h>
@@ -655,7 +656,29 @@ START_TEST(bf16_products) {
     }
     ck_assert_msg(got[n] == 0xa5a5, "to_bf16 n %d wrote past n", n);
   }
-  fprintf(stderr, "  bf16 products (%s): 100 shapes and P's rounding pass\n", K->name);
+  /* exp_sum_bf16 (the forward's fused P): the bits of exp_sum then to_bf16,
+   * sum included, over every row length to 130 (odd ones get a zero pad),
+   * with -inf (masked) keys; nothing written past the pad, x unchanged. */
+  float row[136], ref[136];
+  for (int n = 1; n <= 130; n++) {
+    for (int j = 0; j < n; j++) row[j] = j % 7 == 3 ? -INFINITY : (float)(3.0 * tl_normal(&rng));
+    float mx = K->row_max(row, n);
+    memcpy(ref, row, sizeof row);
+    float want_sum = K->exp_sum(ref, n, mx);
+    if (n & 1) ref[n] = 0.0f;
+    uint16_t want[136], fused[136];
+    K->to_bf16(want, ref, n + (n & 1));
+    memcpy(ref, row, sizeof row);
+    memset(fused, 0xa5, sizeof fused);
+    float sum = K->exp_sum_bf16(fused, row, n, mx);
+    ck_assert_msg(memcmp(&sum, &want_sum, sizeof sum) == 0, "exp_sum_bf16 n %d: sum %a, want %a", n,
+                  (double)sum, (double)want_sum);
+    ck_assert_msg(memcmp(fused, want, sizeof(uint16_t) * (size_t)(n + (n & 1))) == 0,
+                  "exp_sum_bf16 n %d: P differs from exp_sum + to_bf16", n);
+    ck_assert_msg(fused[n + (n & 1)] == 0xa5a5, "exp_sum_bf16 n %d wrote past the pad", n);
+    ck_assert_msg(memcmp(ref, row, sizeof(float) * (size_t)n) == 0, "exp_sum_bf16 n %d changed x", n);
+  }
+  fprintf(stderr, "  bf16 products (%s): 100 shapes, P's rounding and the fused exp pass\n", K->name);
 }
 END_TEST
 
