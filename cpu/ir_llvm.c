@@ -206,11 +206,16 @@ static LLVMValueRef lower_tanh(Lw *w, LLVMValueRef x) {
   LLVMValueRef small = fma3(w, fmul(w, x, z), horner(w, z, P, 5), x);
   LLVMValueRef y = fadd(w, ax, ax);
   y = sel(w, fcmp(w, LLVMRealOGT, y, cf(w, 88.0)), cf(w, 88.0), y);
-  LLVMValueRef nf = intr1(w, "llvm.floor", fma3(w, y, cf(w, 1.44269504088896341), cf(w, 0.5)));
+  /* n = round(y log2 e) by adding 1.5 * 2^23: the sum's low mantissa bits
+   * are n, so 2^n is those bits shifted into the exponent (0 <= n <= 127) */
+  LLVMValueRef mg = fma3(w, y, cf(w, 1.44269504088896341), cf(w, 12582912.0));
+  LLVMValueRef nf = fsub(w, mg, cf(w, 12582912.0));
   LLVMValueRef r = fma3(w, nf, cf(w, -0.693359375), y);
   r = fma3(w, nf, cf(w, 2.12194440e-4), r);
   LLVMValueRef e = fadd(w, fma3(w, horner(w, r, E, 5), fmul(w, r, r), r), cf(w, 1.0));
-  e = fmul(w, e, pow2i(w, LLVMBuildFPToSI(w->b, nf, w->i32, "")));
+  LLVMValueRef p2 = LLVMBuildShl(w->b, LLVMBuildBitCast(w->b, mg, w->i32, ""), ci32(w, 23), "");
+  p2 = LLVMBuildAdd(w->b, p2, ci32(w, 0x3f800000), "");
+  e = fmul(w, e, LLVMBuildBitCast(w->b, p2, w->f32, ""));
   LLVMValueRef big = fsub(w, cf(w, 1.0), LLVMBuildFDiv(w->b, cf(w, 2.0), fadd(w, e, cf(w, 1.0)), ""));
   /* the sign last, for both sides: the polynomial's x + x z P(z) makes -0 +0 */
   LLVMValueRef t = sel(w, fcmp(w, LLVMRealOLT, ax, cf(w, 0.625)), small, big);
