@@ -212,11 +212,13 @@ static LLVMValueRef lower_tanh(Lw *w, LLVMValueRef x) {
   LLVMValueRef nf = fsub(w, mg, cf(w, 12582912.0));
   LLVMValueRef r = fma3(w, nf, cf(w, -0.693359375), y);
   r = fma3(w, nf, cf(w, 2.12194440e-4), r);
-  LLVMValueRef e = fadd(w, fma3(w, horner(w, r, E, 5), fmul(w, r, r), r), cf(w, 1.0));
+  LLVMValueRef q = fma3(w, horner(w, r, E, 5), fmul(w, r, r), r); /* e^r - 1 */
   LLVMValueRef p2 = LLVMBuildShl(w->b, LLVMBuildBitCast(w->b, mg, w->i32, ""), ci32(w, 23), "");
-  p2 = LLVMBuildAdd(w->b, p2, ci32(w, 0x3f800000), "");
-  e = fmul(w, e, LLVMBuildBitCast(w->b, p2, w->f32, ""));
-  LLVMValueRef big = fsub(w, cf(w, 1.0), LLVMBuildFDiv(w->b, cf(w, 2.0), fadd(w, e, cf(w, 1.0)), ""));
+  p2 = LLVMBuildBitCast(w->b, LLVMBuildAdd(w->b, p2, ci32(w, 0x3f800000), ""), w->f32, "");
+  /* e^y + 1 = q 2^n + (2^n + 1), one rounding (2^n + 1 is exact for n <= 23;
+   * above, the 1 is below an ulp of the result anyway) */
+  LLVMValueRef e1 = fma3(w, q, p2, fadd(w, p2, cf(w, 1.0)));
+  LLVMValueRef big = fsub(w, cf(w, 1.0), LLVMBuildFDiv(w->b, cf(w, 2.0), e1, ""));
   /* the sign last, for both sides: the polynomial's x + x z P(z) makes -0 +0 */
   LLVMValueRef t = sel(w, fcmp(w, LLVMRealOLT, ax, cf(w, 0.625)), small, big);
   return intr(w, "llvm.copysign", w->f32, (LLVMValueRef[]){t, x}, 2);

@@ -194,7 +194,7 @@ static flex_status emit_object(const IrModule *m, const CpuJitOpts *o, const cha
 /* The version of the code cpu_lower emits: part of the disk cache's key, so
  * raised with every change of ir_llvm.c's output (the printed IR it is keyed
  * by is flexc's IR, which does not change with the lowering). */
-#define CPU_LOWERING_VERSION "flexc cpu object 4"
+#define CPU_LOWERING_VERSION "flexc cpu object 5"
 
 /* The disk cache's key: the object format, LLVM, the host and our key. */
 static void disk_key(uint8_t out[RT_SHA256_BYTES], const Buf *key) {
