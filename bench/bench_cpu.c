@@ -4,6 +4,7 @@
  *   bench_cpu [--L 2048,4096] [--E 64,128] [--masks none,causal,softcap] [--reps N]
  *             [--no-bwd] [--jit-only]
  *   bench_cpu --ratios [--dtypes fp32,bf16,fp16] [--L ..] [--E ..] [--masks ..] [--reps N]
+ *   bench_cpu --score
  *
  * --ratios is for a shared machine, where absolute times move with the
  * neighbours' load: forwards only, every (mask, dtype) of a shape run once
@@ -238,7 +239,47 @@ static flex_kernel *jit_kernel(long tag, const CpuModule **m) {
   return k;
 }
 
+/* --score: the softcap score alone, the JIT's tile functions over one
+ * 64 x 128 tile (as the forward calls them: score on full tiles,
+ * score + mask on the diagonal ones) on the calling thread, inputs in
+ * [-3, 3) restored before each call (the restore's cost included and
+ * printed on its own): best of 30 runs of 200 calls, ns per element. */
+static int score_alone(void) {
+  const CpuModule *m = NULL;
+  flex_kernel *k = jit_kernel(0, &m);
+  if (!k) return 1;
+  FlexParams p;
+  memset(&p, 0, sizeof p);
+  p.pf[0] = 20.0f;
+  enum { TM = 64, TN = 128, N = TM * TN, CALLS = 200 };
+  float *t = malloc(sizeof(float) * N), *s0 = malloc(sizeof(float) * N);
+  uint64_t rng = 0x5c0e;
+  for (int i = 0; i < N; i++) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    s0[i] = (float)((double)(rng >> 40) / (double)(1u << 24) * 6.0 - 3.0);
+  }
+  CpuScoreFn fns[3] = {NULL, m->score, m->score_mask};
+  const char *names[3] = {"restore only", "score", "score + mask"};
+  for (int f = 0; f < 3; f++) {
+    double best = 1e9;
+    for (int r = 0; r < 30; r++) {
+      double t0 = now();
+      for (int c = 0; c < CALLS; c++) {
+        memcpy(t, s0, sizeof(float) * N);
+        if (fns[f]) fns[f](t, TN, TM, TN, 0, 0, TN / 2, 0, &p);
+      }
+      double dt = now() - t0;
+      if (dt < best) best = dt;
+    }
+    printf("softcap %-13s %.3f ns/element (64 x 128 tiles, one thread)\n", names[f], best / CALLS / N * 1e9);
+  }
+  free(t), free(s0);
+  flex_kernel_free(k);
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 2 && !strcmp(argv[1], "--score")) return score_alone();
   if (argc == 3 && !strcmp(argv[1], "--jit-child")) { /* the disk-cache measurement */
     cpu_jit_ready();
     const CpuModule *m = NULL;

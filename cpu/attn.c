@@ -116,20 +116,30 @@ static void pack_kv_bf16(void *ctx, int64_t item, int worker) {
   int64_t head = a->chunk0 + item;
   int b = (int)(head / p->HKV), kvh = (int)(head % p->HKV), E = a->E, E2 = (E + 1) / 2;
   uint32_t *kt = (uint32_t *)a->kt + item * (int64_t)E2 * a->ldk;
-  uint16_t *vp = (uint16_t *)((uint32_t *)a->vp + item * (int64_t)((p->kv_len + 1) / 2) * a->EVp);
-  for (int j0 = 0; j0 < p->kv_len; j0 += 16) { /* 16 keys at a time, as pack_kv */
+  uint32_t *vp = (uint32_t *)a->vp + item * (int64_t)((p->kv_len + 1) / 2) * a->EVp;
+  /* K^T: a row of K read as E2 words is already (K[j][2 e2], K[j][2 e2 + 1])
+   * (little-endian), so this is a transpose of words, 16 keys at a time as
+   * pack_kv; an odd E's last word gets a zero high half */
+  uint32_t rows[16][256];
+  for (int j0 = 0; j0 < p->kv_len; j0 += 16) {
     int jn = imin(16, p->kv_len - j0);
+    for (int jj = 0; jj < jn; jj++) {
+      const uint16_t *kr = (const uint16_t *)p->k + b * p->sk.b + kvh * p->sk.h + (int64_t)(j0 + jj) * p->sk.row;
+      rows[jj][E2 - 1] = 0;
+      memcpy(rows[jj], kr, sizeof(uint16_t) * (size_t)E);
+    }
     for (int e2 = 0; e2 < E2; e2++)
-      for (int jj = 0; jj < jn; jj++) {
-        const uint16_t *kr = (const uint16_t *)p->k + b * p->sk.b + kvh * p->sk.h + (int64_t)(j0 + jj) * p->sk.row;
-        uint32_t hi = 2 * e2 + 1 < E ? kr[2 * e2 + 1] : 0;
-        kt[(int64_t)e2 * a->ldk + j0 + jj] = kr[2 * e2] | hi << 16;
-      }
+      for (int jj = 0; jj < jn; jj++) kt[(int64_t)e2 * a->ldk + j0 + jj] = rows[jj][e2];
   }
-  for (int j = 0; j < p->kv_len; j++) {
-    const uint16_t *vr = (const uint16_t *)p->v + b * p->sv.b + kvh * p->sv.h + j * p->sv.row;
-    uint16_t *d = vp + (int64_t)(j / 2) * a->EVp * 2 + (j & 1);
-    for (int e = 0; e < a->EV; e++) d[2 * e] = vr[e];
+  /* V: word (j2, e) = (V[2 j2][e], V[2 j2 + 1][e]), two rows zipped */
+  const uint16_t *v0 = (const uint16_t *)p->v + b * p->sv.b + kvh * p->sv.h;
+  for (int j = 0; j < p->kv_len; j += 2) {
+    const uint16_t *r0 = v0 + j * p->sv.row, *r1 = r0 + p->sv.row;
+    uint32_t *d = vp + (int64_t)(j / 2) * a->EVp;
+    if (j + 1 < p->kv_len)
+      for (int e = 0; e < a->EV; e++) d[e] = r0[e] | (uint32_t)r1[e] << 16;
+    else
+      for (int e = 0; e < a->EV; e++) d[e] = r0[e];
   }
 }
 
@@ -194,23 +204,27 @@ static void fwd_item(void *ctx, int64_t item, int worker) {
     if (a->bf16) K->gemm_bf16(m, bnp, E2, Qb, E2, ktb + kv0, a->ldk, S, bnp, p->scale, false);
     else K->gemm(m, bnp, E, Q, E, 1, kt + kv0, a->ldk, S, bnp, false);
     scores(a, S, bnp, m, n, b, h, q0, kv0, cls);
+    /* bf16 without dropout: P straight to bf16 (exp_sum_bf16), no fp32 P */
+    bool fused = a->bf16 && p->drop_p == 0.0f;
+    int n2 = n + (n & 1); /* bf16: an odd last tile's pad key has P = 0 */
     for (int i = 0; i < m; i++) {
       float *t = S + (size_t)i * bnp, mt = K->row_max(t, n), mo = mrow[i];
       float mn = isnan(mt) || isnan(mo) ? NAN : mt > mo ? mt : mo;
       if (mn == -INFINITY) { /* nothing kept so far: P = 0 */
-        memset(t, 0, sizeof(float) * (size_t)n);
+        if (fused) memset(Pb + (size_t)i * bnp, 0, sizeof(uint16_t) * (size_t)n2);
+        else memset(t, 0, sizeof(float) * (size_t)n);
         continue;
       }
       float alpha = mo == -INFINITY ? 0.0f : mo == mn ? 1.0f : expf(mo - mn);
-      lrow[i] = lrow[i] * alpha + K->exp_sum(t, n, mn);
+      float sum = fused ? K->exp_sum_bf16(Pb + (size_t)i * bnp, t, n, mn) : K->exp_sum(t, n, mn);
+      lrow[i] = lrow[i] * alpha + sum;
       if (alpha != 1.0f) K->scale(O + (size_t)i * EVp, EVp, alpha);
       mrow[i] = mn;
     }
     if (p->drop_p > 0.0f) /* after the row sums, before P V; 1 / (1 - p) scales O at the end */
       for (int i = 0; i < m; i++) drop_row(p, b, h, q0 + i, kv0, n, S + (size_t)i * bnp, false);
     if (a->bf16) { /* P to bf16, as FlashAttention does before P V (l summed the fp32 P) */
-      int n2 = n + (n & 1); /* an odd last tile: the pad key's P is 0 */
-      for (int i = 0; i < m; i++) {
+      for (int i = 0; i < m && !fused; i++) {
         float *t = S + (size_t)i * bnp;
         if (n & 1) t[n] = 0.0f;
         K->to_bf16(Pb + (size_t)i * bnp, t, n2);

@@ -121,6 +121,10 @@ typedef struct CpuKern {
                     int64_t ldb, float *C, int64_t ldc, float alpha, bool acc);
   /* dst[j] = x[j] rounded to bf16 (nearest even) for j < n. */
   void (*to_bf16)(uint16_t *dst, const float *x, int n);
+  /* exp_sum and to_bf16 in one pass, x left as it was: dst[j] = bf16 of
+   * exp(x[j] - mx) for j < n and dst[n] = 0 when n is odd; returns the sum
+   * of the fp32 values, as exp_sum. */
+  float (*exp_sum_bf16)(uint16_t *dst, const float *x, int n, float mx);
 } CpuKern;
 
 /* The best table for this CPU. */

@@ -191,11 +191,16 @@ static flex_status emit_object(const IrModule *m, const CpuJitOpts *o, const cha
   return st;
 }
 
+/* The version of the code cpu_lower emits: part of the disk cache's key, so
+ * raised with every change of ir_llvm.c's output (the printed IR it is keyed
+ * by is flexc's IR, which does not change with the lowering). */
+#define CPU_LOWERING_VERSION "flexc cpu object 5"
+
 /* The disk cache's key: the object format, LLVM, the host and our key. */
 static void disk_key(uint8_t out[RT_SHA256_BYTES], const Buf *key) {
   RtSha256 h;
   rt_sha256_init(&h);
-  const char *parts[4] = {"flexc cpu object 1", LLVM_VERSION_STRING, J.cpu, J.features};
+  const char *parts[4] = {CPU_LOWERING_VERSION, LLVM_VERSION_STRING, J.cpu, J.features};
   for (int i = 0; i < 4; i++) rt_sha256_update(&h, parts[i], strlen(parts[i]) + 1);
   /* The object code reads FlexParams at fixed offsets: a new layout must
    * never be served an old object. */

@@ -392,9 +392,36 @@ static void to_bf16(uint16_t *dst, const float *x, int n) {
     _mm512_mask_storeu_epi16(dst + j, (__mmask32)lo | (__mmask32)hi << 16, (__m512i)h);
   }
 }
-#define KERN_BF16_FNS gemm_bf16, to_bf16
+/* exp_sum then to_bf16 without the fp32 P in between (the forward's bf16
+ * P V needs only the bf16 P and the fp32 sum): the same vexp and the same
+ * order of the adds as exp_sum, so l is the same bits. A part row of 32
+ * reads -inf where there is no key (e^-inf = 0, which is also the pad). */
+static float exp_sum_bf16(uint16_t *dst, const float *x, int n, float mx) {
+  vf s = splat(0);
+  int j = 0;
+  for (; j + 32 <= n; j += 32) {
+    vf e0 = vexp(LD(x + j) - mx), e1 = vexp(LD(x + j + 16) - mx);
+    s += e0;
+    s += e1;
+    _mm512_storeu_si512(dst + j, (__m512i)_mm512_cvtne2ps_pbh((__m512)e1, (__m512)e0));
+  }
+  if (j < n) {
+    int left = n - j, pad = left + (left & 1);
+    __mmask16 lo = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
+    __mmask16 hi = (__mmask16)(left <= 16 ? 0 : (1u << (left - 16)) - 1);
+    __m512 ninf = _mm512_set1_ps(-INFINITY);
+    vf e0 = vexp((vf)_mm512_mask_loadu_ps(ninf, lo, x + j) - mx);
+    vf e1 = vexp((vf)_mm512_mask_loadu_ps(ninf, hi, x + j + 16) - mx);
+    s += e0;
+    if (left > 16) s += e1;
+    __mmask32 st = pad >= 32 ? 0xffffffffu : (__mmask32)((1u << pad) - 1);
+    _mm512_mask_storeu_epi16(dst + j, st, (__m512i)_mm512_cvtne2ps_pbh((__m512)e1, (__m512)e0));
+  }
+  return hsum(s);
+}
+#define KERN_BF16_FNS gemm_bf16, to_bf16, exp_sum_bf16
 #else
-#define KERN_BF16_FNS NULL, NULL
+#define KERN_BF16_FNS NULL, NULL, NULL
 #endif
 
 const CpuKern KERN_TABLE = {KERN_NAME, NR,     gemm, exp_sum, exp_sub, row_max, scale,

@@ -2,6 +2,8 @@
  *
  *   math       the JIT's float builtins (inline polynomials and libm calls)
  *              against binary64 libm over sweeps and special values
+ *   tanh_dense tanh over every 251st float below 10 and a sparse sweep
+ *              above, both signs, special values exactly (2 ulp, as CUDA's)
  *   ints       integer and conversion rules (wrapping, x/0, x%0, INT_MIN/-1,
  *              saturating int(), NaN compares, fminf/fmaxf) exactly as the
  *              float64 interpreter (ir_eval) gives them
@@ -20,7 +22,8 @@
  *   dispatch   cpu_kern() picks the AVX512-BF16 table exactly where CPUID
  *              has it, and FLEXC_CPU_ISA forces each lower table (children)
  *   bf16       the bf16 products (vdpbf16ps) and P's rounding against
- *              binary64 over random shapes; bf16 attention (the forward on
+ *              binary64 over random shapes, the fused exp_sum_bf16 against
+ *              exp_sum + to_bf16 bit for bit; bf16 attention (the forward on
  *              those products) against the reference, fp32 and bf16 O
  */
 #include <check.h>
@@ -128,6 +131,59 @@ START_TEST(math) {
   fprintf(stderr, "  %-12s worst %.2f ulp at %a\n", c->expr, worst, at >= 0 ? (double)s[at] : 0.0);
   ck_assert_msg(worst <= c->ulps, "%s: %.2f ulp at s = %a (got %a, want %a)", c->expr, worst,
                 (double)s[at], (double)t[at], c->ref((double)s[at]));
+  free(s), free(t);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* tanh over a dense sweep: every 251st float in [0, 10) (tanh rounds to 1
+ * from 9.02 up), every 8192nd above up to the largest float, both signs
+ * (odd: t(-x) must be -t(x) bit for bit), and the special values, against
+ * binary64 tanh. The limit is CUDA's for tanhf (2 ulp): the score must
+ * not be less accurate on this backend than on a GPU. */
+START_TEST(tanh_dense) {
+  flex_kernel *k = load("score f(s, b, h, q, kv) { return tanh(s); }\n");
+  enum { N = 1 << 20 };
+  float *s = malloc(sizeof(float) * N), *t = malloc(sizeof(float) * N);
+  FlexParams p;
+  memset(&p, 0, sizeof p);
+  double worst = 0;
+  float at = 0;
+  long count = 0;
+  uint32_t bits = 0;
+  bool done = false;
+  while (!done) {
+    int n = 0;
+    for (; n < N / 2 && !done; n++) {
+      float x;
+      memcpy(&x, &bits, sizeof x);
+      s[2 * n] = x, s[2 * n + 1] = -x;
+      bits += bits < 0x41200000u ? 251u : 8192u;
+      done = bits >= 0x7f800000u;
+    }
+    for (int i = 2 * n; i < N; i++) s[i] = 0.5f; /* the rest of the last chunk */
+    jit_score(k, s, t, N, &p);
+    for (int i = 0; i < 2 * n; i += 2) {
+      double r = tanh((double)s[i]);
+      ck_assert_msg(!isnan(t[i]) && -t[i] == t[i + 1] && signbit(t[i]) == signbit(s[i]),
+                    "tanh(%a) = %a, tanh(-x) = %a", (double)s[i], (double)t[i], (double)t[i + 1]);
+      if (s[i] >= 9.1f) ck_assert_msg(t[i] == 1.0f, "tanh(%a) = %a, want 1", (double)s[i], (double)t[i]);
+      double ulp = fmax(ldexp(1.0, ilogb(fmax(fabs(r), 1.17549435e-38)) - 23), ldexp(1.0, -149));
+      double e = fabs((double)t[i] - r) / ulp;
+      if (e > worst) worst = e, at = s[i];
+    }
+    count += 2 * n;
+  }
+  static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-45f, -1e-45f, 1e-40f, 3.4e38f};
+  static const float want[] = {0.0f, -0.0f, 1.0f, -1.0f, NAN, 1e-45f, -1e-45f, 1e-40f, 1.0f};
+  int ns = (int)(sizeof special / sizeof *special);
+  for (int i = 0; i < N; i++) s[i] = special[i % ns];
+  jit_score(k, s, t, N, &p);
+  for (int i = 0; i < ns; i++)
+    ck_assert_msg(isnan(want[i]) ? isnan(t[i]) : memcmp(&t[i], &want[i], sizeof(float)) == 0,
+                  "tanh(%a) = %a, want %a", (double)s[i], (double)t[i], (double)want[i]);
+  fprintf(stderr, "  tanh dense   %ld inputs: worst %.2f ulp at %a\n", count, worst, (double)at);
+  ck_assert_msg(worst <= 2.0, "tanh: %.2f ulp at %a", worst, (double)at);
   free(s), free(t);
   flex_kernel_free(k);
 }
@@ -600,7 +656,29 @@ START_TEST(bf16_products) {
     }
     ck_assert_msg(got[n] == 0xa5a5, "to_bf16 n %d wrote past n", n);
   }
-  fprintf(stderr, "  bf16 products (%s): 100 shapes and P's rounding pass\n", K->name);
+  /* exp_sum_bf16 (the forward's fused P): the bits of exp_sum then to_bf16,
+   * sum included, over every row length to 130 (odd ones get a zero pad),
+   * with -inf (masked) keys; nothing written past the pad, x unchanged. */
+  float row[136], ref[136];
+  for (int n = 1; n <= 130; n++) {
+    for (int j = 0; j < n; j++) row[j] = j % 7 == 3 ? -INFINITY : (float)(3.0 * tl_normal(&rng));
+    float mx = K->row_max(row, n);
+    memcpy(ref, row, sizeof row);
+    float want_sum = K->exp_sum(ref, n, mx);
+    if (n & 1) ref[n] = 0.0f;
+    uint16_t want[136], fused[136];
+    K->to_bf16(want, ref, n + (n & 1));
+    memcpy(ref, row, sizeof row);
+    memset(fused, 0xa5, sizeof fused);
+    float sum = K->exp_sum_bf16(fused, row, n, mx);
+    ck_assert_msg(memcmp(&sum, &want_sum, sizeof sum) == 0, "exp_sum_bf16 n %d: sum %a, want %a", n,
+                  (double)sum, (double)want_sum);
+    ck_assert_msg(memcmp(fused, want, sizeof(uint16_t) * (size_t)(n + (n & 1))) == 0,
+                  "exp_sum_bf16 n %d: P differs from exp_sum + to_bf16", n);
+    ck_assert_msg(fused[n + (n & 1)] == 0xa5a5, "exp_sum_bf16 n %d wrote past the pad", n);
+    ck_assert_msg(memcmp(ref, row, sizeof(float) * (size_t)n) == 0, "exp_sum_bf16 n %d changed x", n);
+  }
+  fprintf(stderr, "  bf16 products (%s): 100 shapes, P's rounding and the fused exp pass\n", K->name);
 }
 END_TEST
 
@@ -725,6 +803,7 @@ int main(int argc, char **argv) {
   TCase *tc = tcase_create("cpu");
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, math, 0, NMATH);
+  tcase_add_test(tc, tanh_dense);
   tcase_add_loop_test(tc, ints, 0, NINT);
   tcase_add_test(tc, nonfinite);
   tcase_add_test(tc, user_blockmask);
