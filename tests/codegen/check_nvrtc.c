@@ -320,6 +320,61 @@ START_TEST(sm90_forward_ptx) {
 }
 END_TEST
 
+/* The PTX of one entry: from its `.entry NAME(` to the next entry. */
+static const char *entry_ptx(const char *ptx, const char *name, size_t *len) {
+  char key[64];
+  snprintf(key, sizeof key, ".entry %s(", name);
+  const char *at = strstr(ptx, key);
+  ck_assert_msg(at, "no %s in the PTX", key);
+  const char *next = strstr(at + 1, ".entry ");
+  *len = next ? (size_t)(next - at) : strlen(at);
+  return at;
+}
+
+static bool has(const char *text, size_t len, const char *what) {
+  size_t n = strlen(what);
+  for (size_t i = 0; i + n <= len; i++)
+    if (!memcmp(text + i, what, n)) return true;
+  return false;
+}
+
+/* flexc emit --arch sm_90a --target ptx with the backward: flex_bwd is the
+ * TMA + wgmma body (nothing of mma.sync) for fp16 and bf16, head dims 64,
+ * 128 and a padded 72, identity score and a score function with a grad
+ * buffer; a deterministic backward and head dim 256 keep the sm_80 body. */
+START_TEST(sm90_backward_ptx) {
+  static const char *const files[] = {"samples/causal.score", "samples/relpos_bias.score"};
+  static const int dims[] = {64, 128, 72, 256};
+  const char *file = files[_i % 2];
+  int E = dims[_i / 2 % 4];
+  bool bf16 = _i % 3 == 1, det = _i >= 8, sm80 = det || E > 128;
+  flex_kernel *k;
+  ck_assert_msg(flex_kernel_load(&k, tl_src_path(file), NULL) == FLEX_OK, "%s", flex_last_error());
+  flex_emit_options eo = {.target = FLEX_TARGET_PTX, .arch = "sm_90a",
+                          .dtype = {bf16 ? kDLBfloat : kDLFloat, 16, 1}, .head_dim = E,
+                          .deterministic = det};
+  char *ptx = NULL;
+  size_t len = 0, n = 0;
+  ck_assert_msg(flex_emit(k, &eo, &ptx, &len, NULL) == FLEX_OK, "%s", flex_last_error());
+  const char *b = entry_ptx(ptx, "flex_bwd", &n);
+  fprintf(stderr, "  %s %s E=%d sm_90a%s: flex_bwd %zu bytes of PTX\n", file, bf16 ? "bf16" : "fp16",
+          E, det ? " deterministic" : "", n);
+  bool wgmma = has(b, n, "wgmma.mma_async.sync.aligned"), tma = has(b, n, "cp.async.bulk.tensor.4d");
+  bool mbar = has(b, n, "mbarrier.try_wait.parity"), mma = has(b, n, "mma.sync.aligned.m16n8k16");
+  if (sm80) { /* the deterministic key tile is a .func of its own: mma.sync anywhere (the
+                 sm_90a forward has none) */
+    ck_assert_msg(!wgmma && !tma && strstr(ptx, "mma.sync.aligned.m16n8k16"),
+                  "the backward must be the sm_80 body");
+  } else {
+    ck_assert_msg(wgmma && tma && mbar, "no wgmma.mma_async / cp.async.bulk.tensor / mbarrier "
+                  "in the sm_90a backward (%d %d %d)", wgmma, tma, mbar);
+    ck_assert_msg(!mma, "mma.sync in the sm_90a backward");
+  }
+  flex_free(ptx);
+  flex_kernel_free(k);
+}
+END_TEST
+
 START_TEST(ptxas_parser) {
   const char *log = "ptxas info    : 0 bytes gmem\n"
                     "ptxas info    : Compiling entry function 'flex_fwd' for 'sm_80'\n"
@@ -357,6 +412,7 @@ int main(void) {
     tcase_set_timeout(sm90, 300);
     tcase_add_test(sm90, sm90_wrappers);
     tcase_add_loop_test(sm90, sm90_forward_ptx, 0, 14);
+    tcase_add_loop_test(sm90, sm90_backward_ptx, 0, 10);
     suite_add_tcase(s, sm90);
   }
   int rc = tl_run_suite(s);
