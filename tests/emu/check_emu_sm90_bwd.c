@@ -4,7 +4,8 @@
  * the public API with flex_args.arch "sm_90a".
  *
  * Samples with a score function (softcap, alibi, relpos_bias with its
- * `grad` buffer), implicit masks (causal, sliding_window) and a mask the
+ * `grad` buffer), implicit masks (causal, sliding_window, dilated with
+ * fully masked rows) and a mask the
  * runtime builds BlockMask lists for (document); fp16 and bf16; head dims
  * 64 and 128 and padded ones (72 / 40); Q_LEN and KV_LEN that miss the
  * 64-row tiles; GQA and MQA; with and without dLSE. Each case runs the
@@ -14,7 +15,8 @@
  * relative norm error (fp16 2e-2, bf16 6e-2), NaN never passes, and a
  * fully masked row's dQ must be exactly 0. Each case asserts that flex_bwd
  * was the sm_90a body (rt_run_last_stats().bwd_sm90); the fallback cases
- * assert the sm_80 body ran and still matches.
+ * assert the sm_80 body ran and still matches; a packed (cu_seqlens) batch
+ * runs the sm_90a body per sequence.
  *
  * The default run gives every sample both dtypes once with the shapes
  * rotated; --full (CTest check_emu_sm90_bwd_full, label slow) runs the
@@ -45,8 +47,8 @@ static const Shape shapes[] = {
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof *shapes))
 
-static const char *const samples[] = {"causal", "softcap", "alibi", "document", "sliding_window",
-                                      "relpos_bias"};
+static const char *const samples[] = {"causal",         "softcap", "alibi",      "document",
+                                      "sliding_window", "dilated", "relpos_bias"};
 #define NSAMPLES ((int)(sizeof samples / sizeof *samples))
 
 typedef struct Extras {
@@ -80,6 +82,7 @@ static void sample_extras(Extras *x, const char *name, const Shape *s) {
   if (!strcmp(name, "alibi")) tl_arr_uniform(add_buf(x, "slopes", f32, 1, s->H, 0, false), 0.05, 0.5, &rng);
   if (!strcmp(name, "softcap")) x->params[x->np++] = (flex_param){"softcap", 2.5};
   if (!strcmp(name, "sliding_window")) x->params[x->np++] = (flex_param){"window", 10};
+  if (!strcmp(name, "dilated")) x->params[x->np++] = (flex_param){"dilation", 3}; /* rows q < h % 3 see nothing */
   if (!strcmp(name, "relpos_bias")) tl_arr_normal(add_buf(x, "rel_bias", f32, 2, s->H, 9, true), &rng);
   if (!strcmp(name, "document")) { /* sorted ids, runs of random length */
     int T = s->QL > s->KL ? s->QL : s->KL;
@@ -200,6 +203,61 @@ START_TEST(fallbacks) {
 }
 END_TEST
 
+/* A packed batch (cu_seqlens): one sub-call per sequence over strided
+ * views starting mid-tensor, so the backward's four tensor maps are built
+ * per sequence with offset bases; sequences of 70, 0, 1 and 150 query
+ * rows against 90, 5, 0 and 150 keys (a sequence without queries leaves
+ * its dK and dV 0; one without keys launches no flex_bwd). */
+START_TEST(packed_batch) {
+  const int lq[4] = {70, 0, 1, 150}, lk[4] = {90, 5, 0, 150}, H = 4, HKV = 2, E = 64;
+  int32_t cq[5] = {0}, ck[5] = {0};
+  for (int b = 0; b < 4; b++) cq[b + 1] = cq[b] + lq[b], ck[b + 1] = ck[b] + lk[b];
+  DLDataType f16 = rt_dtype(kDLFloat, 16), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
+  DLDataType i32 = rt_dtype(kDLInt, 32);
+  int64_t qs[3] = {cq[4], H, E}, ks[3] = {ck[4], HKV, E}, ls[2] = {H, cq[4]}, cs[1] = {5};
+  TlArr q, k, v, dout, cuq, cuk, out[2], lse[2], dq[2], dk[2], dv[2];
+  tl_arr_init(&q, f16, 3, qs), tl_arr_normal(&q, &rng);
+  tl_arr_init(&k, f16, 3, ks), tl_arr_normal(&k, &rng);
+  tl_arr_init(&v, f16, 3, ks), tl_arr_normal(&v, &rng);
+  tl_arr_init(&dout, f16, 3, qs), tl_arr_normal(&dout, &rng);
+  tl_arr_init(&cuq, i32, 1, cs), tl_arr_init(&cuk, i32, 1, cs);
+  for (int i = 0; i < 5; i++) rt_array_set(&cuq.a, i, cq[i]), rt_array_set(&cuk.a, i, ck[i]);
+  flex_kernel *kern = NULL;
+  ck_assert(flex_kernel_load(&kern, tl_src_path("samples/causal.score"), NULL) == FLEX_OK);
+  bool sm90 = false;
+  for (int i = 1; i >= 0; i--) {
+    DLDataType o = i ? f64 : f32;
+    tl_arr_init(&out[i], o, 3, qs), tl_arr_init(&lse[i], o, 2, ls);
+    tl_arr_init(&dq[i], o, 3, qs), tl_arr_init(&dk[i], o, 3, ks), tl_arr_init(&dv[i], o, 3, ks);
+    TlArr *outs[] = {&out[i], &lse[i], &dq[i], &dk[i], &dv[i]};
+    for (int j = 0; j < 5; j++) tl_arr_poison(outs[j]);
+    flex_args a;
+    memset(&a, 0, sizeof a);
+    a.backend = i ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
+    a.arch = i ? NULL : "sm_90a";
+    a.q = &q.t, a.k = &k.t, a.v = &v.t, a.out = &out[i].t, a.lse = &lse[i].t, a.dout = &dout.t;
+    a.dq = &dq[i].t, a.dk = &dk[i].t, a.dv = &dv[i].t;
+    a.cu_seqlens_q = &cuq.t, a.cu_seqlens_kv = &cuk.t;
+    ck_assert_msg(flex_forward(kern, &a) == FLEX_OK, "%s", flex_last_error());
+    ck_assert_msg(flex_backward(kern, &a) == FLEX_OK, "%s", flex_last_error());
+    if (!i) sm90 = rt_run_last_stats().bwd_sm90;
+  }
+  double eq = tl_rel_err(&dq[0].a, &dq[1].a), ek = tl_rel_err(&dk[0].a, &dk[1].a);
+  double ev = tl_rel_err(&dv[0].a, &dv[1].a);
+  fprintf(stderr, "  packed causal fp16 lengths 70/0/1/150 x 90/5/0/150: %s body, dq %.2g dk %.2g "
+          "dv %.2g\n", sm90 ? "sm_90a" : "sm_80", eq, ek, ev);
+  ck_assert_msg(sm90, "the packed call did not run the sm_90a backward");
+  ck_assert_msg(eq < 2e-2 && ek < 2e-2 && ev < 2e-2, "packed: dq %g dk %g dv %g", eq, ek, ev);
+  TlArr *all[] = {&q, &k, &v, &dout, &cuq, &cuk};
+  for (int i = 0; i < 6; i++) tl_arr_free(all[i]);
+  for (int i = 0; i < 2; i++) {
+    TlArr *outs[] = {&out[i], &lse[i], &dq[i], &dk[i], &dv[i]};
+    for (int j = 0; j < 5; j++) tl_arr_free(outs[j]);
+  }
+  flex_kernel_free(kern);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   rng = tl_seed();
   bool full = false;
@@ -213,6 +271,7 @@ int main(int argc, char **argv) {
     tcase_add_loop_test(tc, sample_default, 0, NSAMPLES * 2);
     tcase_add_test(tc, padded_dims);
     tcase_add_test(tc, fallbacks);
+    tcase_add_test(tc, packed_batch);
   }
   suite_add_tcase(su, tc);
   return tl_run_suite(su);
