@@ -171,20 +171,8 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     }
     flex_wgmma_commit();
 
-    /* While they run: LSE (exp2 domain; +inf for a row with no keys or past
-     * Q_LEN, so its P is 0) and D of this thread's query columns. */
-    float lse2[BM / 4], dl[BM / 4];
-#pragma unroll
-    for (int j = 0; j < BM / 8; j++)
-#pragma unroll
-      for (int c = 0; c < 2; c++) {
-        const int qi = m0 + 8 * j + 2 * t4 + c;
-        const bool ok = qi < p.q_len;
-        const float lse = ok ? flex_gload(p.lse + b * p.lse_b + h * p.lse_h + qi) : -INFINITY;
-        lse2[2 * j + c] = lse == -INFINITY ? INFINITY : lse * FLEX_LOG2E;
-        dl[2 * j + c] = ok ? flex_gload(p.delta + rows + qi) : 0.0f;
-      }
-    /* Only tiles at the sequence ends or partial under the mask test elements. */
+    /* While they run: the live bits. Only tiles at the sequence ends or
+     * partial under the mask test elements. */
     const bool edge = n0 + BN > p.kv_len || m0 + BM > p.q_len;
     const bool check = edge || (MASK_MODE != FLEX_MASK_NONE && !full);
     typename FlexBits<BM / 2>::T live[1] = {~(typename FlexBits<BM / 2>::T)0};
@@ -192,27 +180,37 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
       flex_live_bits<MASK_MODE, 1, BM / 8, true>(live, p, b, h, n0 + 16 * w + g, m0 + 2 * t4, full);
     flex_wgmma_wait<0>();
 
-    /* P^T into st, dS^T into dpt (both 0 where masked or underflowed). */
+    /* P^T into st, dS^T into dpt (both 0 where masked or underflowed), per
+     * query column: its LSE (exp2 domain; +inf for a row with no keys or
+     * past Q_LEN, so its P is 0) and D read from global memory (L1) here,
+     * not held in registers beside dK, dV, S^T and dP^T. */
 #pragma unroll
     for (int j = 0; j < BM / 8; j++)
 #pragma unroll
-      for (int e = 4 * j; e < 4 * j + 4; e++) {
-        const int c = e & 1, qi = m0 + 8 * j + 2 * t4 + c, kj = n0 + 16 * w + g + 8 * ((e >> 1) & 1);
-        const float qk = st[e];
-        float x = 0.0f, ds = 0.0f;
-        if (live[0] >> e & 1) {
-          /* user code never sees an element that is out of range or masked */
-          const float sv = SCORE_ID ? qk : flex_score(p, qk * p.scale, b, h, qi, kj);
-          /* masked by the score (-inf): P = 0 even where LSE is NaN (DSL.md) */
-          x = sv == -INFINITY ? 0.0f
-                              : flex_ex2(fmaf(sv, SCORE_ID ? scale_log2 : FLEX_LOG2E, -lse2[2 * j + c]));
+      for (int c = 0; c < 2; c++) {
+        const int qi = m0 + 8 * j + 2 * t4 + c;
+        const bool ok = qi < p.q_len;
+        const float lse = ok ? flex_gload(p.lse + b * p.lse_b + h * p.lse_h + qi) : -INFINITY;
+        const float lse2 = lse == -INFINITY ? INFINITY : lse * FLEX_LOG2E;
+        const float dl = ok ? flex_gload(p.delta + rows + qi) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+          const int e = 4 * j + 2 * r + c, kj = n0 + 16 * w + g + 8 * r;
+          const float qk = st[e];
+          float x = 0.0f, ds = 0.0f;
+          if (live[0] >> e & 1) {
+            /* user code never sees an element that is out of range or masked */
+            const float sv = SCORE_ID ? qk : flex_score(p, qk * p.scale, b, h, qi, kj);
+            /* masked by the score (-inf): P = 0 even where LSE is NaN (DSL.md) */
+            x = sv == -INFINITY ? 0.0f : flex_ex2(fmaf(sv, SCORE_ID ? scale_log2 : FLEX_LOG2E, -lse2));
+          }
+          if (x != 0.0f) { /* a NaN P reaches the gradients */
+            const float dt = x * (dpt[e] - dl);
+            ds = JOINT ? flex_joint(p, qk * p.scale, b, h, qi, kj, dt) : dt;
+          }
+          st[e] = x;
+          dpt[e] = ds;
         }
-        if (x != 0.0f) { /* a NaN P reaches the gradients */
-          const float dt = x * (dpt[e] - dl[2 * j + c]);
-          ds = JOINT ? flex_joint(p, qk * p.scale, b, h, qi, kj, dt) : dt;
-        }
-        st[e] = x;
-        dpt[e] = ds;
       }
     uint32_t ap[BM / 16][4], as[BM / 16][4]; /* P^T, dS^T: A fragments of the k16 steps */
     flex_bwd_sm90_frag<El, BM>(ap, st);
@@ -220,16 +218,20 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
 
     /* dS (this warp's 16 keys of every query row) into buffer s, K-major
      * [query][key] with the 128-byte swizzle: element (q, k) at byte
-     * q * 128 + ((k / 8) ^ (q % 8)) * 16 + (k % 8) * 2. Element e of the
-     * fragment is half e % 2 of word as[e / 8][(e / 4) % 2 * 2 + (e / 2) % 2]. */
+     * q * 128 + ((k / 8) ^ (q % 8)) * 16 + (k % 8) * 2. Element e = 4 j +
+     * 2 r + c (q = 8 j + 2 t + c, k = 16 w + g + 8 r) is half c of word
+     * as[j / 2][j % 2 * 2 + r]; q % 8 = 2 t + c and k / 8 = 2 w + r do not
+     * depend on j, so four offsets serve the whole tile (+ 1024 j). */
     unsigned char *ds_buf = sS + s * SBYTES;
 #pragma unroll
-    for (int e = 0; e < BM / 2; e++) {
-      const int q = 8 * (e / 4) + 2 * t4 + (e & 1), k = 16 * w + g + 8 * ((e >> 1) & 1);
-      const uint32_t word = as[e / 8][(e / 4) % 2 * 2 + (e / 2) % 2];
-      *(uint16_t *)(ds_buf + q * 128 + (((k >> 3) ^ (q & 7)) << 4) + (k & 7) * 2) =
-          (uint16_t)(word >> (16 * (e & 1)));
-    }
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+      for (int c = 0; c < 2; c++) {
+        unsigned char *at = ds_buf + (2 * t4 + c) * 128 + (((2 * w + r) ^ (2 * t4 + c)) << 4) + 2 * g;
+#pragma unroll
+        for (int j = 0; j < BM / 8; j++)
+          *(uint16_t *)(at + 1024 * j) = (uint16_t)(as[j / 2][j % 2 * 2 + r] >> (16 * c));
+      }
     flex_fence_proxy_async(); /* the writes, before the wgmma (async proxy) reads them */
     flex_mbar_arrive(dsbar);
 
@@ -243,13 +245,17 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     for (int ks = 0; ks < BM / 16; ks++)
       W::template rs<EPT, 1>(dk, as[ks], flex_wgmma_desc(aQ + s * KBYTES + ks * 2048, PANEL, 1024, 128), 1);
     flex_wgmma_commit();
+    /* Retired before dQ is issued, so that dQ's accumulators are never live
+     * beside the P^T and dS^T fragments (at E = 128 ptxas spilled). */
+    flex_wgmma_wait<0>();
+    flex_mbar_arrive(emptyb + s); /* the stage's Q and dO are no longer read */
 
     /* dQ += scale dS K, one 64-column panel of K at a time (32 registers):
      * A = dS (K-major), B = K (N-major). Every warp's dS is written first. */
     flex_mbar_wait(dsbar, (uint32_t)i & 1);
     const bool ok0 = m0 + 16 * w + g < p.q_len, ok1 = m0 + 16 * w + g + 8 < p.q_len;
     float *const dq0 = p.dq_acc + (rows + m0 + 16 * w + g) * p.E + 2 * t4, *const dq1 = dq0 + 8 * p.E;
-#pragma unroll
+#pragma unroll 1
     for (int c = 0; c < KP; c++) {
       float dq[BN / 2];
       flex_wgmma_fence();
@@ -259,8 +265,6 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
                               flex_wgmma_desc(aK + c * PANEL + ks * 2048, PANEL, 1024, 128), ks > 0);
       flex_wgmma_commit();
       flex_wgmma_wait<0>();
-      /* dV and dK retired with it: the stage's Q and dO are no longer read. */
-      if (c == 0) flex_mbar_arrive(emptyb + s);
 #pragma unroll
       for (int e = 0; e < BN / 2; e++) {
         const int col = 64 * c + 8 * (e / 4) + (e & 1); /* + 2 t4, in dq0 / dq1 */

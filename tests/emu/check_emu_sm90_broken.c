@@ -82,10 +82,9 @@ static const Case cases[] = {
 static const Case bwd_cases[] = {
     {"clean backward", NULL, NULL, false},
     {"stage freed before the wait that retires dV and dK",
-     "      flex_wgmma_wait<0>();\n      /* dV and dK retired with it: the stage's Q and dO are no "
-     "longer read. */\n      if (c == 0) flex_mbar_arrive(emptyb + s);",
-     "      if (c == 0) flex_mbar_arrive(emptyb + s);\n      flex_wgmma_wait<0>();", false},
-    {"dS written without the 128-byte swizzle", "(((k >> 3) ^ (q & 7)) << 4)", "((k >> 3) << 4)",
+     "    flex_wgmma_wait<0>();\n    flex_mbar_arrive(emptyb + s);",
+     "    flex_mbar_arrive(emptyb + s);\n    flex_wgmma_wait<0>();", false},
+    {"dS written without the 128-byte swizzle", "(((2 * w + r) ^ (2 * t4 + c)) << 4)", "((2 * w + r) << 4)",
      false},
     {"dQ's K k16 step of 8 keys instead of 16", "aK + c * PANEL + ks * 2048", "aK + c * PANEL + ks * 1024",
      false},
