@@ -8,14 +8,15 @@
  *     group, the query tiles that see these keys (FlexWalk's backward walk,
  *     the only walk of the CTA) and loads each tile's Q and dO (TMA) through
  *     a 2-stage ring of full/empty mbarriers; the other 127 threads exit.
- *   warpgroup 1, the consumer, 16 keys per warp:
- *     S^T = K Q^T and dP^T = V dO^T   wgmma SS (M = 64 keys, N = 64 queries)
+ *   warpgroup 1, the consumer, 16 keys per warp, per step of QH query
+ *   rows of the tile (QH = 64, or 32 when E or EV pads to 128):
+ *     S^T = K Q^T and dP^T = V dO^T   wgmma SS (M = 64 keys, N = QH queries)
  *     P^T = exp(score - LSE), dS^T = P^T (dP^T - D) through the joint
  *       function, on the accumulator fragments (as flex_bwd_tc_scores)
  *     dV += P^T dO, dK += dS^T Q      wgmma RS: P^T and dS^T from registers
  *     dQ += dS K                      dS^T written to shared memory as dS
- *       ([query][key]), wgmma SS per 64-column panel of K, then fp32
- *       atomics into dq_acc (scaled)
+ *       ([query][key]); once the tile's steps are done, wgmma SS per
+ *       64-column panel of K, then fp32 atomics into dq_acc (scaled)
  *   dK and dV stay in the accumulator registers across the whole walk.
  * The producer tells the consumer which tile a stage holds (its first query
  * row, the walk's `full` flag and the query head) in three shared words per
@@ -66,6 +67,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
   typedef typename El::T T;
   typedef FlexWgmma<El> W;
   constexpr int BM = 64, BN = 64, KP = EPT / 64, VP = EVPT / 64;
+  constexpr int QH = EPT + EVPT > 128 ? 32 : 64; /* query rows per step of a tile */
   static_assert(EPT % 64 == 0 && EVPT % 64 == 0 && EPT <= 128 && EVPT <= 128,
                 "head dims in one or two 64-column panels");
   constexpr uint32_t PANEL = 64 * 128; /* bytes of one 64-row, 64-column panel */
@@ -153,102 +155,110 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     const int h = stage_h[s];
     const int64_t rows = (int64_t)(b * p.H + h) * p.q_len;
 
-    /* S^T = K Q^T and dP^T = V dO^T: every operand K-major with the
-     * 128-byte swizzle (a k16 step is 32 bytes into the row; SBO 8 rows). */
-    float st[BM / 2], dpt[BM / 2];
-    flex_wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < EPT / 16; kk++) {
-      const uint32_t off = (kk / 4) * PANEL + (kk % 4) * 32;
-      W::template ss<BM, 0>(st, flex_wgmma_desc(aK + off, 16, 1024, 128),
-                            flex_wgmma_desc(aQ + s * KBYTES + off, 16, 1024, 128), kk > 0);
-    }
-#pragma unroll
-    for (int kk = 0; kk < EVPT / 16; kk++) {
-      const uint32_t off = (kk / 4) * PANEL + (kk % 4) * 32;
-      W::template ss<BM, 0>(dpt, flex_wgmma_desc(aV + off, 16, 1024, 128),
-                            flex_wgmma_desc(aO + s * VBYTES + off, 16, 1024, 128), kk > 0);
-    }
-    flex_wgmma_commit();
-
-    /* While they run: the live bits. Only tiles at the sequence ends or
-     * partial under the mask test elements. */
-    const bool edge = n0 + BN > p.kv_len || m0 + BM > p.q_len;
-    const bool check = edge || (MASK_MODE != FLEX_MASK_NONE && !full);
-    typename FlexBits<BM / 2>::T live[1] = {~(typename FlexBits<BM / 2>::T)0};
-    if (check)
-      flex_live_bits<MASK_MODE, 1, BM / 8, true>(live, p, b, h, n0 + 16 * w + g, m0 + 2 * t4, full);
-    flex_wgmma_wait<0>();
-
-    /* P^T into st, dS^T into dpt (both 0 where masked or underflowed), per
-     * query column: its LSE (exp2 domain; +inf for a row with no keys or
-     * past Q_LEN, so its P is 0) and D read from global memory (L1) here,
-     * not held in registers beside dK, dV, S^T and dP^T. */
-#pragma unroll
-    for (int j = 0; j < BM / 8; j++)
-#pragma unroll
-      for (int c = 0; c < 2; c++) {
-        const int qi = m0 + 8 * j + 2 * t4 + c;
-        const bool ok = qi < p.q_len;
-        const float lse = ok ? flex_gload(p.lse + b * p.lse_b + h * p.lse_h + qi) : -INFINITY;
-        const float lse2 = lse == -INFINITY ? INFINITY : lse * FLEX_LOG2E;
-        const float dl = ok ? flex_gload(p.delta + rows + qi) : 0.0f;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-          const int e = 4 * j + 2 * r + c, kj = n0 + 16 * w + g + 8 * r;
-          const float qk = st[e];
-          float x = 0.0f, ds = 0.0f;
-          if (live[0] >> e & 1) {
-            /* user code never sees an element that is out of range or masked */
-            const float sv = SCORE_ID ? qk : flex_score(p, qk * p.scale, b, h, qi, kj);
-            /* masked by the score (-inf): P = 0 even where LSE is NaN (DSL.md) */
-            x = sv == -INFINITY ? 0.0f : flex_ex2(fmaf(sv, SCORE_ID ? scale_log2 : FLEX_LOG2E, -lse2));
-          }
-          if (x != 0.0f) { /* a NaN P reaches the gradients */
-            const float dt = x * (dpt[e] - dl);
-            ds = JOINT ? flex_joint(p, qk * p.scale, b, h, qi, kj, dt) : dt;
-          }
-          st[e] = x;
-          dpt[e] = ds;
-        }
-      }
-    uint32_t ap[BM / 16][4], as[BM / 16][4]; /* P^T, dS^T: A fragments of the k16 steps */
-    flex_bwd_sm90_frag<El, BM>(ap, st);
-    flex_bwd_sm90_frag<El, BM>(as, dpt);
-
-    /* dS (this warp's 16 keys of every query row) into buffer s, K-major
-     * [query][key] with the 128-byte swizzle: element (q, k) at byte
-     * q * 128 + ((k / 8) ^ (q % 8)) * 16 + (k % 8) * 2. Element e = 4 j +
-     * 2 r + c (q = 8 j + 2 t + c, k = 16 w + g + 8 r) is half c of word
-     * as[j / 2][j % 2 * 2 + r]; q % 8 = 2 t + c and k / 8 = 2 w + r do not
-     * depend on j, so four offsets serve the whole tile (+ 1024 j). */
+    /* The tile in steps of QH query rows (QH = 32 when dK and dV take 128
+     * registers: S^T and dP^T of 64 rows beside them made ptxas spill). */
     unsigned char *ds_buf = sS + s * SBYTES;
-#pragma unroll
-    for (int r = 0; r < 2; r++)
-#pragma unroll
-      for (int c = 0; c < 2; c++) {
-        unsigned char *at = ds_buf + (2 * t4 + c) * 128 + (((2 * w + r) ^ (2 * t4 + c)) << 4) + 2 * g;
-#pragma unroll
-        for (int j = 0; j < BM / 8; j++)
-          *(uint16_t *)(at + 1024 * j) = (uint16_t)(as[j / 2][j % 2 * 2 + r] >> (16 * c));
-      }
-    flex_fence_proxy_async(); /* the writes, before the wgmma (async proxy) reads them */
-    flex_mbar_arrive(dsbar);
+#pragma unroll 1
+    for (int hf = 0; hf < BM / QH; hf++) {
+      const int mh = m0 + QH * hf;
+      const uint32_t qoff = hf * QH * 128; /* the step's first row of Q, dO and dS */
 
-    /* dV += P^T dO and dK += dS^T Q: B is N-major (imm-trans-b): LBO the
-     * next 64-column panel, SBO 8 query rows, a k16 step 16 rows. */
-    flex_wgmma_fence();
+      /* S^T = K Q^T and dP^T = V dO^T: every operand K-major with the
+       * 128-byte swizzle (a k16 step is 32 bytes into the row; SBO 8 rows). */
+      float st[QH / 2], dpt[QH / 2];
+      flex_wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < BM / 16; ks++)
-      W::template rs<EVPT, 1>(dv, ap[ks], flex_wgmma_desc(aO + s * VBYTES + ks * 2048, PANEL, 1024, 128), 1);
+      for (int kk = 0; kk < EPT / 16; kk++) {
+        const uint32_t off = (kk / 4) * PANEL + (kk % 4) * 32;
+        W::template ss<QH, 0>(st, flex_wgmma_desc(aK + off, 16, 1024, 128),
+                              flex_wgmma_desc(aQ + s * KBYTES + qoff + off, 16, 1024, 128), kk > 0);
+      }
 #pragma unroll
-    for (int ks = 0; ks < BM / 16; ks++)
-      W::template rs<EPT, 1>(dk, as[ks], flex_wgmma_desc(aQ + s * KBYTES + ks * 2048, PANEL, 1024, 128), 1);
-    flex_wgmma_commit();
-    /* Retired before dQ is issued, so that dQ's accumulators are never live
-     * beside the P^T and dS^T fragments (at E = 128 ptxas spilled). */
-    flex_wgmma_wait<0>();
+      for (int kk = 0; kk < EVPT / 16; kk++) {
+        const uint32_t off = (kk / 4) * PANEL + (kk % 4) * 32;
+        W::template ss<QH, 0>(dpt, flex_wgmma_desc(aV + off, 16, 1024, 128),
+                              flex_wgmma_desc(aO + s * VBYTES + qoff + off, 16, 1024, 128), kk > 0);
+      }
+      flex_wgmma_commit();
+
+      /* While they run: the live bits. Only steps at the sequence ends or
+       * in a tile partial under the mask test elements. */
+      const bool edge = n0 + BN > p.kv_len || mh + QH > p.q_len;
+      const bool check = edge || (MASK_MODE != FLEX_MASK_NONE && !full);
+      typename FlexBits<QH / 2>::T live[1] = {~(typename FlexBits<QH / 2>::T)0};
+      if (check)
+        flex_live_bits<MASK_MODE, 1, QH / 8, true>(live, p, b, h, n0 + 16 * w + g, mh + 2 * t4, full);
+      flex_wgmma_wait<0>();
+
+      /* P^T into st, dS^T into dpt (both 0 where masked or underflowed), per
+       * query column: its LSE (exp2 domain; +inf for a row with no keys or
+       * past Q_LEN, so its P is 0) and D read from global memory (L1) here,
+       * not held in registers beside dK, dV, S^T and dP^T. */
+#pragma unroll
+      for (int j = 0; j < QH / 8; j++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+          const int qi = mh + 8 * j + 2 * t4 + c;
+          const bool ok = qi < p.q_len;
+          const float lse = ok ? flex_gload(p.lse + b * p.lse_b + h * p.lse_h + qi) : -INFINITY;
+          const float lse2 = lse == -INFINITY ? INFINITY : lse * FLEX_LOG2E;
+          const float dl = ok ? flex_gload(p.delta + rows + qi) : 0.0f;
+#pragma unroll
+          for (int r = 0; r < 2; r++) {
+            const int e = 4 * j + 2 * r + c, kj = n0 + 16 * w + g + 8 * r;
+            const float qk = st[e];
+            float x = 0.0f, ds = 0.0f;
+            if (live[0] >> e & 1) {
+              /* user code never sees an element that is out of range or masked */
+              const float sv = SCORE_ID ? qk : flex_score(p, qk * p.scale, b, h, qi, kj);
+              /* masked by the score (-inf): P = 0 even where LSE is NaN (DSL.md) */
+              x = sv == -INFINITY ? 0.0f : flex_ex2(fmaf(sv, SCORE_ID ? scale_log2 : FLEX_LOG2E, -lse2));
+            }
+            if (x != 0.0f) { /* a NaN P reaches the gradients */
+              const float dt = x * (dpt[e] - dl);
+              ds = JOINT ? flex_joint(p, qk * p.scale, b, h, qi, kj, dt) : dt;
+            }
+            st[e] = x;
+            dpt[e] = ds;
+          }
+        }
+      uint32_t ap[QH / 16][4], as[QH / 16][4]; /* P^T, dS^T: A fragments of the k16 steps */
+      flex_bwd_sm90_frag<El, QH>(ap, st);
+      flex_bwd_sm90_frag<El, QH>(as, dpt);
+
+      /* dS (this warp's 16 keys of the step's query rows) into buffer s,
+       * K-major [query][key] with the 128-byte swizzle: element (q, k) at
+       * byte q * 128 + ((k / 8) ^ (q % 8)) * 16 + (k % 8) * 2. Element
+       * e = 4 j + 2 r + c (q = 8 j + 2 t + c, k = 16 w + g + 8 r) is half c
+       * of word as[j / 2][j % 2 * 2 + r]; q % 8 = 2 t + c and k / 8 = 2 w + r
+       * do not depend on j, so four offsets serve the step (+ 1024 j). */
+#pragma unroll
+      for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+          unsigned char *at = ds_buf + qoff + (2 * t4 + c) * 128 + (((2 * w + r) ^ (2 * t4 + c)) << 4) + 2 * g;
+#pragma unroll
+          for (int j = 0; j < QH / 8; j++)
+            *(uint16_t *)(at + 1024 * j) = (uint16_t)(as[j / 2][j % 2 * 2 + r] >> (16 * c));
+        }
+
+      /* dV += P^T dO and dK += dS^T Q: B is N-major (imm-trans-b): LBO the
+       * next 64-column panel, SBO 8 query rows, a k16 step 16 rows. */
+      flex_wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < QH / 16; ks++)
+        W::template rs<EVPT, 1>(dv, ap[ks], flex_wgmma_desc(aO + s * VBYTES + qoff + ks * 2048, PANEL, 1024, 128), 1);
+#pragma unroll
+      for (int ks = 0; ks < QH / 16; ks++)
+        W::template rs<EPT, 1>(dk, as[ks], flex_wgmma_desc(aQ + s * KBYTES + qoff + ks * 2048, PANEL, 1024, 128), 1);
+      flex_wgmma_commit();
+      /* Retired here: ap and as are rewritten by the next step, and dQ's
+       * accumulators are then never live beside them. */
+      flex_wgmma_wait<0>();
+    }
     flex_mbar_arrive(emptyb + s); /* the stage's Q and dO are no longer read */
+    flex_fence_proxy_async();     /* the dS writes, before the wgmma (async proxy) reads them */
+    flex_mbar_arrive(dsbar);
 
     /* dQ += scale dS K, one 64-column panel of K at a time (32 registers):
      * A = dS (K-major), B = K (N-major). Every warp's dS is written first. */

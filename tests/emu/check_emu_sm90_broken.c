@@ -78,12 +78,15 @@ static const Case cases[] = {
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
-/* Mutations of flex_bwd_sm90.cuh (the first is the control). */
+/* Mutations of flex_bwd_sm90.cuh (the first is the control), at head dim
+ * EB = 128: dK and dV fill two panels and a tile runs in two steps of 32
+ * query rows. */
+enum { EB = 128 };
 static const Case bwd_cases[] = {
     {"clean backward", NULL, NULL, false},
-    {"stage freed before the wait that retires dV and dK",
-     "    flex_wgmma_wait<0>();\n    flex_mbar_arrive(emptyb + s);",
-     "    flex_mbar_arrive(emptyb + s);\n    flex_wgmma_wait<0>();", false},
+    {"stage freed (and dS published) before the wait that retires dV and dK",
+     "      flex_wgmma_wait<0>();\n    }\n    flex_mbar_arrive(emptyb + s);",
+     "    }\n    flex_mbar_arrive(emptyb + s);", false},
     {"dS written without the 128-byte swizzle", "(((2 * w + r) ^ (2 * t4 + c)) << 4)", "((2 * w + r) << 4)",
      false},
     {"dQ's K k16 step of 8 keys instead of 16", "aK + c * PANEL + ks * 2048", "aK + c * PANEL + ks * 1024",
@@ -91,14 +94,16 @@ static const Case bwd_cases[] = {
     {"P^T and dS^T fragment halves swapped",
      "El::pack(d[8 * ks + 2 * i], d[8 * ks + 2 * i + 1])",
      "El::pack(d[8 * ks + 2 * i + 1], d[8 * ks + 2 * i])", false},
-    {"mask keys of warp 0 for every warp", "(live, p, b, h, n0 + 16 * w + g, m0 + 2 * t4, full)",
-     "(live, p, b, h, n0 + g, m0 + 2 * t4, full)", false},
+    {"mask keys of warp 0 for every warp", "(live, p, b, h, n0 + 16 * w + g, mh + 2 * t4, full)",
+     "(live, p, b, h, n0 + g, mh + 2 * t4, full)", false},
     {"LSE left in the natural-log domain", ": lse * FLEX_LOG2E;", ": lse;", false},
-    {"no wgmma.fence before dV and dK", "    flex_wgmma_fence();\n#pragma unroll\n    for (int ks = 0; ks < BM / 16; ks++)\n      W::template rs<EVPT",
-     "#pragma unroll\n    for (int ks = 0; ks < BM / 16; ks++)\n      W::template rs<EVPT", true},
+    {"no wgmma.fence before dV and dK", "      flex_wgmma_fence();\n#pragma unroll\n      for (int ks = 0; ks < QH / 16; ks++)\n        W::template rs<EVPT",
+     "#pragma unroll\n      for (int ks = 0; ks < QH / 16; ks++)\n        W::template rs<EVPT", true},
     {"producer refills a stage without waiting for `empty`",
      "        if (i >= 2) flex_mbar_wait(emptyb + s,", "        if (i < 0) flex_mbar_wait(emptyb + s,",
      false},
+    {"S^T of every step from the first step's Q rows", "aQ + s * KBYTES + qoff + off",
+     "aQ + s * KBYTES + off", false},
 };
 #define NBWD ((int)(sizeof bwd_cases / sizeof *bwd_cases))
 
@@ -222,7 +227,7 @@ END_TEST
 /* The generated sm_90a forward + backward with flex_bwd_sm90.cuh mutated by c. */
 static char *mutated_bwd_source(const flex_kernel *k, const Case *c, CgOptions *o) {
   char err[256];
-  ck_assert_msg(cg_options_init(o, k->mod, CG_FP16, E, E, CG_SM90A, true, err, sizeof err), "%s", err);
+  ck_assert_msg(cg_options_init(o, k->mod, CG_FP16, EB, EB, CG_SM90A, true, err, sizeof err), "%s", err);
   ck_assert_msg(o->fwd_sm90 && o->bwd_sm90, "sm_90a fp16 did not pick the sm_90a kernels");
   o->mask_mode = CG_MASK_DENSE;
   o->out_f32 = true;
@@ -271,8 +276,8 @@ static flex_status run_bwd_case(const Case *c, bool race, char *msg, double *err
                 log.data ? log.data : "");
   enum { QB = 70, KB = 150 }; /* two query tiles, three key tiles, both with tails */
   DLDataType f16 = rt_dtype(kDLFloat, 16), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
-  int64_t sq[4] = {B, H, QB, E}, sk[4] = {B, HKV, KB, E}, sl[3] = {B, H, QB};
-  int64_t sd[1] = {(int64_t)B * H * QB}, sa[1] = {(int64_t)B * H * QB * E};
+  int64_t sq[4] = {B, H, QB, EB}, sk[4] = {B, HKV, KB, EB}, sl[3] = {B, H, QB};
+  int64_t sd[1] = {(int64_t)B * H * QB}, sa[1] = {(int64_t)B * H * QB * EB};
   TlArr q, kk, v, dout, out, lse, dq, dk, dv, delta, acc, rout, rlse, rdq, rdk, rdv;
   tl_arr_init(&q, f16, 4, sq), tl_arr_normal(&q, &rng);
   tl_arr_init(&kk, f16, 4, sk), tl_arr_normal(&kk, &rng);
@@ -298,13 +303,13 @@ static flex_status run_bwd_case(const Case *c, bool race, char *msg, double *err
   p.out = out.t.data, p.lse = lse.t.data, p.q = q.t.data, p.k = kk.t.data, p.v = v.t.data;
   p.dout = dout.t.data, p.dq = dq.t.data, p.dk = dk.t.data, p.dv = dv.t.data;
   p.delta = delta.t.data, p.dq_acc = acc.t.data;
-  p.sq = p.so = p.sdo = p.sdq = (FlexStrides){(int64_t)H * QB * E, (int64_t)QB * E, E};
-  p.sk = p.sv = p.sdk = p.sdv = (FlexStrides){(int64_t)HKV * KB * E, (int64_t)KB * E, E};
+  p.sq = p.so = p.sdo = p.sdq = (FlexStrides){(int64_t)H * QB * EB, (int64_t)QB * EB, EB};
+  p.sk = p.sv = p.sdk = p.sdv = (FlexStrides){(int64_t)HKV * KB * EB, (int64_t)KB * EB, EB};
   p.lse_b = H * QB, p.lse_h = QB;
   int32_t sizes[5] = {B, H, HKV, QB, KB};
   memcpy(p.sizes, sizes, sizeof sizes);
-  p.B = B, p.H = H, p.HKV = HKV, p.G = H / HKV, p.q_len = QB, p.kv_len = KB, p.E = p.EV = E;
-  p.scale = (float)(1.0 / sqrt((double)E));
+  p.B = B, p.H = H, p.HKV = HKV, p.G = H / HKV, p.q_len = QB, p.kv_len = KB, p.E = p.EV = EB;
+  p.scale = (float)(1.0 / sqrt((double)EB));
   p.vec16 = 1;
   p.dq_splits = 1;
   FlexFwdTma tf;
@@ -312,12 +317,12 @@ static flex_status run_bwd_case(const Case *c, bool race, char *msg, double *err
   ck_assert_msg(rt_launch_fwd_tma(&o, &p, emu_tmap, NULL, &tf) == FLEX_OK, "%s", flex_last_error());
   ck_assert_msg(rt_launch_bwd_tma(&o, &p, emu_tmap, NULL, &tb) == FLEX_OK, "%s", flex_last_error());
   const uint64_t nq = (uint64_t)B * H * QB, nk = (uint64_t)B * HKV * KB;
-  EmuRange r[11] = {{(uintptr_t)p.q, nq * E * 2, "q"},          {(uintptr_t)p.k, nk * E * 2, "k"},
-                    {(uintptr_t)p.v, nk * E * 2, "v"},          {(uintptr_t)p.out, nq * E * 4, "out"},
-                    {(uintptr_t)p.lse, nq * 4, "lse"},          {(uintptr_t)p.dout, nq * E * 2, "dout"},
-                    {(uintptr_t)p.dq, nq * E * 2, "dq"},        {(uintptr_t)p.dk, nk * E * 2, "dk"},
-                    {(uintptr_t)p.dv, nk * E * 2, "dv"},        {(uintptr_t)p.delta, nq * 4, "delta"},
-                    {(uintptr_t)p.dq_acc, nq * E * 4, "dq_acc"}};
+  EmuRange r[11] = {{(uintptr_t)p.q, nq * EB * 2, "q"},          {(uintptr_t)p.k, nk * EB * 2, "k"},
+                    {(uintptr_t)p.v, nk * EB * 2, "v"},          {(uintptr_t)p.out, nq * EB * 4, "out"},
+                    {(uintptr_t)p.lse, nq * 4, "lse"},          {(uintptr_t)p.dout, nq * EB * 2, "dout"},
+                    {(uintptr_t)p.dq, nq * EB * 2, "dq"},        {(uintptr_t)p.dk, nk * EB * 2, "dk"},
+                    {(uintptr_t)p.dv, nk * EB * 2, "dv"},        {(uintptr_t)p.delta, nq * 4, "delta"},
+                    {(uintptr_t)p.dq_acc, nq * EB * 4, "dq_acc"}};
   flex_status st = launch_one(m, "flex_fwd", &tf, cg_launch_fwd(&o, B, H, QB), r, 11, msg);
   if (!st) st = launch_one(m, "flex_bwd_pre", &p, cg_launch_bwd_pre(&o, B, H, QB), r, 11, msg);
   if (!st) st = launch_one(m, "flex_bwd", &tb, cg_launch_bwd(&o, B, HKV, KB), r, 11, msg);
