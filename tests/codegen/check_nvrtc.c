@@ -85,10 +85,13 @@ static void check_one(const char *path, CgDtype dt, int E, CgArch arch, bool dro
   ck_assert_uint_le(cg_launch_fwd(&o, 1, 1, 1).smem, limit);
   ck_assert_uint_le(cg_launch_bwd(&o, 1, 1, 1).smem, limit);
   rt_nvrtc_free(&r);
-  if (dt != CG_FP32) {
+  if (dt != CG_FP32) { /* tensor cores: mma.sync, or only wgmma when both bodies are sm_90a's */
     st = rt_nvrtc_compile(&r, src.data, cg_arch_name(arch), RT_NVRTC_PTX, false);
     ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
-    ck_assert_msg(strstr(r.image.data, "mma.sync.aligned.m16n8k16") != NULL, "no mma.sync in PTX");
+    if (o.fwd_sm90 && o.bwd_sm90)
+      ck_assert_msg(strstr(r.image.data, "wgmma.mma_async") != NULL, "no wgmma in PTX");
+    else
+      ck_assert_msg(strstr(r.image.data, "mma.sync.aligned.m16n8k16") != NULL, "no mma.sync in PTX");
     rt_nvrtc_free(&r);
   }
   buf_free(&src);
