@@ -173,6 +173,28 @@ static void measure(Result *r, flex_kernel *k, flex_args *a, bool bwd, int reps)
   }
 }
 
+/* Time k on a self-attention call (q = k = v = dO) of rank nd, shape qs
+ * and LSE shape ls, packed by the offsets cu (both sides) or, without
+ * them, reading one int32 buffer. */
+static void measure_call(Result *r, flex_kernel *k, flex_backend be, DLDataType dt, DLDataType odt,
+                         int nd, const int64_t *qs, const int64_t *ls, DLTensor *cu,
+                         const char *bname, DLTensor *buf, bool bwd, int reps) {
+  DLTensor *q = filled(be, dt, nd, qs, rnd, NULL), *out = alloc_t(be, odt, nd, qs);
+  DLTensor *lse = alloc_t(be, rt_dtype(kDLFloat, 32), nd - 1, ls);
+  DLTensor *dq = alloc_t(be, odt, nd, qs), *dk = alloc_t(be, odt, nd, qs), *dv = alloc_t(be, odt, nd, qs);
+  flex_buffer fb = {bname, buf, NULL};
+  flex_args a;
+  memset(&a, 0, sizeof a);
+  a.backend = be;
+  a.q = a.k = a.v = q, a.out = out, a.lse = lse;
+  a.dout = q, a.dq = dq, a.dk = dk, a.dv = dv;
+  if (cu) a.cu_seqlens_q = a.cu_seqlens_kv = cu;
+  else a.buffers = &fb, a.nbuffers = 1;
+  measure(r, k, &a, bwd, reps);
+  DLTensor *all[] = {q, out, lse, dq, dk, dv};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) flex_tensor_free(all[i]);
+}
+
 int main(int argc, char **argv) {
   int scale = 1, reps = 1, tile_m = 64, tile_n = 64;
   bool bwd = true;
@@ -218,7 +240,7 @@ int main(int argc, char **argv) {
   int T = cu[NSEQ], L = lens[0], H = 2, E = 64;
   DLDataType dt = be == FLEX_BACKEND_REFERENCE ? rt_dtype(kDLFloat, 32) : rt_dtype(kDLFloat, 16);
   DLDataType odt = be == FLEX_BACKEND_CUDA ? dt : rt_dtype(kDLFloat, 32);
-  DLDataType f32 = rt_dtype(kDLFloat, 32), i32 = rt_dtype(kDLInt, 32);
+  DLDataType i32 = rt_dtype(kDLInt, 32);
   printf("bench_varlen: backend %s, lengths {%d, %d x 8, %d x 16} (scale 1/%d), TOTAL %d, H %d, "
          "E %d, %s, causal pairs %.0f\n", flex_backend_name(be), lens[0], lens[1], lens[9], scale, T, H,
          E, be == FLEX_BACKEND_REFERENCE ? "fp32" : "fp16", work);
@@ -230,57 +252,30 @@ int main(int argc, char **argv) {
     return 1;
   }
   Result res[3] = {{"packed", 0, 0, 0, 0}, {"padded", 0, 0, 0, 0}, {"document", 0, 0, 0, 0}};
+  DLTensor *cq = NULL, *len = NULL, *doc = NULL;
   /* packed */
   {
     int64_t qs[3] = {T, H, E}, ls[2] = {H, T}, cs = NSEQ + 1;
-    DLTensor *q = filled(be, dt, 3, qs, rnd, NULL), *out = alloc_t(be, odt, 3, qs);
-    DLTensor *lse = alloc_t(be, f32, 2, ls), *cq = filled(be, i32, 1, &cs, from_ints, cu);
-    DLTensor *dq = alloc_t(be, odt, 3, qs), *dk = alloc_t(be, odt, 3, qs), *dv = alloc_t(be, odt, 3, qs);
-    flex_args a;
-    memset(&a, 0, sizeof a);
-    a.backend = be;
-    a.q = a.k = a.v = q, a.out = out, a.lse = lse, a.cu_seqlens_q = a.cu_seqlens_kv = cq;
-    a.dout = q, a.dq = dq, a.dk = dk, a.dv = dv;
-    measure(&res[0], kp, &a, bwd, reps);
-    DLTensor *all[] = {q, out, lse, cq, dq, dk, dv};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++) flex_tensor_free(all[i]);
+    cq = filled(be, i32, 1, &cs, from_ints, cu);
+    measure_call(&res[0], kp, be, dt, odt, 3, qs, ls, cq, NULL, NULL, bwd, reps);
   }
   /* padded: B = 25 x L */
   {
     int64_t qs[4] = {NSEQ, H, L, E}, ls[3] = {NSEQ, H, L}, bs = NSEQ;
-    DLTensor *q = filled(be, dt, 4, qs, rnd, NULL), *out = alloc_t(be, odt, 4, qs);
-    DLTensor *lse = alloc_t(be, f32, 3, ls), *len = filled(be, i32, 1, &bs, from_ints, lens);
-    DLTensor *dq = alloc_t(be, odt, 4, qs), *dk = alloc_t(be, odt, 4, qs), *dv = alloc_t(be, odt, 4, qs);
-    flex_buffer fb = {"len", len, NULL};
-    flex_args a;
-    memset(&a, 0, sizeof a);
-    a.backend = be;
-    a.q = a.k = a.v = q, a.out = out, a.lse = lse, a.buffers = &fb, a.nbuffers = 1;
-    a.dout = q, a.dq = dq, a.dk = dk, a.dv = dv;
-    measure(&res[1], kb, &a, bwd, reps);
-    DLTensor *all[] = {q, out, lse, len, dq, dk, dv};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++) flex_tensor_free(all[i]);
+    len = filled(be, i32, 1, &bs, from_ints, lens);
+    measure_call(&res[1], kb, be, dt, odt, 4, qs, ls, NULL, "len", len, bwd, reps);
   }
   /* one long sequence, document mask */
   {
-    int32_t *doc = malloc(sizeof(int32_t) * (size_t)T);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
     for (int s = 0; s < NSEQ; s++)
-      for (int i = cu[s]; i < cu[s + 1]; i++) doc[i] = s;
+      for (int i = cu[s]; i < cu[s + 1]; i++) ids[i] = s;
     int64_t qs[4] = {1, H, T, E}, ls[3] = {1, H, T}, ts = T;
-    DLTensor *q = filled(be, dt, 4, qs, rnd, NULL), *out = alloc_t(be, odt, 4, qs);
-    DLTensor *lse = alloc_t(be, f32, 3, ls), *d = filled(be, i32, 1, &ts, from_ints, doc);
-    DLTensor *dq = alloc_t(be, odt, 4, qs), *dk = alloc_t(be, odt, 4, qs), *dv = alloc_t(be, odt, 4, qs);
-    flex_buffer fb = {"doc", d, NULL};
-    flex_args a;
-    memset(&a, 0, sizeof a);
-    a.backend = be;
-    a.q = a.k = a.v = q, a.out = out, a.lse = lse, a.buffers = &fb, a.nbuffers = 1;
-    a.dout = q, a.dq = dq, a.dk = dk, a.dv = dv;
-    measure(&res[2], kd, &a, bwd, reps);
-    DLTensor *all[] = {q, out, lse, d, dq, dk, dv};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++) flex_tensor_free(all[i]);
-    free(doc);
+    doc = filled(be, i32, 1, &ts, from_ints, ids);
+    measure_call(&res[2], kd, be, dt, odt, 4, qs, ls, NULL, "doc", doc, bwd, reps);
+    free(ids);
   }
+  flex_tensor_free(cq), flex_tensor_free(len), flex_tensor_free(doc);
   uint64_t pred[3] = {tiles_packed(lens, NSEQ, tile_m, tile_n) * (uint64_t)H,
                       tiles_padded(lens, NSEQ, tile_m, tile_n) * (uint64_t)H,
                       tiles_document(cu, NSEQ, tile_m, tile_n) * (uint64_t)H};

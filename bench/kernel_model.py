@@ -8,12 +8,20 @@ loop and prints, per kernel, what one iteration of that loop costs:
   instr     SASS instructions per iteration: the loop body once, each inner
             loop times its trip count (see below)
   HMMA      mma.sync instructions (HMMA.16816: 4096 FLOP each, per warp)
+  HGMMA     wgmma instructions (sm_90a; HGMMA.64xNx16: 2 * 64 * N * 16 FLOP
+            per warpgroup, a quarter of it per warp), printed on a line of
+            their own with i/HGMMA, whether they take A from shared memory
+            (SS) or registers (RS), and whether ptxas serialised them
   LDSM      ldmatrix instructions and the shared bytes they read (x4 = 512 B
             per warp, x2 = 256, x1 = 128)
   LDS/STS   other shared loads and stores, bytes per warp
   LDGSTS    cp.async (global -> shared), LDG global loads
   i/HMMA    instructions per HMMA;  B/HMMA: shared bytes read per HMMA
-            (LDSM + LDS; the figure the issue tracks)
+            (LDSM + LDS; the figure the issue tracks). With wgmma, per
+            4096 FLOP (an HMMA's worth), so the two archs compare
+  serial    1 when ptxas reports that it serialised the kernel's wgmma
+            (advisory C7514 and kin: each wgmma waits for the one before,
+            which no static count shows); from flexc emit --resource-usage
   regs      registers (cuobjdump -res-usage REG)
   spill     ptxas's spill store + load bytes (from flexc emit --resource-usage)
   stack     local memory bytes per thread (STACK + LOCAL: spills, call frames
@@ -34,8 +42,10 @@ Ceiling assumptions (H100 SXM, stated, not measured): 132 SMs, 1.83 GHz
 boost, 4 schedulers per SM each issuing 1 warp-instruction per clock,
 HMMA m16n8k16 = 16*8*16*2 = 4096 FLOP, shared memory 128 B/clock/SM. Issue
 ceiling = SMs * clock * 4 / (instr per HMMA) * 4096; smem ceiling = SMs *
-clock * 128 / (shared bytes per HMMA, loads and stores) * 4096. Neither
-includes the tensor pipe's own limit, latency or occupancy.
+clock * 128 / (shared bytes per HMMA, loads and stores) * 4096. A wgmma's
+shared-memory operands (A for SS, and B: 2 bytes an element) count as
+shared bytes read, a quarter per warp. Neither ceiling includes the tensor
+pipe's own limit, latency or occupancy.
 
 Usage (from the repository root):
   python3 bench/kernel_model.py FILE.score [--arch sm_80] [--dtype bf16]
@@ -58,7 +68,7 @@ import tempfile
 
 SMS, CLOCK, SCHED, HMMA_FLOP, SMEM_BPC = 132, 1.83e9, 4, 4096, 128
 
-LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z0-9_.]+)\s*([^;]*);")
+LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]*)\s*([^;]*);")
 
 
 def find_cuobjdump(root, install):
@@ -125,6 +135,21 @@ def is_hmma(op):
     return op.startswith("HMMA")
 
 
+def hgmma(op, args):
+    """(FLOP per warp, shared operand bytes per warp, SS) of an HGMMA, else None."""
+    m = re.match(r"HGMMA\.64x(\d+)x16", op)
+    if not m:
+        return None
+    n = int(m.group(1))
+    ops = [a.strip() for a in args.split(",")]
+    ss = len(ops) > 1 and ops[1].startswith("gdesc")
+    return 2 * 64 * n * 16 / 4, ((64 * 16 if ss else 0) + n * 16) * 2 / 4, ss
+
+
+def is_mma(op):
+    return op.startswith(("HMMA", "HGMMA"))
+
+
 def shared_width(op):
     """Bytes per thread of an LDS/STS variant."""
     for suf, w in ((".128", 16), (".64", 8), (".U16", 2), (".S16", 2), (".U8", 1), (".S8", 1)):
@@ -135,13 +160,21 @@ def shared_width(op):
 
 def count(insts, lo, hi):
     c = {"instr": 0, "hmma": 0, "ldsm": 0, "ldsm_b": 0, "lds": 0, "lds_b": 0, "sts": 0,
-         "sts_b": 0, "ldgsts": 0, "ldg": 0, "local": 0}
-    for addr, op, _ in insts:
+         "sts_b": 0, "ldgsts": 0, "ldg": 0, "local": 0, "hgmma": 0, "hgmma_ss": 0, "flop": 0,
+         "gdesc_b": 0}
+    for addr, op, args in insts:
         if not lo <= addr <= hi or op == "NOP":
             continue
         c["instr"] += 1
-        if is_hmma(op):
+        g = hgmma(op, args)
+        if g:
+            c["hgmma"] += 1
+            c["hgmma_ss"] += g[2]
+            c["flop"] += g[0]
+            c["gdesc_b"] += g[1]
+        elif is_hmma(op):
             c["hmma"] += 1
+            c["flop"] += HMMA_FLOP
         elif op.startswith("LDSM"):
             n = 4 if ".4" in op else 2 if ".2" in op else 1
             c["ldsm"] += 1
@@ -164,9 +197,9 @@ def count(insts, lo, hi):
 def model(fn, e_pad):
     insts = fn["insts"]
     ls = loops(insts)
-    if not ls or not any(is_hmma(op) for _, op, _ in insts):
+    if not ls or not any(is_mma(op) for _, op, _ in insts):
         return None
-    best = max(ls, key=lambda r: (count(insts, *r)["hmma"], -(r[1] - r[0])))
+    best = max(ls, key=lambda r: (count(insts, *r)["flop"], -(r[1] - r[0])))
     c = count(insts, *best)
     inner = [r for r in ls if r != best and best[0] <= r[0] and r[1] <= best[1]]
     # Only the outermost inner loops; nested ones are inside those ranges.
@@ -174,18 +207,21 @@ def model(fn, e_pad):
     listed = []
     for r in inner:
         ic = count(insts, *r)
-        trip = math.ceil(e_pad / 16) if ic["hmma"] else 1
+        trip = math.ceil(e_pad / 16) if ic["hmma"] or ic["hgmma"] else 1
         for k in c:
             c[k] += (trip - 1) * ic[k]
         listed.append({"range": "0x%x-0x%x" % r, "instr": ic["instr"], "hmma": ic["hmma"],
+                       "hgmma": ic["hgmma"],
                        "trip": trip})
-    h = max(c["hmma"], 1)
-    smem_read = c["ldsm_b"] + c["lds_b"]
+    h = max(c["flop"] / HMMA_FLOP, 1e-9)  # HMMAs, or their worth of FLOP
+    smem_read = c["ldsm_b"] + c["lds_b"] + c["gdesc_b"]
     smem_all = smem_read + c["sts_b"] + 512 * c["ldgsts"]
     ipH, bpH = c["instr"] / h, smem_read / h
     return dict(c, loop="0x%x-0x%x" % best, inner=listed, i_per_hmma=ipH, b_per_hmma=bpH,
                 b_all_per_hmma=smem_all / h, regs=fn.get("regs"),
                 stack=fn.get("stack", 0), spill=fn.get("spill", 0),
+                i_per_hgmma=c["instr"] / c["hgmma"] if c["hgmma"] else 0,
+                serial=fn.get("serial", 0),
                 issue_tflops=SMS * CLOCK * SCHED / ipH * HMMA_FLOP / 1e12,
                 smem_tflops=SMS * CLOCK * SMEM_BPC / max(smem_all / h, 1e-9) * HMMA_FLOP / 1e12)
 
@@ -204,7 +240,8 @@ def main():
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--max", action="append", default=[], metavar="KERNEL:FIELD=V",
                     help="fail (exit 1) when KERNEL's FIELD (i_per_hmma, b_per_hmma, stack, "
-                    "local, regs, ...) is above V; also fails when a kernel has no HMMA loop")
+                    "local, regs, serial, i_per_hgmma, ...) is above V; also fails when a kernel "
+                    "has no HMMA or HGMMA loop")
     a = ap.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cuobjdump = find_cuobjdump(root, a.install)
@@ -228,9 +265,10 @@ def main():
         if not a.cubin:
             # ptxas's own count: spilled registers, as opposed to call frames.
             for m in re.finditer(r"(\w+): \d+ registers, (\d+) bytes spill stores, (\d+) bytes "
-                                 r"spill loads", usage):
+                                 r"spill loads.*", usage):
                 if m.group(1) in funcs:
                     funcs[m.group(1)]["spill"] = int(m.group(2)) + int(m.group(3))
+                    funcs[m.group(1)]["serial"] = int("wgmma serialized" in m.group(0))
     e_pad = (a.head_dim + 15) // 16 * 16
     rows = {}
     for name in sorted(funcs):
@@ -252,9 +290,14 @@ def main():
               (name, m["instr"], m["hmma"], m["ldsm"], m["ldsm_b"], m["lds"], m["lds_b"],
                m["sts"], m["sts_b"], m["ldgsts"], m["ldg"], m["i_per_hmma"], m["b_per_hmma"],
                m["regs"], m["spill"], m["stack"], m["local"], m["issue_tflops"], m["smem_tflops"]))
+        if m["hgmma"]:
+            print("  wgmma: %d HGMMA (%d SS, %d RS), %.2f i/HGMMA, %.0f shared operand B per warp, "
+                  "serialized by ptxas: %s" %
+                  (m["hgmma"], m["hgmma_ss"], m["hgmma"] - m["hgmma_ss"], m["i_per_hgmma"],
+                   m["gdesc_b"], "YES" if m["serial"] else "no"))
         for r in m["inner"]:
             print("  inner loop %s: %d instr, %d HMMA, counted x%d" %
-                  (r["range"], r["instr"], r["hmma"], r["trip"]))
+                  (r["range"], r["instr"], r["hmma"] + r["hgmma"], r["trip"]))
     for b in bad:
         print("kernel_model: FAIL: " + b)
     return 1 if bad else 0

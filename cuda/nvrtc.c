@@ -152,7 +152,10 @@ flex_status rt_nvrtc_compile(RtNvrtcResult *res, const char *src, const char *ar
  *   ptxas info    : Function properties for flex_fwd
  *       0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
  *   ptxas info    : Used 128 registers, used 1 barriers, 400 bytes cmem[0]
- * (shared memory appears as ", N bytes smem" when there is static smem). */
+ * (shared memory appears as ", N bytes smem" when there is static smem), and,
+ * for sm_90a, advisories such as "(C7514) Potential Performance Loss:
+ * wgmma.mma_async instructions are serialized due to ... in the function
+ * 'flex_fwd'". */
 int rt_ptxas_parse(const char *log, RtPtxasInfo *out, int max) {
   int n = -1;
   for (const char *line = log; line && *line;) {
@@ -181,6 +184,18 @@ int rt_ptxas_parse(const char *log, RtPtxasInfo *out, int max) {
       }
     }
     line = end ? end + 1 : NULL;
+  }
+  /* "... wgmma.mma_async instructions are serialized due to ... in the
+   * function 'flex_fwd'" comes before that function's entry lines. */
+  for (const char *q = log; q && (q = strstr(q, "instructions are serialized"));) {
+    const char *fn = strstr(q, "function '"), *nl = strchr(q, '\n');
+    if (fn && (!nl || fn < nl)) {
+      fn += strlen("function '");
+      size_t k = strcspn(fn, "'");
+      for (int i = 0; i <= n; i++)
+        if (strlen(out[i].name) == k && !strncmp(out[i].name, fn, k)) out[i].wgmma_serial = true;
+    }
+    q = nl;
   }
   return n + 1;
 }

@@ -26,6 +26,7 @@ typedef struct RtPtxasInfo {
   int spill_loads;   /* bytes */
   int smem;          /* static shared memory bytes */
   int stack;         /* stack frame bytes */
+  bool wgmma_serial; /* ptxas serialised its wgmma (advisory C7510-C7520: each waits for the last) */
 } RtPtxasInfo;
 
 /* Compile `src` for `arch` ("sm_80", "sm_90a", ...) with the embedded

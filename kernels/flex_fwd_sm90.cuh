@@ -190,6 +190,7 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
     }
     flex_wgmma_commit();
     if (prev) { /* the previous tile's P V behind it; wait for S only */
+      flex_wgmma_fence(); /* ptxas injects this one otherwise (C7519): the RS operands are registers */
       flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + ps * VBYTES);
       flex_wgmma_commit();
       flex_wgmma_wait<1>();
@@ -245,11 +246,13 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
         row_sum[c >> 1] += sacc[4 * j + c];
       }
 
-    /* The previous P V done: its stage is free, O and `a` are ours again. */
-    if (prev) {
-      flex_wgmma_wait<0>();
-      flex_mbar_arrive(emptyb + ps); /* the stage's K and V are no longer read */
-    }
+    /* The previous P V done: its stage is free, O and `a` are ours again.
+     * The wait is unconditional (nothing is pending without a previous
+     * tile): ptxas does not relate the two tests of `prev`, and behind a
+     * conditional wait it sees O read while a wgmma may own it, and
+     * serialises every wgmma of the kernel. */
+    flex_wgmma_wait<0>();
+    if (prev) flex_mbar_arrive(emptyb + ps); /* the stage's K and V are no longer read */
 #pragma unroll
     for (int j = 0; j < EVPT / 8; j++) {
       o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];

@@ -298,9 +298,10 @@ static char *resources(const char *log, const CgOptions *o) {
     if (!strcmp(info[i].name, "flex_bwd")) dyn = cg_launch_bwd(o, 1, 1, 1).smem;
     buf_printf(&b,
                "%s: %d registers, %d bytes spill stores, %d bytes spill loads, "
-               "shared memory %d bytes static + %zu bytes dynamic, %d bytes stack\n",
+               "shared memory %d bytes static + %zu bytes dynamic, %d bytes stack%s\n",
                info[i].name, info[i].registers, info[i].spill_stores, info[i].spill_loads,
-               info[i].smem, dyn, info[i].stack);
+               info[i].smem, dyn, info[i].stack,
+               info[i].wgmma_serial ? ", wgmma serialized by ptxas" : "");
   }
   return b.data ? b.data : base_strdup("");
 }

@@ -29,4 +29,16 @@ if(FLEXC_PYTHON3)
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(kernel_model_dropout PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
     ENVIRONMENT "FLEXC_CACHE_DIR=off")
+  # The sm_90a kernels (wgmma): the steady-state loop found, no spills, no
+  # stack, and the wgmma not serialised by ptxas (a serialised kernel waits
+  # for each wgmma before issuing the next). Measured on causal, bf16,
+  # E=128: forward 6.21 instructions per 4096 FLOP (99 per HGMMA).
+  add_test(NAME kernel_model_sm90 COMMAND ${FLEXC_PYTHON3} ${PROJECT_SOURCE_DIR}/bench/kernel_model.py
+    samples/causal.score --arch sm_90a --dtype bf16 --head-dim 128 --install
+    --flexc $<TARGET_FILE:flexc>
+    --max flex_fwd:spill=0 --max flex_bwd:spill=0 --max flex_fwd:stack=0 --max flex_bwd:stack=0
+    --max flex_fwd:serial=0 --max flex_bwd:serial=0 --max flex_fwd:i_per_hmma=6.4
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(kernel_model_sm90 PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
+    ENVIRONMENT "FLEXC_CACHE_DIR=off")
 endif()

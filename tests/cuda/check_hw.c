@@ -122,40 +122,44 @@ static flex_status emu_run(const char *kernel, int mode, EmuDim grid, char *msg)
   return st;
 }
 
-START_TEST(emu_collective_under_branch) {
+static const EmuDim one = {1, 1, 1};
+
+static void run_ok(const char *kernel, int mode, EmuDim grid) {
   char msg[EMU_ERR_LEN];
-  ck_assert_int_eq(emu_run("hw_mma_branch", 0, (EmuDim){1, 1, 1}, msg), FLEX_OK);
-  ck_assert_int_eq(emu_run("hw_mma_branch", 1, (EmuDim){1, 1, 1}, msg), FLEX_ERR_RUNTIME);
-  ck_assert_msg(strstr(msg, "warp divergence"), "got: %s", msg);
+  ck_assert_msg(emu_run(kernel, mode, grid, msg) == FLEX_OK, "%s mode %d: %s", kernel, mode, msg);
+}
+
+/* The launch stops with FLEX_ERR_RUNTIME and a message that says why. */
+static void run_fails(const char *kernel, int mode, EmuDim grid, const char *why) {
+  char msg[EMU_ERR_LEN];
+  ck_assert_int_eq(emu_run(kernel, mode, grid, msg), FLEX_ERR_RUNTIME);
+  ck_assert_msg(strstr(msg, why), "%s mode %d: got '%s', want '%s'", kernel, mode, msg, why);
+}
+
+START_TEST(emu_collective_under_branch) {
+  run_ok("hw_mma_branch", 0, one);
+  run_fails("hw_mma_branch", 1, one, "warp divergence");
 }
 END_TEST
 
 START_TEST(emu_aligned_call_sites) {
-  char msg[EMU_ERR_LEN];
-  ck_assert_int_eq(emu_run("hw_ldm_sites", 0, (EmuDim){1, 1, 1}, msg), FLEX_OK);
-  ck_assert_int_eq(emu_run("hw_ldm_sites", 1, (EmuDim){1, 1, 1}, msg), FLEX_ERR_RUNTIME);
-  ck_assert_msg(strstr(msg, "different call site"), "got: %s", msg);
-  ck_assert_int_eq(emu_run("hw_mma_sites", 0, (EmuDim){1, 1, 1}, msg), FLEX_OK);
-  ck_assert_int_eq(emu_run("hw_mma_sites", 1, (EmuDim){1, 1, 1}, msg), FLEX_ERR_RUNTIME);
-  ck_assert_msg(strstr(msg, "different call site"), "got: %s", msg);
+  run_ok("hw_ldm_sites", 0, one);
+  run_fails("hw_ldm_sites", 1, one, "different call site");
+  run_ok("hw_mma_sites", 0, one);
+  run_fails("hw_mma_sites", 1, one, "different call site");
 }
 END_TEST
 
 START_TEST(emu_cp_async_zero_fill_aligned) {
-  char msg[EMU_ERR_LEN];
-  ck_assert_int_eq(emu_run("hw_cp_zero", 0, (EmuDim){1, 1, 1}, msg), FLEX_OK);
-  ck_assert_int_eq(emu_run("hw_cp_zero", 8, (EmuDim){1, 1, 1}, msg), FLEX_ERR_RUNTIME);
-  ck_assert_msg(strstr(msg, "not 16-byte aligned"), "got: %s", msg);
+  run_ok("hw_cp_zero", 0, one);
+  run_fails("hw_cp_zero", 8, one, "not 16-byte aligned");
 }
 END_TEST
 
 START_TEST(emu_grid_limits) {
-  char msg[EMU_ERR_LEN];
-  ck_assert_int_eq(emu_run("hw_cp_zero", 0, (EmuDim){2, 3, 4}, msg), FLEX_OK);
-  ck_assert_int_eq(emu_run("hw_cp_zero", 0, (EmuDim){1, 65536, 1}, msg), FLEX_ERR_RUNTIME);
-  ck_assert_msg(strstr(msg, "bad launch geometry"), "got: %s", msg);
-  ck_assert_int_eq(emu_run("hw_cp_zero", 0, (EmuDim){1, 1, 65536}, msg), FLEX_ERR_RUNTIME);
-  ck_assert_msg(strstr(msg, "bad launch geometry"), "got: %s", msg);
+  run_ok("hw_cp_zero", 0, (EmuDim){2, 3, 4});
+  run_fails("hw_cp_zero", 0, (EmuDim){1, 65536, 1}, "bad launch geometry");
+  run_fails("hw_cp_zero", 0, (EmuDim){1, 1, 65536}, "bad launch geometry");
 }
 END_TEST
 
@@ -224,8 +228,7 @@ static void call_free(Call *c) {
 }
 
 static flex_kernel *load(const char *sample) {
-  flex_kernel *k;
-  ck_assert_int_eq(flex_kernel_load(&k, tl_src_path(sample), NULL), FLEX_OK);
+  flex_kernel *k = tl_load(sample, NULL, NULL);
   return k;
 }
 

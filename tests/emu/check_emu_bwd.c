@@ -76,13 +76,7 @@ static bool rows_zero(const TlPair *dq, const Shape *s, int n) {
   return true;
 }
 
-static flex_kernel *load(const Sample *sm) {
-  flex_kernel *k = NULL;
-  flex_status st = sm->path ? flex_kernel_load(&k, tl_src_path(sm->path), NULL)
-                            : flex_kernel_from_source(&k, sm->name, sm->src, strlen(sm->src), NULL);
-  ck_assert_msg(st == FLEX_OK, "%s: %s", sm->name, flex_last_error());
-  return k;
-}
+static flex_kernel *load(const Sample *sm) { return tl_load(sm->path, sm->name, sm->src); }
 
 /* Every tensor of one call. */
 typedef struct Tensors {
@@ -206,9 +200,5 @@ int main(void) {
   tcase_add_loop_test(tc, backward_wide, 0, 2);
   tcase_add_loop_test(tc, backward_racecheck, 0, 2);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return tl_run_suite(s);
 }

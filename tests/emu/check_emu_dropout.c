@@ -32,13 +32,7 @@ static flex_backend dev = FLEX_BACKEND_EMU; /* the backend under test (TCase "cp
 
 static void use_cpu(void) { dev = FLEX_BACKEND_CPU; }
 
-static flex_kernel *load(const char *path, const char *src) {
-  flex_kernel *k = NULL;
-  flex_status st = path ? flex_kernel_load(&k, tl_src_path(path), NULL)
-                        : flex_kernel_from_source(&k, "ident", src, strlen(src), NULL);
-  ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
-  return k;
-}
+static flex_kernel *load(const char *path, const char *src) { return tl_load(path, "ident", src); }
 
 static void set_dropout(flex_args *a, float p, uint64_t seed, uint64_t offset) {
   a->dropout_p = p, a->dropout_seed = seed, a->dropout_offset = offset;

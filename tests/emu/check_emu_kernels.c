@@ -229,8 +229,7 @@ static void run_shape(int si, int di, const Shape *s) {
   const TlDtype *d = &tl_dtypes[di];
   char path[256];
   snprintf(path, sizeof path, "samples/%s.score", samples[si]);
-  flex_kernel *k = NULL;
-  ck_assert_msg(flex_kernel_load(&k, tl_src_path(path), NULL) == FLEX_OK, "%s", flex_last_error());
+  flex_kernel *k = tl_load(path, NULL, NULL);
   Run r;
   run_init(&r, s, rt_dtype(d->code, d->bits), samples[si]);
   for (int i = 1; i >= 0; i--) {

@@ -54,8 +54,8 @@ typedef struct Case {
 static const Case cases[] = {
     {"clean", NULL, NULL, false},
     {"stage freed before the wait that retires its P V",
-     "      flex_wgmma_wait<0>();\n      flex_mbar_arrive(emptyb + ps);",
-     "      flex_mbar_arrive(emptyb + ps);\n      flex_wgmma_wait<0>();", true},
+     "    flex_wgmma_wait<0>();\n    if (prev) flex_mbar_arrive(emptyb + ps);",
+     "    if (prev) flex_mbar_arrive(emptyb + ps);\n    flex_wgmma_wait<0>();", true},
     {"S read before the wait that retires it (P V still pending too)", "flex_wgmma_wait<1>();",
      "flex_wgmma_wait<2>();", false},
     {"producer refills a stage without waiting for `empty`",

@@ -99,8 +99,7 @@ static bool run_shape(const char *sample, int di, const Shape *s) {
   DLDataType dt = rt_dtype(d->code, d->bits), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
   char path[256];
   snprintf(path, sizeof path, "samples/%s.score", sample);
-  flex_kernel *k = NULL;
-  ck_assert_msg(flex_kernel_load(&k, tl_src_path(path), NULL) == FLEX_OK, "%s", flex_last_error());
+  flex_kernel *k = tl_load(path, NULL, NULL);
   int64_t qs[4] = {s->B, s->H, s->QL, s->E}, ks[4] = {s->B, s->HKV, s->KL, s->E};
   int64_t vs[4] = {s->B, s->HKV, s->KL, s->EV}, os[4] = {s->B, s->H, s->QL, s->EV};
   TlArr q, kk, v, out[2], lse[2];
@@ -220,8 +219,7 @@ END_TEST
  * (not multiples of its 128-key tiles) fall back to the sm_80 body. */
 START_TEST(user_block_mask) {
   const int QL = 200, KL = 300, H = 2, E = 64;
-  flex_kernel *k = NULL;
-  ck_assert(flex_kernel_load(&k, tl_src_path("samples/sliding_window.score"), NULL) == FLEX_OK);
+  flex_kernel *k = tl_load("samples/sliding_window.score", NULL, NULL);
   flex_param win = {"window", 40};
   DLDataType f16 = rt_dtype(kDLFloat, 16), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
   int64_t qs[4] = {1, H, QL, E}, ks[4] = {1, H, KL, E}, ls[3] = {1, H, QL};
@@ -263,8 +261,7 @@ END_TEST
 
 /* An unknown arch is the caller's error, named, on every backend. */
 START_TEST(bad_arch) {
-  flex_kernel *k = NULL;
-  ck_assert(flex_kernel_load(&k, tl_src_path("samples/causal.score"), NULL) == FLEX_OK);
+  flex_kernel *k = tl_load("samples/causal.score", NULL, NULL);
   int64_t sh[4] = {1, 1, 8, 16};
   TlArr q, o, l;
   tl_arr_init(&q, rt_dtype(kDLFloat, 16), 4, sh), tl_arr_normal(&q, &rng);

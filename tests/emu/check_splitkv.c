@@ -76,12 +76,7 @@ typedef struct Case {
   float drop;
 } Case;
 
-static flex_kernel *load(const char *src) {
-  flex_kernel *k = NULL;
-  flex_status st = flex_kernel_from_source(&k, "splitkv", src, strlen(src), NULL);
-  ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
-  return k;
-}
+static flex_kernel *load(const char *src) { return tl_load(NULL, "splitkv", src); }
 
 /* The buffers of a case (host arrays shared by both backends). */
 typedef struct Buffers {
@@ -152,6 +147,45 @@ static void poison(TlPair *p) {
   for (int64_t i = 0; i < rt_array_count(&p->x); i++) rt_array_set(&p->x, i, NAN);
 }
 
+/* The tensors of one call, each as the backend sees it (x) and as float64
+ * for the reference (ref), and the emulator's and the reference's argument
+ * blocks wired to them; lse has rank - 1 dimensions. */
+typedef struct Run {
+  TlPair q, k, v, out, lse;
+  flex_args a, r;
+} Run;
+
+static void run_init(Run *u, DLDataType dt, int rank, const int64_t *qs, const int64_t *ks,
+                     const int64_t *vs, const int64_t *os, const int64_t *ls, const Buffers *bf) {
+  memset(u, 0, sizeof *u);
+  tl_pair_init(&u->q, dt, rank, qs, true, &rng), tl_pair_init(&u->k, dt, rank, ks, true, &rng);
+  tl_pair_init(&u->v, dt, rank, vs, true, &rng), tl_pair_init(&u->out, dt, rank, os, false, &rng);
+  tl_pair_init(&u->lse, rt_dtype(kDLFloat, 32), rank - 1, ls, false, &rng);
+  flex_args *a = &u->a, *r = &u->r;
+  a->backend = FLEX_BACKEND_EMU, r->backend = FLEX_BACKEND_REFERENCE;
+  a->q = &u->q.tx, a->k = &u->k.tx, a->v = &u->v.tx, a->out = &u->out.tx, a->lse = &u->lse.tx;
+  r->q = &u->q.tref, r->k = &u->k.tref, r->v = &u->v.tref, r->out = &u->out.tref;
+  r->lse = &u->lse.tref;
+  if (bf) a->buffers = r->buffers = bf->fb, a->nbuffers = r->nbuffers = bf->n;
+}
+
+static void run_free(Run *u) {
+  TlPair *all[] = {&u->q, &u->k, &u->v, &u->out, &u->lse};
+  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+}
+
+/* a's forward with O and LSE poisoned first; its relative errors against
+ * the reference's (which ran before) in *eo and *el. */
+static void run_forward(Run *u, flex_kernel *k, const char *what, double *eo, double *el) {
+  poison(&u->out), poison(&u->lse);
+  ck_assert_msg(flex_forward(k, &u->a) == FLEX_OK, "%s: %s", what, flex_last_error());
+  *eo = rel_err(&u->out.x, &u->out.ref), *el = rel_err(&u->lse.x, &u->lse.ref);
+}
+
+static void run_reference(Run *u, flex_kernel *k) {
+  ck_assert_msg(flex_forward(k, &u->r) == FLEX_OK, "reference: %s", flex_last_error());
+}
+
 static const Case cases[] = {
     {"gqa8 q1 causal alibi fp32", causal_alibi, B_SLOPES, 0, 1, 8, 1, 1, 1000, 64, 64, 0},
     {"gqa8 q4 window softcap bf16", window_softcap, B_NONE, 2, 1, 8, 1, 4, 777, 64, 64, 0},
@@ -170,38 +204,28 @@ static const Case cases[] = {
 START_TEST(decoding) {
   const Case *c = &cases[_i];
   const TlDtype *td = &tl_dtypes[c->dt];
-  DLDataType dt = rt_dtype(td->code, td->bits), f32 = rt_dtype(kDLFloat, 32);
   flex_kernel *k = load(c->src);
   int64_t qs[4] = {c->B, c->H, c->QL, c->E}, ks[4] = {c->B, c->HKV, c->KL, c->E};
   int64_t vs[4] = {c->B, c->HKV, c->KL, c->EV}, os[4] = {c->B, c->H, c->QL, c->EV};
   int64_t ls[3] = {c->B, c->H, c->QL};
-  TlPair q, kk, v, out, lse;
-  tl_pair_init(&q, dt, 4, qs, true, &rng), tl_pair_init(&kk, dt, 4, ks, true, &rng);
-  tl_pair_init(&v, dt, 4, vs, true, &rng);
-  tl_pair_init(&out, dt, 4, os, false, &rng), tl_pair_init(&lse, f32, 3, ls, false, &rng);
   RtArray o1, l1; /* the unsplit run */
   rt_array_init(&o1, rt_dtype(kDLFloat, 64), 4, os), rt_array_init(&l1, rt_dtype(kDLFloat, 64), 3, ls);
   Buffers bf;
   buffers_init(&bf, c);
-  flex_args a = {0}, r = {0};
-  a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
-  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
-  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
-  a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
+  Run u;
+  run_init(&u, rt_dtype(td->code, td->bits), 4, qs, ks, vs, os, ls, &bf);
   uint64_t seed = tl_rand(&rng);
-  a.dropout_p = r.dropout_p = c->drop, a.dropout_seed = r.dropout_seed = seed;
-  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+  u.a.dropout_p = u.r.dropout_p = c->drop, u.a.dropout_seed = u.r.dropout_seed = seed;
+  run_reference(&u, k);
   /* every case has more than 7 key tiles (BN <= 64), so a forced count runs as given */
   const int splits[5] = {1, 2, 3, 7, 0};
   uint64_t tiles1 = 0;
   for (int t = 0; t < 5; t++) {
-    poison(&out), poison(&lse);
-    a.kv_splits = splits[t];
-    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s split %d: %s", c->name, splits[t],
-                  flex_last_error());
+    double eo, el;
+    u.a.kv_splits = splits[t];
+    run_forward(&u, k, c->name, &eo, &el);
     RtRunStats st = rt_run_last_stats();
-    double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
-    double so = t ? rel_err(&out.x, &o1) : 0, sl = t ? rel_err(&lse.x, &l1) : 0;
+    double so = t ? rel_err(&u.out.x, &o1) : 0, sl = t ? rel_err(&u.lse.x, &l1) : 0;
     fprintf(stderr, "  %-30s splits %d -> %2d%s (tiles %llu): out %.2g lse %.2g; vs unsplit %.2g %.2g\n",
             c->name, splits[t], st.kv_splits, st.pack_gqa ? " packed" : "",
             (unsigned long long)st.fwd_tiles, eo, el, so, sl);
@@ -223,16 +247,15 @@ START_TEST(decoding) {
                   st.kv_splits, eo, el, td->tol);
     ck_assert_msg(so < td->tol && sl < td->tol, "%s split %d against unsplit: out %g lse %g", c->name,
                   st.kv_splits, so, sl);
-    if (t == 0) copy_array(&o1, &out.x), copy_array(&l1, &lse.x);
+    if (t == 0) copy_array(&o1, &u.out.x), copy_array(&l1, &u.lse.x);
   }
   if (c->bufs == B_LIVE) /* the fully masked row: O = 0, LSE = -inf */
     for (int h = 0; h < c->H && c->QL > 1; h++) {
-      ck_assert(rt_array_get(&lse.x, (int64_t)h * c->QL + 1) == -INFINITY);
+      ck_assert(rt_array_get(&u.lse.x, (int64_t)h * c->QL + 1) == -INFINITY);
       for (int e = 0; e < c->EV; e++)
-        ck_assert(rt_array_get(&out.x, ((int64_t)h * c->QL + 1) * c->EV + e) == 0.0);
+        ck_assert(rt_array_get(&u.out.x, ((int64_t)h * c->QL + 1) * c->EV + e) == 0.0);
     }
-  TlPair *all[] = {&q, &kk, &v, &out, &lse};
-  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  run_free(&u);
   rt_array_free(&o1), rt_array_free(&l1);
   buffers_free(&bf);
   flex_kernel_free(k);
@@ -248,49 +271,39 @@ START_TEST(gqa_packing) {
   static const int which[4] = {0, 1, 5, 6}; /* causal fp32, window bf16, head windows fp32 / bf16 */
   const Case *c = &cases[which[_i]];
   const TlDtype *td = &tl_dtypes[c->dt];
-  DLDataType dt = rt_dtype(td->code, td->bits), f32 = rt_dtype(kDLFloat, 32);
   flex_kernel *k = load(c->src);
   int64_t qs[4] = {c->B, c->H, c->QL, c->E}, ks[4] = {c->B, c->HKV, c->KL, c->E};
   int64_t vs[4] = {c->B, c->HKV, c->KL, c->EV}, os[4] = {c->B, c->H, c->QL, c->EV};
   int64_t ls[3] = {c->B, c->H, c->QL};
-  TlPair q, kk, v, out, lse;
-  tl_pair_init(&q, dt, 4, qs, true, &rng), tl_pair_init(&kk, dt, 4, ks, true, &rng);
-  tl_pair_init(&v, dt, 4, vs, true, &rng);
-  tl_pair_init(&out, dt, 4, os, false, &rng), tl_pair_init(&lse, f32, 3, ls, false, &rng);
   RtArray o1, l1; /* the packed run */
   rt_array_init(&o1, rt_dtype(kDLFloat, 64), 4, os), rt_array_init(&l1, rt_dtype(kDLFloat, 64), 3, ls);
   Buffers bf;
   buffers_init(&bf, c);
-  flex_args a = {0}, r = {0};
-  a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
-  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
-  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
-  a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
-  a.kv_splits = 1;
-  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+  Run u;
+  run_init(&u, rt_dtype(td->code, td->bits), 4, qs, ks, vs, os, ls, &bf);
+  u.a.kv_splits = 1;
+  run_reference(&u, k);
   uint64_t tiles[2];
   for (int t = 0; t < 2; t++) {
+    double eo, el;
     if (t) setenv("FLEXC_PACK_GQA", "0", 1);
-    poison(&out), poison(&lse);
-    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s: %s", c->name, flex_last_error());
+    run_forward(&u, k, c->name, &eo, &el);
     RtRunStats st = rt_run_last_stats();
     tiles[t] = st.fwd_tiles;
     ck_assert(st.pack_gqa == (t == 0));
-    double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
-    double so = t ? rel_err(&out.x, &o1) : 0, sl = t ? rel_err(&lse.x, &l1) : 0;
+    double so = t ? rel_err(&u.out.x, &o1) : 0, sl = t ? rel_err(&u.lse.x, &l1) : 0;
     fprintf(stderr, "  %-30s %s: tiles %llu, out %.2g lse %.2g; packed vs unpacked %.2g %.2g\n",
             c->name, t ? "unpacked" : "packed  ", (unsigned long long)st.fwd_tiles, eo, el, so, sl);
     ck_assert_msg(eo < td->tol && el < td->tol, "%s: out %g lse %g", c->name, eo, el);
     ck_assert_msg(so < td->tol && sl < td->tol, "%s: packed vs unpacked out %g lse %g", c->name, so, sl);
-    if (t == 0) copy_array(&o1, &out.x), copy_array(&l1, &lse.x);
+    if (t == 0) copy_array(&o1, &u.out.x), copy_array(&l1, &u.lse.x);
   }
   unsetenv("FLEXC_PACK_GQA");
   const uint64_t G = (uint64_t)(c->H / c->HKV);
   if (c->src == head_window) ck_assert(tiles[1] >= tiles[0] && tiles[0] > 0);
   else ck_assert_msg(tiles[1] == G * tiles[0], "unpacked %llu tiles, packed %llu, G %llu",
                      (unsigned long long)tiles[1], (unsigned long long)tiles[0], (unsigned long long)G);
-  TlPair *all[] = {&q, &kk, &v, &out, &lse};
-  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  run_free(&u);
   rt_array_free(&o1), rt_array_free(&l1);
   buffers_free(&bf);
   flex_kernel_free(k);
@@ -302,37 +315,29 @@ END_TEST
 START_TEST(nonfinite_logits) {
   const Case c = {"bias", bias_score, B_BIAS, _i ? 2 : 0, 1, 2, 1, 4, 400, 32, 32, 0};
   const TlDtype *td = &tl_dtypes[c.dt];
-  DLDataType dt = rt_dtype(td->code, td->bits), f32 = rt_dtype(kDLFloat, 32);
   flex_kernel *k = load(c.src);
   int64_t qs[4] = {1, c.H, c.QL, c.E}, ks[4] = {1, c.HKV, c.KL, c.E}, ls[3] = {1, c.H, c.QL};
-  TlPair q, kk, v, out, lse;
-  tl_pair_init(&q, dt, 4, qs, true, &rng), tl_pair_init(&kk, dt, 4, ks, true, &rng);
-  tl_pair_init(&v, dt, 4, ks, true, &rng), tl_pair_init(&out, dt, 4, qs, false, &rng);
-  tl_pair_init(&lse, f32, 3, ls, false, &rng);
   Buffers bf;
   buffers_init(&bf, &c);
-  flex_args a = {0}, r = {0};
-  a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
-  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
-  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
-  a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
-  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+  Run u;
+  run_init(&u, rt_dtype(td->code, td->bits), 4, qs, ks, ks, qs, ls, &bf);
+  run_reference(&u, k);
   const int splits[3] = {1, 5, 0};
   for (int t = 0; t < 3; t++) {
-    poison(&out), poison(&lse);
-    a.kv_splits = splits[t];
-    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "split %d: %s", splits[t], flex_last_error());
+    double eo, el; /* not finite here: the rows are checked one by one below */
+    u.a.kv_splits = splits[t];
+    run_forward(&u, k, "nonfinite", &eo, &el);
     int ran = rt_run_last_stats().kv_splits;
     ck_assert(splits[t] != 5 || ran == 5);
     double num = 0, den = 0;
     for (int h = 0; h < c.H; h++)
       for (int i = 0; i < c.QL; i++) {
         int64_t row = (int64_t)h * c.QL + i;
-        double l = rt_array_get(&lse.x, row), lr = rt_array_get(&lse.ref, row);
+        double l = rt_array_get(&u.lse.x, row), lr = rt_array_get(&u.lse.ref, row);
         if (i == 0) ck_assert_msg(l == INFINITY && lr == INFINITY, "split %d h %d: LSE %g, ref %g", ran, h, l, lr);
         if (i == 1) ck_assert_msg(isnan(l) && isnan(lr), "split %d h %d: LSE %g, ref %g", ran, h, l, lr);
         for (int e = 0; e < c.EV; e++) {
-          double o = rt_array_get(&out.x, row * c.EV + e), orf = rt_array_get(&out.ref, row * c.EV + e);
+          double o = rt_array_get(&u.out.x, row * c.EV + e), orf = rt_array_get(&u.out.ref, row * c.EV + e);
           if (i < 2) {
             ck_assert_msg(isnan(o) && isnan(orf), "split %d h %d row %d: O %g, ref %g", ran, h, i, o, orf);
           } else {
@@ -347,8 +352,7 @@ START_TEST(nonfinite_logits) {
             splits[t], ran, err);
     ck_assert_msg(den > 0 && err < td->tol, "split %d: finite rows err %g", ran, err);
   }
-  TlPair *all[] = {&q, &kk, &v, &out, &lse};
-  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  run_free(&u);
   buffers_free(&bf);
   flex_kernel_free(k);
 }
@@ -359,17 +363,13 @@ END_TEST
  * reference gathers the same pool. _i: fp32, bf16. */
 START_TEST(paged_split) {
   const TlDtype *td = &tl_dtypes[_i ? 2 : 0];
-  DLDataType dt = rt_dtype(td->code, td->bits), f32 = rt_dtype(kDLFloat, 32), i32 = rt_dtype(kDLInt, 32);
+  DLDataType i32 = rt_dtype(kDLInt, 32);
   enum { B = 2, H = 8, HKV = 1, E = 64, PS = 64, MP = 12, NP = 2 * MP };
   const int lens[B] = {700, 333}, QL = _i ? 4 : 1;
   const Case c = {"paged", causal_alibi, B_SLOPES, 0, B, H, HKV, QL, 700, E, E, 0};
   flex_kernel *k = load(c.src);
   int64_t qs[4] = {B, H, QL, E}, ps[4] = {NP, PS, HKV, E}, ls[3] = {B, H, QL};
   int64_t pts[2] = {B, MP}, kls[1] = {B};
-  TlPair q, kk, v, out, lse;
-  tl_pair_init(&q, dt, 4, qs, true, &rng), tl_pair_init(&kk, dt, 4, ps, true, &rng);
-  tl_pair_init(&v, dt, 4, ps, true, &rng), tl_pair_init(&out, dt, 4, qs, false, &rng);
-  tl_pair_init(&lse, f32, 3, ls, false, &rng);
   RtArray pt, kl;
   rt_array_init(&pt, i32, 2, pts), rt_array_init(&kl, i32, 1, kls);
   for (int b = 0; b < B; b++) {
@@ -379,28 +379,23 @@ START_TEST(paged_split) {
   DLTensor tpt = rt_array_tensor(&pt), tkl = rt_array_tensor(&kl);
   Buffers bf;
   buffers_init(&bf, &c);
-  flex_args a = {0}, r = {0};
-  a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
-  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
-  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
-  a.page_table = r.page_table = &tpt, a.kv_lens = r.kv_lens = &tkl;
-  a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
-  r.kv_splits = 3; /* accepted and ignored by the reference */
-  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+  Run u;
+  run_init(&u, rt_dtype(td->code, td->bits), 4, qs, ps, ps, qs, ls, &bf);
+  u.a.page_table = u.r.page_table = &tpt, u.a.kv_lens = u.r.kv_lens = &tkl;
+  u.r.kv_splits = 3; /* accepted and ignored by the reference */
+  run_reference(&u, k);
   const int splits[3] = {1, 3, 0};
   for (int t = 0; t < 3; t++) {
-    poison(&out), poison(&lse);
-    a.kv_splits = splits[t];
-    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "paged split %d: %s", splits[t], flex_last_error());
+    double eo, el;
+    u.a.kv_splits = splits[t];
+    run_forward(&u, k, "paged", &eo, &el);
     int ran = rt_run_last_stats().kv_splits;
-    double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
     fprintf(stderr, "  paged %s Q_LEN %d splits %d -> %d: out %.2g lse %.2g\n", td->name, QL,
             splits[t], ran, eo, el);
     ck_assert(splits[t] == 0 ? ran > 1 : ran == splits[t]);
     ck_assert_msg(eo < td->tol && el < td->tol, "paged split %d: out %g lse %g", ran, eo, el);
   }
-  TlPair *all[] = {&q, &kk, &v, &out, &lse};
-  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  run_free(&u);
   rt_array_free(&pt), rt_array_free(&kl);
   buffers_free(&bf);
   flex_kernel_free(k);
@@ -411,41 +406,33 @@ END_TEST
  * keys), a sliding window with a softcap, split per sequence. _i: fp32, fp16. */
 START_TEST(varlen_split) {
   const TlDtype *td = &tl_dtypes[_i ? 1 : 0];
-  DLDataType dt = rt_dtype(td->code, td->bits), f32 = rt_dtype(kDLFloat, 32), i32 = rt_dtype(kDLInt, 32);
+  DLDataType i32 = rt_dtype(kDLInt, 32);
   enum { NS = 3, H = 8, HKV = 1, E = 32 };
   static const int32_t cq[NS + 1] = {0, 1, 5, 7}, ck[NS + 1] = {0, 900, 1030, 1070};
   const int TQ = cq[NS], TK = ck[NS];
   flex_kernel *k = load(window_softcap);
   int64_t qs[3] = {TQ, H, E}, ks[3] = {TK, HKV, E}, ls[2] = {H, TQ}, cs[1] = {NS + 1};
-  TlPair q, kk, v, out, lse;
-  tl_pair_init(&q, dt, 3, qs, true, &rng), tl_pair_init(&kk, dt, 3, ks, true, &rng);
-  tl_pair_init(&v, dt, 3, ks, true, &rng), tl_pair_init(&out, dt, 3, qs, false, &rng);
-  tl_pair_init(&lse, f32, 2, ls, false, &rng);
   RtArray cuq, cuk;
   rt_array_init(&cuq, i32, 1, cs), rt_array_init(&cuk, i32, 1, cs);
   for (int s = 0; s <= NS; s++) rt_array_set(&cuq, s, cq[s]), rt_array_set(&cuk, s, ck[s]);
   DLTensor tcq = rt_array_tensor(&cuq), tck = rt_array_tensor(&cuk);
   flex_param win = {"window", 500};
-  flex_args a = {0}, r = {0};
-  a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
-  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
-  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
-  a.cu_seqlens_q = r.cu_seqlens_q = &tcq, a.cu_seqlens_kv = r.cu_seqlens_kv = &tck;
-  a.params = r.params = &win, a.nparams = r.nparams = 1;
-  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
+  Run u;
+  run_init(&u, rt_dtype(td->code, td->bits), 3, qs, ks, ks, qs, ls, NULL);
+  u.a.cu_seqlens_q = u.r.cu_seqlens_q = &tcq, u.a.cu_seqlens_kv = u.r.cu_seqlens_kv = &tck;
+  u.a.params = u.r.params = &win, u.a.nparams = u.r.nparams = 1;
+  run_reference(&u, k);
   const int splits[3] = {1, 2, 0};
   for (int t = 0; t < 3; t++) {
-    poison(&out), poison(&lse);
-    a.kv_splits = splits[t];
-    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "packed split %d: %s", splits[t], flex_last_error());
+    double eo, el;
+    u.a.kv_splits = splits[t];
+    run_forward(&u, k, "packed", &eo, &el);
     int ran = rt_run_last_stats().kv_splits; /* the most of any sequence */
-    double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
     fprintf(stderr, "  packed %s splits %d -> %d: out %.2g lse %.2g\n", td->name, splits[t], ran, eo, el);
     ck_assert(splits[t] == 0 ? ran > 2 : ran == splits[t]);
     ck_assert_msg(eo < td->tol && el < td->tol, "packed split %d: out %g lse %g", ran, eo, el);
   }
-  TlPair *all[] = {&q, &kk, &v, &out, &lse};
-  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  run_free(&u);
   rt_array_free(&cuq), rt_array_free(&cuk);
   flex_kernel_free(k);
 }
@@ -455,29 +442,20 @@ END_TEST
  * are 32 keys (docs/kernels.md), so 100 keys are 4 tiles. */
 START_TEST(clamped) {
   const TlDtype *td = &tl_dtypes[0];
-  DLDataType f32 = rt_dtype(kDLFloat, 32);
   flex_kernel *k = load(causal_alibi);
   const Case c = {"clamp", causal_alibi, B_SLOPES, 0, 1, 2, 2, 3, 100, 16, 16, 0};
   int64_t s[4] = {1, 2, 3, 16}, ks[4] = {1, 2, 100, 16}, ls[3] = {1, 2, 3};
-  TlPair q, kk, v, out, lse;
-  tl_pair_init(&q, f32, 4, s, true, &rng), tl_pair_init(&kk, f32, 4, ks, true, &rng);
-  tl_pair_init(&v, f32, 4, ks, true, &rng), tl_pair_init(&out, f32, 4, s, false, &rng);
-  tl_pair_init(&lse, f32, 3, ls, false, &rng);
   Buffers bf;
   buffers_init(&bf, &c);
-  flex_args a = {0}, r = {0};
-  a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
-  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
-  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
-  a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
-  a.kv_splits = 7;
-  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
-  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s", flex_last_error());
+  Run u;
+  run_init(&u, rt_dtype(kDLFloat, 32), 4, s, ks, ks, s, ls, &bf);
+  u.a.kv_splits = 7;
+  run_reference(&u, k);
+  double eo, el;
+  run_forward(&u, k, "clamped", &eo, &el);
   ck_assert_int_eq(rt_run_last_stats().kv_splits, 4);
-  double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
   ck_assert_msg(eo < td->tol && el < td->tol, "out %g lse %g", eo, el);
-  TlPair *all[] = {&q, &kk, &v, &out, &lse};
-  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  run_free(&u);
   buffers_free(&bf);
   flex_kernel_free(k);
 }
@@ -488,7 +466,6 @@ END_TEST
  * reference (docs/decoding.md "Where it applies"). */
 START_TEST(sm90a_falls_back) {
   const TlDtype *td = &tl_dtypes[1];
-  DLDataType dt = rt_dtype(td->code, td->bits);
   flex_kernel *k = load(causal_alibi);
   const Case c = {"sm90a", causal_alibi, B_SLOPES, 1, 1, 2, 2, 4, 600, 64, 64, 0};
   int64_t s[4] = {1, 2, 4, 64}, ks[4] = {1, 2, 600, 64}, ls[3] = {1, 2, 4};
@@ -496,28 +473,19 @@ START_TEST(sm90a_falls_back) {
   buffers_init(&bf, &c);
   const int want[2] = {3, 0};
   for (int t = 0; t < 2; t++) {
-    TlPair q, kk, v, out, lse;
-    tl_pair_init(&q, dt, 4, s, true, &rng), tl_pair_init(&kk, dt, 4, ks, true, &rng);
-    tl_pair_init(&v, dt, 4, ks, true, &rng), tl_pair_init(&out, dt, 4, s, false, &rng);
-    tl_pair_init(&lse, rt_dtype(kDLFloat, 32), 3, ls, false, &rng);
-    poison(&out), poison(&lse);
-    flex_args a = {0}, r = {0};
-    a.backend = FLEX_BACKEND_EMU, r.backend = FLEX_BACKEND_REFERENCE;
-    a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
-    r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
-    a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
-    a.arch = "sm_90a";
-    a.kv_splits = want[t];
-    ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
-    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s", flex_last_error());
+    Run u;
+    run_init(&u, rt_dtype(td->code, td->bits), 4, s, ks, ks, s, ls, &bf);
+    u.a.arch = "sm_90a";
+    u.a.kv_splits = want[t];
+    run_reference(&u, k);
+    double eo, el;
+    run_forward(&u, k, "sm_90a", &eo, &el);
     RtRunStats st = rt_run_last_stats();
     ck_assert_msg(st.fwd_sm90 == (want[t] == 0), "kv_splits %d: sm_90a body %d", want[t], st.fwd_sm90);
     ck_assert_int_eq(st.kv_splits, want[t] ? want[t] : 1);
-    double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
     fprintf(stderr, "  sm_90a kv_splits %d: out %.2e lse %.2e\n", want[t], eo, el);
     ck_assert_msg(eo < td->tol && el < td->tol, "kv_splits %d: out %g lse %g", want[t], eo, el);
-    TlPair *all[] = {&q, &kk, &v, &out, &lse};
-    for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+    run_free(&u);
   }
   buffers_free(&bf);
   flex_kernel_free(k);
@@ -532,32 +500,24 @@ START_TEST(cpu_ignores) {
     return;
   }
   const Case *c = &cases[0];
-  DLDataType f32 = rt_dtype(kDLFloat, 32);
   flex_kernel *k = load(c->src);
   int64_t qs[4] = {c->B, c->H, c->QL, c->E}, ks[4] = {c->B, c->HKV, c->KL, c->E};
   int64_t ls[3] = {c->B, c->H, c->QL};
-  TlPair q, kk, v, out, lse;
-  tl_pair_init(&q, f32, 4, qs, true, &rng), tl_pair_init(&kk, f32, 4, ks, true, &rng);
-  tl_pair_init(&v, f32, 4, ks, true, &rng), tl_pair_init(&out, f32, 4, qs, false, &rng);
-  tl_pair_init(&lse, f32, 3, ls, false, &rng);
   Buffers bf;
   buffers_init(&bf, c);
-  flex_args a = {0}, r = {0};
-  a.backend = FLEX_BACKEND_CPU, r.backend = FLEX_BACKEND_REFERENCE;
-  a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
-  r.q = &q.tref, r.k = &kk.tref, r.v = &v.tref, r.out = &out.tref, r.lse = &lse.tref;
-  a.buffers = r.buffers = bf.fb, a.nbuffers = r.nbuffers = bf.n;
-  a.kv_splits = 7;
-  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
-  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "cpu: %s", flex_last_error());
+  Run u;
+  run_init(&u, rt_dtype(kDLFloat, 32), 4, qs, ks, ks, qs, ls, &bf);
+  u.a.backend = FLEX_BACKEND_CPU;
+  u.a.kv_splits = 7;
+  run_reference(&u, k);
+  double eo, el;
+  run_forward(&u, k, "cpu", &eo, &el);
   RtRunStats st = rt_run_last_stats();
-  double eo = rel_err(&out.x, &out.ref), el = rel_err(&lse.x, &lse.ref);
   fprintf(stderr, "  cpu kv_splits 7 -> %d chunk(s): out %.2g lse %.2g\n", st.kv_splits, eo, el);
   ck_assert_int_eq(st.kv_splits, 1);
   ck_assert(!st.pack_gqa);
   ck_assert_msg(eo < 1e-4 && el < 1e-4, "cpu: out %g lse %g", eo, el);
-  TlPair *all[] = {&q, &kk, &v, &out, &lse};
-  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  run_free(&u);
   buffers_free(&bf);
   flex_kernel_free(k);
 }
@@ -565,26 +525,18 @@ END_TEST
 
 /* kv_splits < 0: FLEX_ERR_INVALID naming it, on the emulator and the reference. */
 START_TEST(negative_splits) {
-  DLDataType f32 = rt_dtype(kDLFloat, 32);
   flex_kernel *k = load(plain);
-  int64_t s[4] = {1, 2, 3, 16};
-  TlPair q, kk, v, out, lse;
-  int64_t ls[3] = {1, 2, 3};
-  tl_pair_init(&q, f32, 4, s, true, &rng), tl_pair_init(&kk, f32, 4, s, true, &rng);
-  tl_pair_init(&v, f32, 4, s, true, &rng), tl_pair_init(&out, f32, 4, s, false, &rng);
-  tl_pair_init(&lse, f32, 3, ls, false, &rng);
-  const flex_backend bes[2] = {FLEX_BACKEND_EMU, FLEX_BACKEND_REFERENCE};
+  int64_t s[4] = {1, 2, 3, 16}, ls[3] = {1, 2, 3};
+  Run u;
+  run_init(&u, rt_dtype(kDLFloat, 32), 4, s, s, s, s, ls, NULL);
+  flex_args *both[2] = {&u.a, &u.r};
   for (int i = 0; i < 2; i++) {
-    flex_args a = {0};
-    a.backend = bes[i];
-    a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out.tx, a.lse = &lse.tx;
-    a.kv_splits = -2;
-    ck_assert_int_eq(flex_forward(k, &a), FLEX_ERR_INVALID);
+    both[i]->kv_splits = -2;
+    ck_assert_int_eq(flex_forward(k, both[i]), FLEX_ERR_INVALID);
     ck_assert_msg(strstr(flex_last_error(), "kv_splits") && strstr(flex_last_error(), "-2"), "%s",
                   flex_last_error());
   }
-  TlPair *all[] = {&q, &kk, &v, &out, &lse};
-  for (int i = 0; i < 5; i++) tl_pair_free(all[i]);
+  run_free(&u);
   flex_kernel_free(k);
 }
 END_TEST

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -14,6 +15,14 @@ const char *tl_src_path(const char *rel) {
   char *p = buf[k++ % 8];
   snprintf(p, sizeof buf[0], "%s/%s", FLEXC_SRC_DIR, rel);
   return p;
+}
+
+flex_kernel *tl_load(const char *path, const char *name, const char *src) {
+  flex_kernel *k = NULL;
+  flex_status st = path ? flex_kernel_load(&k, tl_src_path(path), NULL)
+                        : flex_kernel_from_source(&k, name, src, strlen(src), NULL);
+  ck_assert_msg(st == FLEX_OK, "%s: %s", path ? path : name, flex_last_error());
+  return k;
 }
 
 const char *tl_flexc(void) {

@@ -14,6 +14,10 @@
 
 /* Path of a file in the source tree ("tests/frontend/cases/x.score" -> absolute). */
 const char *tl_src_path(const char *rel);
+/* A kernel from the source-tree file `path` ("samples/x.score") or, with
+ * path NULL, from the text `src` named `name`; a failure aborts the test
+ * with the compiler's message. */
+flex_kernel *tl_load(const char *path, const char *name, const char *src);
 /* The flexc binary under test (from $FLEXC_BIN). */
 const char *tl_flexc(void);
 /* Run a shell command; capture stdout+stderr into *out (heap, caller frees

@@ -64,13 +64,7 @@ typedef struct Tensors {
   flex_buffer fb[2]; /* backend under test, reference */
 } Tensors;
 
-static flex_kernel *load(const Case *c) {
-  flex_kernel *k = NULL;
-  flex_status st = c->path ? flex_kernel_load(&k, tl_src_path(c->path), NULL)
-                           : flex_kernel_from_source(&k, c->name, c->src, strlen(c->src), NULL);
-  ck_assert_msg(st == FLEX_OK, "%s: %s", c->name, flex_last_error());
-  return k;
-}
+static flex_kernel *load(const Case *c) { return tl_load(c->path, c->name, c->src); }
 
 static void tensors_init(Tensors *t, const Case *c, DLDataType dt) {
   int64_t qs[4] = {B, H, QL, E}, ks[4] = {B, HKV, KL, E}, ls[3] = {B, H, QL}, bs[2] = {H, c->nb};

@@ -286,9 +286,5 @@ int main(void) {
   tcase_add_loop_test(tc, kept_buffers, 0, 6);
   tcase_add_loop_test(tc, masked_inputs, 0, 6);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return tl_run_suite(s);
 }

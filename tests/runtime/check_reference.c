@@ -533,8 +533,7 @@ END_TEST
 
 START_TEST(validation_messages) {
   uint64_t seed = tl_seed() + 500;
-  flex_kernel *k;
-  ck_assert(flex_kernel_load(&k, tl_src_path("samples/gemma2.score"), NULL) == FLEX_OK);
+  flex_kernel *k = tl_load("samples/gemma2.score", NULL, NULL);
   Case c;
   case_init(&c, k, shapes[0], seed);
   int64_t bad_shape[4] = {2, 3, 23, 15}, rank3[3] = {2, 4, 23};

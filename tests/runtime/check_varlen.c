@@ -596,6 +596,15 @@ static void expect(Valid *v, const char *row, const char *want) {
                 flex_last_error(), want);
 }
 
+/* expect() with *slot pointing at a copy of base of another shape. */
+static void expect_shape(Valid *v, const DLTensor **slot, const DLTensor *base, int ndim,
+                         int64_t *shape, const char *row, const char *want) {
+  DLTensor t = *base;
+  t.ndim = ndim, t.shape = shape;
+  *slot = &t;
+  expect(v, row, want);
+}
+
 START_TEST(valid_call_runs) {
   Valid v;
   valid_init(&v);
@@ -645,11 +654,8 @@ START_TEST(validation_rows) {
   expect(&v, "offsets device", "cu_seqlens_q: expected the call's device cpu:0");
   /* packed tensors */
   valid_free(&v), valid_init(&v);
-  t = v.r.q.tx;
-  int64_t q4[4] = {1, 5, 4, 8};
-  t.ndim = 4, t.shape = q4;
-  v.a.q = &t;
-  expect(&v, "q rank", "q: a packed (cu_seqlens) call expects a rank-3 tensor (TOTAL_Q, H, E), got rank 4");
+  expect_shape(&v, &v.a.q, &v.r.q.tx, 4, (int64_t[]){1, 5, 4, 8}, "q rank",
+               "q: a packed (cu_seqlens) call expects a rank-3 tensor (TOTAL_Q, H, E), got rank 4");
   valid_free(&v), valid_init(&v);
   t = v.r.v.tx;
   t.dtype = rt_dtype(kDLFloat, 16);
@@ -679,35 +685,20 @@ START_TEST(validation_rows) {
   v.a.k = &t;
   expect(&v, "packed rows fit int32", "k: 2147483648 packed rows (expected at most 2147483647)");
   valid_free(&v), valid_init(&v);
-  t = v.r.kk.tx;
-  int64_t k3[3] = {7, 2, 6};
-  t.shape = k3;
-  v.a.k = &t;
-  expect(&v, "head dims agree", "k: head dim E=6 does not match q's E=8");
+  expect_shape(&v, &v.a.k, &v.r.kk.tx, 3, (int64_t[]){7, 2, 6}, "head dims agree",
+               "k: head dim E=6 does not match q's E=8");
   valid_free(&v), valid_init(&v);
-  t = v.r.v.tx;
-  int64_t v3[3] = {7, 1, 8};
-  t.shape = v3;
-  v.a.v = &t;
-  expect(&v, "k/v heads agree", "v: 1 key/value heads, but k has 2");
+  expect_shape(&v, &v.a.v, &v.r.v.tx, 3, (int64_t[]){7, 1, 8}, "k/v heads agree",
+               "v: 1 key/value heads, but k has 2");
   valid_free(&v), valid_init(&v);
-  t = v.r.q.tx;
-  int64_t q3[3] = {5, 3, 8};
-  t.shape = q3;
-  v.a.q = &t;
-  expect(&v, "H multiple of HKV", "H=3 query heads is not a positive multiple of HKV=2");
+  expect_shape(&v, &v.a.q, &v.r.q.tx, 3, (int64_t[]){5, 3, 8}, "H multiple of HKV",
+               "H=3 query heads is not a positive multiple of HKV=2");
   valid_free(&v), valid_init(&v);
-  t = v.r.v.tx;
-  int64_t v3b[3] = {6, 2, 8};
-  t.shape = v3b;
-  v.a.v = &t;
-  expect(&v, "k/v rows agree", "v: TOTAL_KV=6 packed rows, but k has 7");
+  expect_shape(&v, &v.a.v, &v.r.v.tx, 3, (int64_t[]){6, 2, 8}, "k/v rows agree",
+               "v: TOTAL_KV=6 packed rows, but k has 7");
   valid_free(&v), valid_init(&v);
-  t = v.lse.t;
-  int64_t l2[2] = {5, 4};
-  t.shape = l2;
-  v.a.lse = &t;
-  expect(&v, "lse layout", "lse: expected shape [4, 5] (H, TOTAL_Q), got [5, 4]");
+  expect_shape(&v, &v.a.lse, &v.lse.t, 2, (int64_t[]){5, 4}, "lse layout",
+               "lse: expected shape [4, 5] (H, TOTAL_Q), got [5, 4]");
   valid_free(&v), valid_init(&v);
   v.a.block_mask = (const flex_block_mask *)&v; /* never read */
   expect(&v, "caller's BlockMask", "block_mask: a caller's BlockMask is not accepted");
@@ -897,8 +888,7 @@ START_TEST(cli_run_packed) {
   ck_assert_msg(rc == 0, "exit %d: %s", rc, log.data);
   buf_free(&log);
   /* the same call through the API */
-  flex_kernel *k;
-  ck_assert(flex_kernel_load(&k, tl_src_path("samples/causal_lower_right.score"), NULL) == FLEX_OK);
+  flex_kernel *k = tl_load("samples/causal_lower_right.score", NULL, NULL);
   DLDataType f64 = rt_dtype(kDLFloat, 64);
   int64_t os[3] = {r.TQ, 2, 8}, ls[2] = {2, r.TQ}, ks[3] = {r.TK, 1, 8};
   TlArr out, lse, dq, dk, dv;
