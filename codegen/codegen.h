@@ -70,6 +70,8 @@ typedef struct CgOptions {
                           aligned) or the backend builds no tensor maps: no sm_90a forward */
   bool fwd_sm90;       /* set by the tile choice: flex_fwd is the sm_90a body (wgmma + TMA,
                           kernels/flex_fwd_sm90.cuh) taking a FlexFwdTma; see cg_fwd_sm90_ok */
+  bool bwd_sm90;       /* set by the tile choice: flex_bwd is the sm_90a body (wgmma + TMA,
+                          kernels/flex_bwd_sm90.cuh) taking a FlexBwdTma; see cg_bwd_sm90_ok */
   CgTiles fwd;         /* forward tiles */
   CgTiles bwd;         /* backward main tiles */
   const char *source;  /* the .score file's name, for the header comment */
@@ -85,6 +87,11 @@ bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int 
 /* Whether the forward of `o` can be the sm_90a body: sm_90a, fp16/bf16, K/V
  * not paged, no dropout, TMA-loadable tensors (!no_tma). */
 bool cg_fwd_sm90_ok(const CgOptions *o);
+/* Whether the backward of `o` can be the sm_90a body: sm_90a, fp16/bf16,
+ * head dims padded to 64 at most 128, no dropout, K/V not paged, not
+ * deterministic, TMA-loadable tensors (!no_tma). Every other backward runs
+ * flex_bwd_tc / flex_bwd_main (docs/kernels.md). */
+bool cg_bwd_sm90_ok(const CgOptions *o);
 /* The sm_90a forward's head dims padded to whole 64-column TMA panels. */
 int cg_fwd_sm90_dim(int head_dim);
 

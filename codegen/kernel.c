@@ -64,6 +64,17 @@ bool cg_fwd_sm90_ok(const CgOptions *o) {
   return o->arch == CG_SM90A && o->dtype != CG_FP32 && !o->paged && !o->dropout && !o->no_tma;
 }
 
+/* The one place that decides the backward's body: the sm_90a one for what
+ * it supports, flex_bwd_tc / flex_bwd_main for the rest. Head dims above
+ * 128 would need 2 x 128 dK/dV accumulator registers per thread beside the
+ * scores (FlashAttention-3 splits those over more consumers); dropout,
+ * paged K/V and the deterministic variant are not in the sm_90a body. */
+bool cg_bwd_sm90_ok(const CgOptions *o) {
+  return o->arch == CG_SM90A && o->backward && o->dtype != CG_FP32 && !o->paged && !o->dropout &&
+         !o->no_tma && !o->deterministic && cg_fwd_sm90_dim(o->head_dim) <= 128 &&
+         cg_fwd_sm90_dim(o->head_dim_v) <= 128;
+}
+
 /* Dynamic shared memory of each body (must match the templates' carving). */
 static size_t smem_fwd(const CgOptions *o) {
   int EP = o->head_dim_pad, EVP = o->head_dim_v_pad, BM = o->fwd.block_m, BN = o->fwd.block_n;
@@ -78,6 +89,11 @@ static size_t smem_fwd(const CgOptions *o) {
 
 static size_t smem_bwd(const CgOptions *o) {
   int EP = o->head_dim_pad, EVP = o->head_dim_v_pad, BM = o->bwd.block_m, BN = o->bwd.block_n;
+  if (o->bwd_sm90) { /* 1024 alignment slack, K, V, 2 stages of Q and dO, 2 dS, 6 mbarriers, 6 words */
+    size_t EPT = (size_t)cg_fwd_sm90_dim(o->head_dim), EVPT = (size_t)cg_fwd_sm90_dim(o->head_dim_v);
+    return 1024u + 2u * (size_t)BN * (EPT + EVPT) + 2u * 2u * (size_t)BM * (EPT + EVPT) +
+           2u * 2u * (size_t)BM * (size_t)BN + 6 * 8 + 6 * 4;
+  }
   if (o->dtype != CG_FP32) /* flex_bwd_tc: K, V, Q, dO, P^T, dS^T padded by 8; LSE, D */
     return 2u * (size_t)(BN * (EP + 8) + BN * (EVP + 8) + BM * (EP + 8) + BM * (EVP + 8) +
                          2 * BN * (BM + 8)) + 8u * (size_t)BM;
@@ -148,6 +164,10 @@ static void pick_tiles(CgOptions *o) {
     int nc = sm90_consumers(o);
     o->fwd = (CgTiles){64 * nc, wide ? 64 : 128, 128 * (1 + nc)};
   }
+  /* sm_90a backward: a producer warpgroup and one consumer warpgroup of 64
+   * keys (16 per warp), query tiles of 64 rows. */
+  o->bwd_sm90 = cg_bwd_sm90_ok(o);
+  if (o->bwd_sm90) o->bwd = (CgTiles){64, 64, 256};
   /* A head dim above 128 on an arch with less shared memory: narrower K/V tiles. */
   size_t limit = cg_arch_smem_limit(o->arch);
   while (o->dtype != CG_FP32 && !o->fwd_sm90 && o->fwd.block_n > 16 && smem_fwd(o) > limit)
@@ -179,12 +199,12 @@ static bool tiles_valid(const CgOptions *o, const CgTiles *t, bool bwd, char *er
 
 bool cg_tiles_apply(CgOptions *o, const char *spec, char *err, size_t errlen) {
   CgTiles t[2] = {o->fwd, o->bwd};
-  bool gave_fwd = false;
+  bool gave_fwd = false, gave_bwd = false;
   const char *s = spec;
   while (*s) {
     int bwd, bm, bn, w, n = 0;
     if (!strncmp(s, "fwd=", 4)) bwd = 0, gave_fwd = true;
-    else if (!strncmp(s, "bwd=", 4)) bwd = 1;
+    else if (!strncmp(s, "bwd=", 4)) bwd = 1, gave_bwd = true;
     else break;
     if (sscanf(s + 4, "%dx%dx%d%n", &bm, &bn, &w, &n) != 3 || w < 1 || w > 32) break;
     t[bwd].block_m = bm, t[bwd].block_n = bn, t[bwd].threads = 32 * w;
@@ -200,8 +220,9 @@ bool cg_tiles_apply(CgOptions *o, const char *spec, char *err, size_t errlen) {
   n.fwd = t[0], n.bwd = t[1];
   /* A forward shape names the sm_80 body's tiles: it turns the sm_90a body off. */
   if (gave_fwd) n.fwd_sm90 = false;
+  if (gave_bwd) n.bwd_sm90 = false; /* likewise the backward's */
   if ((!n.fwd_sm90 && !tiles_valid(&n, &n.fwd, false, err, errlen)) ||
-      (o->backward && !tiles_valid(&n, &n.bwd, true, err, errlen)))
+      (o->backward && !n.bwd_sm90 && !tiles_valid(&n, &n.bwd, true, err, errlen)))
     return false;
   *o = n;
   return true;
@@ -379,6 +400,17 @@ static void entry_sm90(Buf *out, const CgOptions *o, const char *el, const char 
              o->fwd.block_n, o->fwd.block_m / 64, o->fwd.block_m > 64 ? "true" : "false", mm, sid);
 }
 
+/* The sm_90a backward: one __grid_constant__ FlexBwdTma. */
+static void entry_bwd_sm90(Buf *out, const CgOptions *o, const char *el, const char *mm,
+                           const char *sid) {
+  buf_printf(out, "extern \"C\" __global__ void __launch_bounds__(%d, 1) flex_bwd("
+                  "const __grid_constant__ FlexBwdTma t) {\n"
+                  "  flex_bwd_sm90<%s, %d, %d, %s, %s, %s>(t);\n}\n"
+                  "FLEX_EMU_ENTRY(flex_bwd, FlexBwdTma)\n\n",
+             o->bwd.threads, el, cg_fwd_sm90_dim(o->head_dim), cg_fwd_sm90_dim(o->head_dim_v), mm,
+             sid, o->ds_is_dt ? "false" : "true");
+}
+
 static void emit_entries(Buf *out, const CgOptions *o) {
   char body[256];
   const char *el = elem_type(o->dtype), *mm = mask_mode(o->mask_mode);
@@ -408,7 +440,10 @@ static void emit_entries(Buf *out, const CgOptions *o) {
   snprintf(body, sizeof body, "%s<%s, %d, %d, %d, %d, %s, %s, %s>",
            o->dtype == CG_FP32 ? "flex_bwd_main" : "flex_bwd_tc", el, EP, EVP,
            o->bwd.block_m, o->bwd.block_n, mm, sid, o->ds_is_dt ? "false" : "true");
-  entry(out, "flex_bwd", o->bwd.threads, body);
+  if (o->bwd_sm90)
+    entry_bwd_sm90(out, o, el, mm, sid);
+  else
+    entry(out, "flex_bwd", o->bwd.threads, body);
   snprintf(body, sizeof body, "flex_bwd_dq<%s>", el);
   entry(out, "flex_bwd_dq", 128, body);
   if (o->deterministic && o->grad_buffers) entry(out, "flex_grad_exact", 256, "flex_grad_exact_body");
@@ -436,6 +471,8 @@ void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o) {
     buf_puts(out, "/* grouped-query packing: a tile's rows are the query heads of one kv head */\n");
   if (o->fwd_sm90)
     buf_puts(out, "/* forward: sm_90a body (TMA, mbarrier ring, wgmma; kernels/flex_fwd_sm90.cuh) */\n");
+  if (o->bwd_sm90 && o->backward)
+    buf_puts(out, "/* backward: sm_90a body (TMA, mbarrier ring, wgmma; kernels/flex_bwd_sm90.cuh) */\n");
   if (o->fast_math) buf_puts(out, "#define FLEX_FAST_MATH 1\n");
   if (o->dropout) buf_puts(out, "#define FLEX_DROPOUT 1\n");
   if (o->kv_split && !o->backward) buf_puts(out, "#define FLEX_KV_SPLIT 1\n");
@@ -450,7 +487,8 @@ void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o) {
   if (o->mask_builder) buf_puts(out, "#include \"flex_blockmask.cuh\"\n");
   if (o->sorted_check) buf_puts(out, "#include \"flex_sorted.cuh\"\n");
   buf_puts(out, o->fwd_sm90 ? "#include \"flex_fwd_sm90.cuh\"\n" : "#include \"flex_fwd.cuh\"\n");
-  if (o->backward) buf_puts(out, "#include \"flex_bwd.cuh\"\n");
+  if (o->backward)
+    buf_puts(out, o->bwd_sm90 ? "#include \"flex_bwd_sm90.cuh\"\n" : "#include \"flex_bwd.cuh\"\n");
   buf_puts(out, "\n");
   emit_entries(out, o);
 }

@@ -140,12 +140,12 @@ static flex_status cuda_download(RtRun *r, void *dst, const void *src, size_t by
   return rt_drv_memcpy_dtoh(dst, (RtCuDevicePtr)(uintptr_t)src, bytes, (RtCuStream)r->stream);
 }
 
-/* The sm_90a forward on a GPU: opt-in ($FLEXC_CUDA_SM90_FWD=1) until it
- * has been run on hardware (it is verified on the emulator), and only with
- * a driver that encodes tensor maps. */
+/* The sm_90a forward and backward on a GPU: each opt-in
+ * ($FLEXC_CUDA_SM90_FWD=1, $FLEXC_CUDA_SM90_BWD=1) until it has been run
+ * on hardware (both are verified on the emulator), and only with a driver
+ * that encodes tensor maps. */
 static bool cuda_tensor_maps(RtRun *r) {
-  (void)r;
-  const char *on = getenv("FLEXC_CUDA_SM90_FWD");
+  const char *on = getenv(r->c->backward ? "FLEXC_CUDA_SM90_BWD" : "FLEXC_CUDA_SM90_FWD");
   return on && !strcmp(on, "1") && rt_drv_has_tensor_maps();
 }
 
@@ -172,6 +172,11 @@ static flex_status cuda_launch(RtRun *r, RtEntry e, const CgLaunch *g, const Fle
   if (!st && e == RT_ENTRY_FWD && r->opts.fwd_sm90) {
     st = rt_launch_fwd_tma(&r->opts, p, cuda_tmap, NULL, &tma);
     args[0] = &tma;
+  }
+  FlexBwdTma btma; /* the sm_90a backward's: p and the maps of q, dout, k, v */
+  if (!st && e == RT_ENTRY_BWD && r->opts.bwd_sm90) {
+    st = rt_launch_bwd_tma(&r->opts, p, cuda_tmap, NULL, &btma);
+    args[0] = &btma;
   }
   if (!st) st = rt_drv_launch(f, g->grid, g->block, (unsigned)g->smem, (RtCuStream)r->stream, args);
   if (st) return rt_err(st, "launching %s: %s", entry, flex_last_error());

@@ -121,6 +121,12 @@ static flex_status emu_launch(RtRun *r, RtEntry e, const CgLaunch *g, const Flex
     if (st) return st;
     L.params = &tma;
   }
+  FlexBwdTma btma; /* the sm_90a backward: q, dout, k, v's tensor maps */
+  if (e == RT_ENTRY_BWD && r->opts.bwd_sm90) {
+    st = rt_launch_bwd_tma(&r->opts, p, emu_tmap, NULL, &btma);
+    if (st) return st;
+    L.params = &btma;
+  }
   L.grid = (EmuDim){g->grid[0], g->grid[1], g->grid[2]};
   L.block = (EmuDim){g->block[0], g->block[1], g->block[2]};
   L.smem_bytes = g->smem;

@@ -115,6 +115,13 @@ typedef struct FlexFwdTma {
   FlexTmapBytes tq, tk, tv;
 } FlexFwdTma;
 
+/* The parameter of the sm_90a backward (kernels/flex_bwd_sm90.cuh): the
+ * call's FlexParams and the maps of q, k, v and dout, boxes of 64 rows. */
+typedef struct FlexBwdTma {
+  FlexParams p;
+  FlexTmapBytes tq, tk, tv, tdo;
+} FlexBwdTma;
+
 /* The checked-run record: [0] nonzero once a load failed, [1] its site
  * ((function kind << 16) | instruction index, bit 30 set for an i64 value
  * that does not fit in 32 bits), [2] the index count, [3..10] the indices. */

@@ -95,8 +95,9 @@ typedef struct RtBackend {
   flex_status (*sync)(RtRun *r);
   /* Drop what open and prepare left in r->state (may be NULL). */
   void (*close)(RtRun *r);
-  /* Whether launch builds the tensor maps of the sm_90a forward (FlexFwdTma,
-   * rt_launch_fwd_tma) for this call; NULL: never (the sm_80 forward runs). */
+  /* Whether launch builds the tensor maps of the sm_90a forward or backward
+   * (FlexFwdTma, rt_launch_fwd_tma; FlexBwdTma, rt_launch_bwd_tma) for this
+   * call; NULL: never (the sm_80 kernels run). */
   bool (*tensor_maps)(RtRun *r);
 } RtBackend;
 
@@ -139,6 +140,7 @@ typedef struct RtRunStats {
   int kv_splits;       /* key chunks of the forward (1: not split; 0: no forward on a device
                           backend); a packed or paged call: the most of its sequences */
   bool fwd_sm90;       /* flex_fwd was the sm_90a body (TMA + wgmma) */
+  bool bwd_sm90;       /* flex_bwd was the sm_90a body (kernels/flex_bwd_sm90.cuh) */
 } RtRunStats;
 RtRunStats rt_run_last_stats(void);
 /* Start the statistics of a new call (a packed call of no sequences runs none). */

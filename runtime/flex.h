@@ -234,8 +234,8 @@ typedef struct flex_args {
    * the last bits. A forward ignores it. */
   bool deterministic;
   /* The architecture the emu backend generates for: NULL or "sm_80" the
-   * sm_80 kernels, "sm_90a" the sm_90a ones (the forward on TMA and wgmma,
-   * docs/kernels.md); any of sm_80, sm_86, sm_89, sm_90, sm_90a. Other
+   * sm_80 kernels, "sm_90a" the sm_90a ones (the forward and backward on
+   * TMA and wgmma, docs/kernels.md); any of sm_80, sm_86, sm_89, sm_90, sm_90a. Other
    * backends ignore it (cuda compiles for the device's own). */
   const char *arch;
 } flex_args;

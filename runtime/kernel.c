@@ -338,7 +338,8 @@ static flex_status do_emit(const flex_kernel *k, const flex_emit_options *eo, ch
   o.fast_math = eo->fast_math;
   o.dropout = eo->dropout;
   o.deterministic = eo->deterministic && !eo->forward_only;
-  if (o.dropout && !cg_options_retile(&o, err, sizeof err))
+  /* Both decide bodies (the sm_90a ones do neither): tiles picked again. */
+  if ((o.dropout || o.deterministic) && !cg_options_retile(&o, err, sizeof err))
     return rt_err(FLEX_ERR_INVALID, "%s", err);
   o.source = k->src.path;
   Buf src = {0};

@@ -36,7 +36,7 @@ static bool use_vec16(const RtCall *c) {
 bool rt_launch_tma_ok(const RtCall *c) {
   const flex_args *a = c->args;
   return c->dtype.bits == 16 && c->E % 8 == 0 && c->EV % 8 == 0 && aligned16(a->q) &&
-         aligned16(a->k) && aligned16(a->v);
+         aligned16(a->k) && aligned16(a->v) && (!c->backward || aligned16(a->dout));
 }
 
 /* One map: a [B, heads, rows, cols] 16-bit tensor at `base`. */
@@ -55,7 +55,7 @@ static flex_status tma_map(RtTmapEncode enc, void *ctx, FlexTmapBytes *map, cons
   uint32_t box[4] = {64, (uint32_t)box_rows, 1, 1};
   const char *why = enc(ctx, map, base, dims, strides, box);
   if (why)
-    return rt_err(FLEX_ERR_UNSUPPORTED, "sm_90a forward: no tensor map for '%s' ([%d, %d, %d, %d], "
+    return rt_err(FLEX_ERR_UNSUPPORTED, "sm_90a kernels: no tensor map for '%s' ([%d, %d, %d, %d], "
                   "strides %lld, %lld, %lld): %s", name, B, heads, rows, cols, (long long)st.b,
                   (long long)st.h, (long long)st.row, why);
   return FLEX_OK;
@@ -70,6 +70,20 @@ flex_status rt_launch_fwd_tma(const CgOptions *o, const FlexParams *p, RtTmapEnc
   out->p = *p;
   int bm = o->fwd.block_m, bn = o->fwd.block_n;
   flex_status st = tma_map(enc, ctx, &out->tq, "q", p->q, p->sq, p->E, p->q_len, p->H, p->B, bm);
+  if (!st) st = tma_map(enc, ctx, &out->tk, "k", p->k, p->sk, p->E, p->kv_len, p->HKV, p->B, bn);
+  if (!st) st = tma_map(enc, ctx, &out->tv, "v", p->v, p->sv, p->EV, p->kv_len, p->HKV, p->B, bn);
+  return st;
+}
+
+_Static_assert(sizeof(FlexBwdTma) <= 4096, "the sm_90a backward's parameter fits a launch");
+
+flex_status rt_launch_bwd_tma(const CgOptions *o, const FlexParams *p, RtTmapEncode enc, void *ctx,
+                              FlexBwdTma *out) {
+  memset(out, 0, sizeof *out);
+  out->p = *p;
+  int bm = o->bwd.block_m, bn = o->bwd.block_n;
+  flex_status st = tma_map(enc, ctx, &out->tq, "q", p->q, p->sq, p->E, p->q_len, p->H, p->B, bm);
+  if (!st) st = tma_map(enc, ctx, &out->tdo, "dout", p->dout, p->sdo, p->EV, p->q_len, p->H, p->B, bm);
   if (!st) st = tma_map(enc, ctx, &out->tk, "k", p->k, p->sk, p->E, p->kv_len, p->HKV, p->B, bn);
   if (!st) st = tma_map(enc, ctx, &out->tv, "v", p->v, p->sv, p->EV, p->kv_len, p->HKV, p->B, bn);
   return st;

@@ -28,8 +28,9 @@ FlexStrides rt_strides4(const DLTensor *t);
  * lists are left empty (see the mask plan). */
 flex_status rt_launch_fill(const RtCall *c, FlexParams *p, const char *backend);
 
-/* Whether TMA can load the call's q, k and v (the sm_90a forward): 16-bit,
- * E and EV multiples of 8, 16-byte aligned bases and strides. */
+/* Whether TMA can load the call's q, k and v (and dout for a backward: the
+ * sm_90a kernels): 16-bit, E and EV multiples of 8, 16-byte aligned bases
+ * and strides. */
 bool rt_launch_tma_ok(const RtCall *c);
 
 /* A tensor-map encoder (the driver's cuTensorMapEncodeTiled, or the
@@ -45,6 +46,10 @@ typedef const char *(*RtTmapEncode)(void *ctx, FlexTmapBytes *map, const void *b
  * FLEX_ERR_UNSUPPORTED naming the tensor when the encoder refuses it. */
 flex_status rt_launch_fwd_tma(const CgOptions *o, const FlexParams *p, RtTmapEncode enc, void *ctx,
                               FlexFwdTma *out);
+/* The sm_90a backward's parameter (o->bwd_sm90): p and the maps of q, dout
+ * (boxes of bwd.block_m rows), k and v (bwd.block_n rows), as above. */
+flex_status rt_launch_bwd_tma(const CgOptions *o, const FlexParams *p, RtTmapEncode enc, void *ctx,
+                              FlexBwdTma *out);
 
 /* How one call handles its mask. */
 typedef struct RtMaskPlan {

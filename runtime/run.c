@@ -568,6 +568,7 @@ static flex_status configure(RtRun *r, Work *w) {
   r->opts.dropout = c->args->dropout_p > 0.0f;
   r->opts.paged = c->pages != NULL;
   r->opts.no_tma = !rt_launch_tma_ok(c) || !r->be->tensor_maps || !r->be->tensor_maps(r);
+  r->opts.deterministic = c->backward && c->args->deterministic; /* a forward ignores it */
   if ((r->opts.dropout || r->opts.arch == CG_SM90A) && !cg_options_retile(&r->opts, err, sizeof err))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
   /* A caller's BlockMask whose blocks the sm_90a forward's 128 x 128 tiles
@@ -581,7 +582,6 @@ static flex_status configure(RtRun *r, Work *w) {
   }
   const DLTensor *out = c->args->out;
   r->opts.out_f32 = (out && !rt_dtype_same(out->dtype, kd)) || needs_exact_out(c);
-  r->opts.deterministic = c->backward && c->args->deterministic; /* a forward ignores it */
   if (r->be->configure) r->be->configure(r);
   flex_status st = plan_mask(r, w);
   r->opts.source = c->kernel->src.path;
@@ -589,6 +589,7 @@ static flex_status configure(RtRun *r, Work *w) {
   r->opts.fast_math = c->args->fast_math;
   last_stats.mode = r->opts.mask_mode;
   last_stats.fwd_sm90 = r->opts.fwd_sm90;
+  last_stats.bwd_sm90 = r->opts.bwd_sm90 && c->backward;
   return st;
 }
 

@@ -290,7 +290,7 @@ class Kernel:
         kv_splits: split-KV decoding on emu and cuda (docs/decoding.md): 0
         automatic, 1 never, N key chunks (ignored by reference and cpu).
         arch: the emu backend's target ('sm_80' by default; 'sm_90a' runs
-        the TMA + wgmma forward); other backends ignore it."""
+        the TMA + wgmma forward and backward); other backends ignore it."""
         backend = backend or default_backend(q)
         q, k, v = (T.readable(x) for x in (q, k, v))
         packed = _packed(cu_seqlens_q, cu_seqlens_kv)

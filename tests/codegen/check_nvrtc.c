@@ -87,10 +87,13 @@ static void check_one(const char *path, CgDtype dt, int E, CgArch arch, bool dro
   ck_assert_uint_le(cg_launch_fwd(&o, 1, 1, 1).smem, limit);
   ck_assert_uint_le(cg_launch_bwd(&o, 1, 1, 1).smem, limit);
   rt_nvrtc_free(&r);
-  if (dt != CG_FP32) {
+  if (dt != CG_FP32) { /* tensor cores: mma.sync, or only wgmma when both bodies are sm_90a's */
     st = rt_nvrtc_compile(&r, src.data, cg_arch_name(arch), RT_NVRTC_PTX, false);
     ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
-    ck_assert_msg(strstr(r.image.data, "mma.sync.aligned.m16n8k16") != NULL, "no mma.sync in PTX");
+    if (o.fwd_sm90 && o.bwd_sm90)
+      ck_assert_msg(strstr(r.image.data, "wgmma.mma_async") != NULL, "no wgmma in PTX");
+    else
+      ck_assert_msg(strstr(r.image.data, "mma.sync.aligned.m16n8k16") != NULL, "no mma.sync in PTX");
     rt_nvrtc_free(&r);
   }
   buf_free(&src);
@@ -321,6 +324,61 @@ START_TEST(sm90_forward_ptx) {
 }
 END_TEST
 
+/* The PTX of one entry: from its `.entry NAME(` to the next entry. */
+static const char *entry_ptx(const char *ptx, const char *name, size_t *len) {
+  char key[64];
+  snprintf(key, sizeof key, ".entry %s(", name);
+  const char *at = strstr(ptx, key);
+  ck_assert_msg(at, "no %s in the PTX", key);
+  const char *next = strstr(at + 1, ".entry ");
+  *len = next ? (size_t)(next - at) : strlen(at);
+  return at;
+}
+
+static bool has(const char *text, size_t len, const char *what) {
+  size_t n = strlen(what);
+  for (size_t i = 0; i + n <= len; i++)
+    if (!memcmp(text + i, what, n)) return true;
+  return false;
+}
+
+/* flexc emit --arch sm_90a --target ptx with the backward: flex_bwd is the
+ * TMA + wgmma body (nothing of mma.sync) for fp16 and bf16, head dims 64,
+ * 128 and a padded 72, identity score and a score function with a grad
+ * buffer; a deterministic backward and head dim 256 keep the sm_80 body. */
+START_TEST(sm90_backward_ptx) {
+  static const char *const files[] = {"samples/causal.score", "samples/relpos_bias.score"};
+  static const int dims[] = {64, 128, 72, 256};
+  const char *file = files[_i % 2];
+  int E = dims[_i / 2 % 4];
+  bool bf16 = _i % 3 == 1, det = _i >= 8, sm80 = det || E > 128;
+  flex_kernel *k;
+  ck_assert_msg(flex_kernel_load(&k, tl_src_path(file), NULL) == FLEX_OK, "%s", flex_last_error());
+  flex_emit_options eo = {.target = FLEX_TARGET_PTX, .arch = "sm_90a",
+                          .dtype = {bf16 ? kDLBfloat : kDLFloat, 16, 1}, .head_dim = E,
+                          .deterministic = det};
+  char *ptx = NULL;
+  size_t len = 0, n = 0;
+  ck_assert_msg(flex_emit(k, &eo, &ptx, &len, NULL) == FLEX_OK, "%s", flex_last_error());
+  const char *b = entry_ptx(ptx, "flex_bwd", &n);
+  fprintf(stderr, "  %s %s E=%d sm_90a%s: flex_bwd %zu bytes of PTX\n", file, bf16 ? "bf16" : "fp16",
+          E, det ? " deterministic" : "", n);
+  bool wgmma = has(b, n, "wgmma.mma_async.sync.aligned"), tma = has(b, n, "cp.async.bulk.tensor.4d");
+  bool mbar = has(b, n, "mbarrier.try_wait.parity"), mma = has(b, n, "mma.sync.aligned.m16n8k16");
+  if (sm80) { /* the deterministic key tile is a .func of its own: mma.sync anywhere (the
+                 sm_90a forward has none) */
+    ck_assert_msg(!wgmma && !tma && strstr(ptx, "mma.sync.aligned.m16n8k16"),
+                  "the backward must be the sm_80 body");
+  } else {
+    ck_assert_msg(wgmma && tma && mbar, "no wgmma.mma_async / cp.async.bulk.tensor / mbarrier "
+                  "in the sm_90a backward (%d %d %d)", wgmma, tma, mbar);
+    ck_assert_msg(!mma, "mma.sync in the sm_90a backward");
+  }
+  flex_free(ptx);
+  flex_kernel_free(k);
+}
+END_TEST
+
 /* The sm_90a kernels keep their wgmma asynchronous: ptxas reports
  * (C7514 and kin) when it must make each wgmma wait for the one before,
  * e.g. when accumulators are read where a wgmma may still own them; the
@@ -405,6 +463,7 @@ int main(void) {
     tcase_set_timeout(sm90, 300);
     tcase_add_test(sm90, sm90_wrappers);
     tcase_add_loop_test(sm90, sm90_forward_ptx, 0, 14);
+    tcase_add_loop_test(sm90, sm90_backward_ptx, 0, 10);
     tcase_add_loop_test(sm90, sm90_wgmma_pipelined, 0, 8);
     suite_add_tcase(s, sm90);
   }

@@ -27,6 +27,10 @@ set_tests_properties(check_tiles PROPERTIES TIMEOUT 1200
 add_test(NAME check_emu_sm90_fwd_full COMMAND check_emu_sm90_fwd --full)
 set_tests_properties(check_emu_sm90_fwd_full PROPERTIES LABELS slow TIMEOUT 3600
   ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+# The sm_90a backward's cross product (samples x fp16/bf16 x shapes).
+add_test(NAME check_emu_sm90_bwd_full COMMAND check_emu_sm90_bwd --full)
+set_tests_properties(check_emu_sm90_bwd_full PROPERTIES LABELS slow TIMEOUT 3600
+  ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
 # The same on GPU 0 (exit 77 without one): on a 9.0 device the sm_90a body
 # on the hardware (FLEXC_CUDA_SM90_FWD=1 turns it on for the CUDA backend).
 add_test(NAME check_emu_sm90_fwd_gpu COMMAND check_emu_sm90_fwd --cuda)

@@ -1,0 +1,308 @@
+/* flex_bwd_sm90.cuh: the sm_90a backward's main kernel (fp16/bf16),
+ * FlashAttention-3 style. flex_bwd_pre and flex_bwd_dq (flex_bwd.cuh) run
+ * before and after it unchanged.
+ *
+ * One CTA per (64 keys, kv head, batch), as flex_bwd_tc, 256 threads:
+ *   warpgroup 0, the producer: one elected thread of warp 0 loads the K and
+ *     V tile once (TMA), then walks, for every query head of the kv head's
+ *     group, the query tiles that see these keys (FlexWalk's backward walk,
+ *     the only walk of the CTA) and loads each tile's Q and dO (TMA) through
+ *     a 2-stage ring of full/empty mbarriers; the other 127 threads exit.
+ *   warpgroup 1, the consumer, 16 keys per warp, per step of QH query
+ *   rows of the tile (QH = 64, or 32 when E or EV pads to 128):
+ *     S^T = K Q^T and dP^T = V dO^T   wgmma SS (M = 64 keys, N = QH queries)
+ *     P^T = exp(score - LSE), dS^T = P^T (dP^T - D) through the joint
+ *       function, on the accumulator fragments (as flex_bwd_tc_scores)
+ *     dV += P^T dO, dK += dS^T Q      wgmma RS: P^T and dS^T from registers
+ *     dQ += dS K                      dS^T written to shared memory as dS
+ *       ([query][key]); once the tile's steps are done, wgmma SS per
+ *       64-column panel of K, then fp32 atomics into dq_acc (scaled)
+ *   dK and dV stay in the accumulator registers across the whole walk.
+ * The producer tells the consumer which tile a stage holds (its first query
+ * row, the walk's `full` flag and the query head) in three shared words per
+ * stage, written before the arrival that completes the stage's `full`
+ * phase; a first row of -1 ends the loop. The consumer frees a stage once
+ * the wgmma that read its Q and dO (dV, dK) have retired.
+ *
+ * dS is shared between the consumer's four warps (a dQ row takes every
+ * key): each writes its 16 keys, then an mbarrier of 128 arrivals (`dsbar`,
+ * one phase per tile) orders those generic-proxy writes before the dQ
+ * wgmma reads them (after fence.proxy.async). dS is double-buffered by tile
+ * parity: a thread writes buffer s of tile i only after every thread has
+ * arrived on tile i - 1's phase, i.e. after every thread's dQ wgmma of
+ * tile i - 2 (the last reader of buffer s) has retired.
+ *
+ * Shared memory (base rounded up to 1024 bytes: the 128-byte swizzle
+ * repeats every 1024): K [EPT/64 panels][64 keys][64 cols], V [EVPT/64]
+ * [64][64], Q [2][EPT/64][64 rows][64], dO [2][EVPT/64][64][64], dS [2]
+ * [64 queries][64 keys], every row of 128 bytes with the 128-byte swizzle;
+ * then 6 mbarriers and 6 stage words. EPT, EVPT: E and EV padded to 64
+ * (TMA zero-fills columns past E and EV and rows past Q_LEN and KV_LEN).
+ *
+ * Accumulator layout (see flex_fwd_sm90.cuh): thread (warp w, lane 4 g + t)
+ * holds d[4 j + 2 r + c] at row 16 w + g + 8 r, column 8 j + 2 t + c: for
+ * S^T, key n0 + 16 w + g + 8 r and query m0 + 8 j + 2 t + c, the element
+ * order flex_live_bits<..., true> gives its bits in.
+ */
+#ifndef FLEX_BWD_SM90_CUH
+#define FLEX_BWD_SM90_CUH
+
+#include "flex_fwd_sm90.cuh" /* FlexWgmma */
+#include "flex_bwd.cuh"
+
+/* The A fragments of the k16 steps of a 64 x BM accumulator (rounded). */
+template <class El, int BM>
+__device__ __forceinline__ void flex_bwd_sm90_frag(uint32_t (*a)[4], const float *d) {
+#pragma unroll
+  for (int ks = 0; ks < BM / 16; ks++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) a[ks][i] = El::pack(d[8 * ks + 2 * i], d[8 * ks + 2 * i + 1]);
+}
+
+/* EPT, EVPT: E and EV padded to 64, at most 128 (dK and dV take EPT / 2 +
+ * EVPT / 2 accumulator registers). */
+template <class El, int EPT, int EVPT, int MASK_MODE, bool SCORE_ID, bool JOINT>
+__device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
+  const FlexParams &p = t.p;
+  typedef typename El::T T;
+  typedef FlexWgmma<El> W;
+  constexpr int BM = 64, BN = 64, KP = EPT / 64, VP = EVPT / 64;
+  constexpr int QH = EPT + EVPT > 128 ? 32 : 64; /* query rows per step of a tile */
+  static_assert(EPT % 64 == 0 && EVPT % 64 == 0 && EPT <= 128 && EVPT <= 128,
+                "head dims in one or two 64-column panels");
+  constexpr uint32_t PANEL = 64 * 128; /* bytes of one 64-row, 64-column panel */
+  /* A K tile and a Q tile take the same bytes (64 rows, EPT columns), as
+   * do a V tile and a dO tile; a dS buffer is one panel. */
+  constexpr uint32_t KBYTES = KP * PANEL, VBYTES = VP * PANEL, SBYTES = PANEL;
+  unsigned char *smem = flex_smem + ((1024u - (flex_smem_addr(flex_smem) & 1023u)) & 1023u);
+  unsigned char *sK = smem, *sV = sK + KBYTES, *sQ = sV + VBYTES, *sO = sQ + 2 * KBYTES;
+  unsigned char *sS = sO + 2 * VBYTES;
+  uint64_t *kvbar = (uint64_t *)(sS + 2 * SBYTES), *fullb = kvbar + 1, *emptyb = kvbar + 3,
+           *dsbar = kvbar + 5;
+  int32_t *stage_m0 = (int32_t *)(kvbar + 6), *stage_full = stage_m0 + 2, *stage_h = stage_m0 + 4;
+  const int tid = threadIdx.x;
+  const int n0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
+  const FlexTensorMap *tq = (const FlexTensorMap *)&t.tq, *tk = (const FlexTensorMap *)&t.tk,
+                      *tv = (const FlexTensorMap *)&t.tv, *tdo = (const FlexTensorMap *)&t.tdo;
+
+  if (tid == 0) {
+    flex_mbar_init(kvbar, 1);
+    for (int s = 0; s < 2; s++) {
+      flex_mbar_init(fullb + s, 1);    /* the producer's arrival (+ the TMA bytes) */
+      flex_mbar_init(emptyb + s, 128); /* every consumer thread */
+    }
+    flex_mbar_init(dsbar, 128);
+    /* The initialisations are generic-proxy writes the TMA unit (async
+     * proxy) will update: make them visible to it before any copy. */
+    flex_fence_proxy_async();
+  }
+  __syncthreads();
+
+  if (tid < 128) { /* ---- producer ---- */
+    if (tid >= 32 || !flex_elect_one()) return;
+    flex_mbar_arrive_expect_tx(kvbar, KBYTES + VBYTES);
+#pragma unroll
+    for (int c = 0; c < KP; c++) flex_tma_load_4d(sK + c * PANEL, tk, kvbar, 64 * c, n0, hk, b);
+#pragma unroll
+    for (int c = 0; c < VP; c++) flex_tma_load_4d(sV + c * PANEL, tv, kvbar, 64 * c, n0, hk, b);
+    int i = 0;
+    for (int h = hk * p.G; h < (hk + 1) * p.G; h++) {
+      FlexWalk walk;
+      walk.init(p, true, MASK_MODE == FLEX_MASK_LISTS, b, h, n0, BM);
+      int m0;
+      bool full;
+#pragma unroll 1
+      for (; walk.next(m0, full); i++) {
+        const int s = i & 1;
+        /* The consumer freed this stage (the tile two back) before it is refilled. */
+        if (i >= 2) flex_mbar_wait(emptyb + s, (uint32_t)((i >> 1) - 1) & 1);
+        stage_m0[s] = m0, stage_full[s] = full, stage_h[s] = h;
+        flex_mbar_arrive_expect_tx(fullb + s, KBYTES + VBYTES); /* Q and dO */
+#pragma unroll
+        for (int c = 0; c < KP; c++)
+          flex_tma_load_4d(sQ + s * KBYTES + c * PANEL, tq, fullb + s, 64 * c, m0, h, b);
+#pragma unroll
+        for (int c = 0; c < VP; c++)
+          flex_tma_load_4d(sO + s * VBYTES + c * PANEL, tdo, fullb + s, 64 * c, m0, h, b);
+      }
+    }
+    const int s = i & 1; /* the end marker: no bytes */
+    if (i >= 2) flex_mbar_wait(emptyb + s, (uint32_t)((i >> 1) - 1) & 1);
+    stage_m0[s] = -1;
+    flex_mbar_arrive(fullb + s);
+    return;
+  }
+
+  /* ---- consumer: keys n0 + 16 w .. n0 + 16 w + 15 in warp w ---- */
+  const int ct = tid - 128, w = ct / 32, lane = ct % 32, g = lane / 4, t4 = lane % 4;
+  const uint32_t aK = flex_smem_addr(sK), aV = flex_smem_addr(sV), aQ = flex_smem_addr(sQ),
+                 aO = flex_smem_addr(sO), aS = flex_smem_addr(sS);
+  float dk[EPT / 2], dv[EVPT / 2];
+#pragma unroll
+  for (int i = 0; i < EPT / 2; i++) dk[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < EVPT / 2; i++) dv[i] = 0.0f;
+  const float scale_log2 = p.scale * FLEX_LOG2E;
+  flex_mbar_wait(kvbar, 0);
+
+#pragma unroll 1
+  for (int i = 0;; i++) {
+    const int s = i & 1;
+    flex_mbar_wait(fullb + s, (uint32_t)(i >> 1) & 1);
+    const int m0 = stage_m0[s];
+    if (m0 < 0) break;
+    const bool full = stage_full[s] != 0;
+    const int h = stage_h[s];
+    const int64_t rows = (int64_t)(b * p.H + h) * p.q_len;
+
+    /* The tile in steps of QH query rows (QH = 32 when dK and dV take 128
+     * registers: S^T and dP^T of 64 rows beside them made ptxas spill). */
+    unsigned char *ds_buf = sS + s * SBYTES;
+#pragma unroll 1
+    for (int hf = 0; hf < BM / QH; hf++) {
+      const int mh = m0 + QH * hf;
+      const uint32_t qoff = hf * QH * 128; /* the step's first row of Q, dO and dS */
+
+      /* S^T = K Q^T and dP^T = V dO^T: every operand K-major with the
+       * 128-byte swizzle (a k16 step is 32 bytes into the row; SBO 8 rows). */
+      float st[QH / 2], dpt[QH / 2];
+      flex_wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < EPT / 16; kk++) {
+        const uint32_t off = (kk / 4) * PANEL + (kk % 4) * 32;
+        W::template ss<QH, 0>(st, flex_wgmma_desc(aK + off, 16, 1024, 128),
+                              flex_wgmma_desc(aQ + s * KBYTES + qoff + off, 16, 1024, 128), kk > 0);
+      }
+#pragma unroll
+      for (int kk = 0; kk < EVPT / 16; kk++) {
+        const uint32_t off = (kk / 4) * PANEL + (kk % 4) * 32;
+        W::template ss<QH, 0>(dpt, flex_wgmma_desc(aV + off, 16, 1024, 128),
+                              flex_wgmma_desc(aO + s * VBYTES + qoff + off, 16, 1024, 128), kk > 0);
+      }
+      flex_wgmma_commit();
+
+      /* While they run: the live bits. Only steps at the sequence ends or
+       * in a tile partial under the mask test elements. */
+      const bool edge = n0 + BN > p.kv_len || mh + QH > p.q_len;
+      const bool check = edge || (MASK_MODE != FLEX_MASK_NONE && !full);
+      typename FlexBits<QH / 2>::T live[1] = {~(typename FlexBits<QH / 2>::T)0};
+      if (check)
+        flex_live_bits<MASK_MODE, 1, QH / 8, true>(live, p, b, h, n0 + 16 * w + g, mh + 2 * t4, full);
+      flex_wgmma_wait<0>();
+
+      /* P^T into st, dS^T into dpt (both 0 where masked or underflowed), per
+       * query column: its LSE (exp2 domain; +inf for a row with no keys or
+       * past Q_LEN, so its P is 0) and D read from global memory (L1) here,
+       * not held in registers beside dK, dV, S^T and dP^T. */
+#pragma unroll
+      for (int j = 0; j < QH / 8; j++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+          const int qi = mh + 8 * j + 2 * t4 + c;
+          const bool ok = qi < p.q_len;
+          const float lse = ok ? flex_gload(p.lse + b * p.lse_b + h * p.lse_h + qi) : -INFINITY;
+          const float lse2 = lse == -INFINITY ? INFINITY : lse * FLEX_LOG2E;
+          const float dl = ok ? flex_gload(p.delta + rows + qi) : 0.0f;
+#pragma unroll
+          for (int r = 0; r < 2; r++) {
+            const int e = 4 * j + 2 * r + c, kj = n0 + 16 * w + g + 8 * r;
+            const float qk = st[e];
+            float x = 0.0f, ds = 0.0f;
+            if (live[0] >> e & 1) {
+              /* user code never sees an element that is out of range or masked */
+              const float sv = SCORE_ID ? qk : flex_score(p, qk * p.scale, b, h, qi, kj);
+              /* masked by the score (-inf): P = 0 even where LSE is NaN (DSL.md) */
+              x = sv == -INFINITY ? 0.0f : flex_ex2(fmaf(sv, SCORE_ID ? scale_log2 : FLEX_LOG2E, -lse2));
+            }
+            if (x != 0.0f) { /* a NaN P reaches the gradients */
+              const float dt = x * (dpt[e] - dl);
+              ds = JOINT ? flex_joint(p, qk * p.scale, b, h, qi, kj, dt) : dt;
+            }
+            st[e] = x;
+            dpt[e] = ds;
+          }
+        }
+      uint32_t ap[QH / 16][4], as[QH / 16][4]; /* P^T, dS^T: A fragments of the k16 steps */
+      flex_bwd_sm90_frag<El, QH>(ap, st);
+      flex_bwd_sm90_frag<El, QH>(as, dpt);
+
+      /* dS (this warp's 16 keys of the step's query rows) into buffer s,
+       * K-major [query][key] with the 128-byte swizzle: element (q, k) at
+       * byte q * 128 + ((k / 8) ^ (q % 8)) * 16 + (k % 8) * 2. Element
+       * e = 4 j + 2 r + c (q = 8 j + 2 t + c, k = 16 w + g + 8 r) is half c
+       * of word as[j / 2][j % 2 * 2 + r]; q % 8 = 2 t + c and k / 8 = 2 w + r
+       * do not depend on j, so four offsets serve the step (+ 1024 j). */
+#pragma unroll
+      for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+          unsigned char *at = ds_buf + qoff + (2 * t4 + c) * 128 + (((2 * w + r) ^ (2 * t4 + c)) << 4) + 2 * g;
+#pragma unroll
+          for (int j = 0; j < QH / 8; j++)
+            *(uint16_t *)(at + 1024 * j) = (uint16_t)(as[j / 2][j % 2 * 2 + r] >> (16 * c));
+        }
+
+      /* dV += P^T dO and dK += dS^T Q: B is N-major (imm-trans-b): LBO the
+       * next 64-column panel, SBO 8 query rows, a k16 step 16 rows. */
+      flex_wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < QH / 16; ks++)
+        W::template rs<EVPT, 1>(dv, ap[ks], flex_wgmma_desc(aO + s * VBYTES + qoff + ks * 2048, PANEL, 1024, 128), 1);
+#pragma unroll
+      for (int ks = 0; ks < QH / 16; ks++)
+        W::template rs<EPT, 1>(dk, as[ks], flex_wgmma_desc(aQ + s * KBYTES + qoff + ks * 2048, PANEL, 1024, 128), 1);
+      flex_wgmma_commit();
+      /* Retired here: ap and as are rewritten by the next step, and dQ's
+       * accumulators are then never live beside them. */
+      flex_wgmma_wait<0>();
+    }
+    flex_mbar_arrive(emptyb + s); /* the stage's Q and dO are no longer read */
+    flex_fence_proxy_async();     /* the dS writes, before the wgmma (async proxy) reads them */
+    flex_mbar_arrive(dsbar);
+
+    /* dQ += scale dS K, one 64-column panel of K at a time (32 registers):
+     * A = dS (K-major), B = K (N-major). Every warp's dS is written first. */
+    flex_mbar_wait(dsbar, (uint32_t)i & 1);
+    const bool ok0 = m0 + 16 * w + g < p.q_len, ok1 = m0 + 16 * w + g + 8 < p.q_len;
+    float *const dq0 = p.dq_acc + (rows + m0 + 16 * w + g) * p.E + 2 * t4, *const dq1 = dq0 + 8 * p.E;
+#pragma unroll 1
+    for (int c = 0; c < KP; c++) {
+      float dq[BN / 2];
+      flex_wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < BN / 16; ks++)
+        W::template ss<64, 1>(dq, flex_wgmma_desc(aS + s * SBYTES + ks * 32, 16, 1024, 128),
+                              flex_wgmma_desc(aK + c * PANEL + ks * 2048, PANEL, 1024, 128), ks > 0);
+      flex_wgmma_commit();
+      flex_wgmma_wait<0>();
+#pragma unroll
+      for (int e = 0; e < BN / 2; e++) {
+        const int col = 64 * c + 8 * (e / 4) + (e & 1); /* + 2 t4, in dq0 / dq1 */
+        if (((e >> 1) & 1 ? ok1 : ok0) && col + 2 * t4 < p.E && dq[e] != 0.0f)
+          flex_dq_add(((e >> 1) & 1 ? dq1 : dq0) + col, dq[e] * p.scale);
+      }
+    }
+  }
+
+  /* dK (scaled) and dV of this thread's two keys. */
+  T *dkp = (T *)p.dk + b * p.sdk.b + hk * p.sdk.h, *dvp = (T *)p.dv + b * p.sdv.b + hk * p.sdv.h;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int kj = n0 + 16 * w + g + 8 * r;
+    if (kj >= p.kv_len) continue;
+#pragma unroll
+    for (int j = 0; j < EPT / 8; j++)
+#pragma unroll
+      for (int c = 0; c < 2; c++)
+        if (8 * j + 2 * t4 + c < p.E)
+          El::store(dkp + kj * p.sdk.row + 8 * j + 2 * t4 + c, dk[4 * j + 2 * r + c] * p.scale);
+#pragma unroll
+    for (int j = 0; j < EVPT / 8; j++)
+#pragma unroll
+      for (int c = 0; c < 2; c++)
+        if (8 * j + 2 * t4 + c < p.EV)
+          El::store(dvp + kj * p.sdv.row + 8 * j + 2 * t4 + c, dv[4 * j + 2 * r + c]);
+  }
+}
+
+#endif /* FLEX_BWD_SM90_CUH */
