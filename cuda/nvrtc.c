@@ -151,6 +151,7 @@ flex_status rt_nvrtc_compile(RtNvrtcResult *res, const char *src, const char *ar
  *   ptxas info    : Compiling entry function 'flex_fwd' for 'sm_80'
  *   ptxas info    : Function properties for flex_fwd
  *       0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ *   (NVRTC: "ptxas         .     0 bytes stack frame, ...")
  *   ptxas info    : Used 128 registers, used 1 barriers, 400 bytes cmem[0]
  * (shared memory appears as ", N bytes smem" when there is static smem), and,
  * for sm_90a, advisories such as "(C7514) Potential Performance Loss:
@@ -171,8 +172,12 @@ int rt_ptxas_parse(const char *log, RtPtxasInfo *out, int max) {
       size_t k = strcspn(q, "'");
       snprintf(out[n].name, sizeof out[n].name, "%.*s", (int)(k < 63 ? k : 63), q);
     } else if (n >= 0 && (q = strstr(l, "bytes stack frame"))) {
-      sscanf(l, " %d bytes stack frame, %d bytes spill stores, %d bytes spill loads",
-             &out[n].stack, &out[n].spill_stores, &out[n].spill_loads);
+      /* NVRTC writes "ptxas         .     232 bytes stack frame, ...", ptxas
+       * itself "    232 bytes stack frame, ...": scan from the number. */
+      while (q > l && q[-1] == ' ') q--;
+      while (q > l && q[-1] >= '0' && q[-1] <= '9') q--;
+      sscanf(q, "%d bytes stack frame, %d bytes spill stores, %d bytes spill loads", &out[n].stack,
+             &out[n].spill_stores, &out[n].spill_loads);
     } else if (n >= 0 && (q = strstr(l, "Used "))) {
       sscanf(q, "Used %d registers", &out[n].registers);
       const char *sm = strstr(q, "bytes smem");

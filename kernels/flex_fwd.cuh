@@ -290,7 +290,7 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
         /* A row that has seen only -inf keeps max -inf; use 0 so exp2 gives 0,
          * not NaN. m_use is in S's units; times scale_log2 in log2 units. */
         m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-        corr[r] = flex_ex2(fmaf(row_max[m][r], scale_log2, -m_use[r] * scale_log2));
+        corr[r] = flex_ex2((row_max[m][r] - m_use[r]) * scale_log2);
         m_use[r] *= scale_log2;
         row_max[m][r] = m_new;
         row_sum[m][r] *= corr[r];
