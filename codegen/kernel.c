@@ -112,9 +112,9 @@ static const CgTileRow tile_table[] = {
      * need registers too). Backward: 4 warps, 64 query rows, BN keys by
      * (EP + EVP) * BN / 128 dK/dV accumulators per thread. */
     {CG_SM80, CG_SM90A, -1, 32, false, {128, 64, 128}, {64, 64, 128}},
-    {CG_SM80, CG_SM90A, -1, 64, false, {128, 64, 128}, {64, 32, 128}},
-    {CG_SM80, CG_SM90A, -1, 128, true, {128, 64, 128}, {64, 32, 128}},
-    {CG_SM80, CG_SM90A, -1, 128, false, {128, 32, 128}, {64, 32, 128}},
+    {CG_SM80, CG_SM90A, -1, 64, false, {128, 64, 128}, {64, 64, 128}},
+    {CG_SM80, CG_SM90A, -1, 128, true, {128, 64, 128}, {64, 64, 128}},
+    {CG_SM80, CG_SM90A, -1, 128, false, {128, 32, 128}, {64, 64, 128}},
     {CG_SM80, CG_SM90A, -1, 256, false, {64, 32, 128}, {64, 16, 128}},
 };
 
