@@ -184,45 +184,65 @@ __device__ __forceinline__ void flex_bwd_main_tile(const FlexParams &p, int n0_d
     if (tr + TPR * j < p.EV) El::store(dvp + tr + TPR * j, dv[j]);
 }
 
-/* Deterministic (FLEX_DET): CTA x of the grid's G = p.dq_splits takes key
- * tiles x, x + G, x + 2G, ... in that order and adds their dQ into slice x
- * of dq_acc, which flex_bwd_dq sums in slice order. Its dK and dV stay in
- * registers as before, so every gradient has one summation order. */
-template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
-__device__ FLEX_NOINLINE void flex_bwd_main_det(const FlexParams &p, int n0, float *dq) {
-  flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
+/* The key tiles of a CTA, the same for both bodies. Atomic: the CTA's own
+ * tile (blockIdx.x), inlined. Deterministic (FLEX_DET): CTA x of the grid's
+ * G = p.dq_splits takes key tiles x, x + G, x + 2G, ... in that order and
+ * adds their dQ into slice x of dq_acc, which flex_bwd_dq sums in slice
+ * order; its dK and dV stay in registers as before, so every gradient has
+ * one summation order. There the tile is called, not inlined: the loop
+ * with the tile inlined took flex_bwd at E = 128, bf16, sm_80 from 168
+ * registers to 250-254 (what stays live across iterations); called, the
+ * tile keeps the registers of the atomic kernel. Tile::run(p, n0, dq) is
+ * one key tile (flex_bwd_main_tile or flex_bwd_tc_tile). */
+template <class Tile>
+__device__ FLEX_NOINLINE void flex_bwd_tile_call(const FlexParams &p, int n0, float *dq) {
+  Tile::run(p, n0, dq);
 }
 
-template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
-__device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
+template <class Tile, int BN>
+__device__ __forceinline__ void flex_bwd_tiles(const FlexParams &p) {
   if (!FLEX_DET) {
-    flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, 0, nullptr);
+    Tile::run(p, 0, nullptr);
     return;
   }
   float *dq = p.dq_acc + blockIdx.x * p.dq_split_stride;
   for (int n0 = blockIdx.x * BN; n0 < p.kv_len; n0 += gridDim.x * BN) {
-    flex_bwd_main_det<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
-    __syncthreads(); /* the next tile reloads sK and sV */
+    flex_bwd_tile_call<Tile>(p, n0, dq);
+    __syncthreads(); /* the next tile reloads K and V */
   }
+}
+
+template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
+struct FlexBwdMainTile {
+  static __device__ __forceinline__ void run(const FlexParams &p, int n0, float *dq) {
+    flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
+  }
+};
+
+template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
+__device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
+  flex_bwd_tiles<FlexBwdMainTile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>, BN>(p);
 }
 
 /* ---- tensor cores (fp16, bf16) ----------------------------------------- */
 
-/* Shapes of the tensor-core backward: 4 warps, BM = 64 query rows per
- * iteration, BN keys per CTA. Warp w works on key group kg = w % WK (16
- * keys) and split sp = w / WK: in the score phase the split picks BMW of the
- * BM query rows (QC at a time, so the S and dP fragments take QC / 2
- * registers each next to the dK and dV accumulators), in the accumulate
- * phase every NS-th 16-column group of dK and dV (so each thread holds
- * (EP + EVP) * BN / 128 accumulators). For dQ, warp w owns query rows
- * 16w .. 16w + 15 of the tile, summed over all BN keys. */
+/* Shapes of the tensor-core backward: BM = 64 query rows per iteration,
+ * BN keys per CTA, NW = max(4, BN / 16) warps. Warp w works on key group
+ * kg = w % WK (16 keys) and split sp = w / WK: in the score phase the split
+ * picks BMW of the BM query rows (QC at a time, so the S and dP fragments
+ * take QC / 2 registers each next to the dK and dV accumulators), in the
+ * accumulate phase every NS-th 16-column group of dK and dV (so each thread
+ * holds (EP + EVP) * BN / (32 NW) accumulators). For dQ, warp w owns query
+ * rows 16 (w % 4) .. + 15 of the tile and every DW-th 16-column group from
+ * w / 4, summed over all BN keys. */
 template <int EP, int EVP, int BM, int BN>
 struct FlexBwdShape {
-  static constexpr int NT = 128, WK = BN / 16, NS = 4 / WK, BMW = BM / NS;
-  static constexpr int QC = BMW < 32 ? BMW : 32;
+  static constexpr int WK = BN / 16, NW = WK < 4 ? 4 : WK, NT = 32 * NW, NS = NW / WK;
+  static constexpr int BMW = BM / NS, QC = BMW < 32 ? BMW : 32, DW = NW / 4;
   static constexpr int KS = EP + 8, VS = EVP + 8, PS = BM + 8; /* smem row pitches, elements */
   static constexpr int NGK = (EP / 16 + NS - 1) / NS, NGV = (EVP / 16 + NS - 1) / NS;
-  static_assert(BM == 64 && (BN == 16 || BN == 32 || BN == 64), "4 warps: dQ takes 16 rows each");
+  static_assert(BM == 64 && (BN == 16 || BN == 32 || BN == 64 || BN == 128),
+                "dQ: 4 warps of 16 rows (8 warps at BN = 128: two column halves)");
   static_assert(BMW % QC == 0 && QC % 16 == 0, "a warp's query rows are whole ldmatrix.x4 B tiles");
 };
 
@@ -340,26 +360,27 @@ __device__ __forceinline__ void flex_bwd_tc_accum(float acc[NG][2][4], uint32_t 
   }
 }
 
-/* dQ[rows qr..qr + 15] += dS K (dS carries the scale), added into the fp32
- * accumulator dq (row m0 of the tile) per element. aS: this lane's fb row
- * of sS at query qr (dS read transposed as the A operand); aK: its ft row
- * of sK. */
-template <class El, int EP, int BN, int PS, int KS>
+/* dQ[rows qr..qr + 15] += dS K (dS carries the scale) for column groups
+ * g0, g0 + DW, ..., added into the fp32 accumulator dq (row m0 of the tile)
+ * per element. aS: this lane's fb row of sS at query qr (dS read
+ * transposed as the A operand); aK: its ft row of sK at group g0. */
+template <class El, int EP, int BN, int PS, int KS, int DW>
 __device__ __forceinline__ void flex_bwd_tc_dq(const FlexParams &p, uint32_t aS, uint32_t aK,
-                                               float *dq, int m0, int qr) {
+                                               float *dq, int m0, int qr, int g0) {
   const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   if (m0 + qr >= p.q_len) return; /* warp-uniform: these rows do not exist */
-  /* This lane's two rows (g, g + 8) and first column (2 t4): row tests and
-   * addresses once, then constant offsets per element. */
-  const bool ok0 = m0 + qr + g < p.q_len, ok1 = m0 + qr + g + 8 < p.q_len;
-  float *const d0 = dq + (qr + g) * p.E + 2 * t4, *const d1 = d0 + 8 * p.E;
-  const int cols = p.E - 2 * t4; /* columns of this lane below E: offset < cols */
+  float *const d0 = dq + (qr + g) * p.E + g0 * 16 + 2 * t4, *const d1 = d0 + 8 * p.E;
+  /* Element offset `off` (from column 16 g0) of row g (g + 8) exists when
+   * off < lim0 (lim1): the lane's columns below E, none past Q_LEN. */
+  const int cols = p.E - g0 * 16 - 2 * t4;
+  const int lim0 = m0 + qr + g < p.q_len ? cols : 0, lim1 = m0 + qr + g + 8 < p.q_len ? cols : 0;
   uint32_t a[BN / 16][4];
 #pragma unroll
   for (int ks = 0; ks < BN / 16; ks++) flex_ldsm_x4_trans(a[ks], aS + (uint32_t)(ks * 16 * PS * 2));
 #pragma unroll
-  for (int grp = 0; grp < EP / 16; grp++) {
-    if (grp * 16 >= p.E) break; /* uniform: E rounds up to EP */
+  for (int i = 0; i < (EP / 16 + DW - 1) / DW; i++) {
+    const int grp = DW * i; /* past g0 */
+    if (g0 + grp >= EP / 16 || (g0 + grp) * 16 >= p.E) break; /* uniform: E rounds up to EP */
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ks++) {
@@ -375,7 +396,10 @@ __device__ __forceinline__ void flex_bwd_tc_dq(const FlexParams &p, uint32_t aS,
 #pragma unroll
       for (int c = 0; c < 4; c++) {
         const int off = grp * 16 + nt * 8 + (c & 1);
-        if ((c >> 1 ? ok1 : ok0) && off < cols) flex_dq_add((c >> 1 ? d1 : d0) + off, acc[nt][c]);
+        float *const d = (c >> 1 ? d1 : d0) + off;
+        const int lim = c >> 1 ? lim1 : lim0;
+        if (!FLEX_DET) flex_atomic_add_below(d, acc[nt][c], off, lim);
+        else if (off < lim) flex_dq_add(d, acc[nt][c]);
       }
   }
 }
@@ -421,8 +445,9 @@ __device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0_det
   const uint32_t aS = flex_smem_addr(sS) + (kr * S::PS + flex_bwd_fa(lane, S::PS)) * 2;
   const uint32_t aQt = flex_smem_addr(sQ) + flex_bwd_ft(lane, S::KS) * 2;
   const uint32_t aOt = flex_smem_addr(sO) + flex_bwd_ft(lane, S::VS) * 2;
-  const uint32_t aSq = flex_smem_addr(sS) + (warp * 16 + flex_bwd_fb(lane, S::PS)) * 2;
-  const uint32_t aKt = flex_smem_addr(sK) + flex_bwd_ft(lane, S::KS) * 2;
+  const int qr = warp % 4 * 16, g0 = warp / 4; /* dQ: rows and first column group */
+  const uint32_t aSq = flex_smem_addr(sS) + (qr + flex_bwd_fb(lane, S::PS)) * 2;
+  const uint32_t aKt = flex_smem_addr(sK) + (g0 * 16 + flex_bwd_ft(lane, S::KS)) * 2;
   flex_tile_load<T, BN, EP, NT>(sK, S::KS, k, p.sk.row, n0, p.kv_len, p.E, p.vec16);
   flex_tile_load<T, BN, EVP, NT>(sV, S::VS, v, p.sv.row, n0, p.kv_len, p.EV, p.vec16);
   flex_cp_async_commit();
@@ -476,8 +501,8 @@ __device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0_det
       __syncthreads();
       flex_bwd_tc_accum<El, S::NGV, EVP / 16, BM, S::VS>(dv, aP, aOt, sp, S::NS);
       flex_bwd_tc_accum<El, S::NGK, EP / 16, BM, S::KS>(dk, aS, aQt, sp, S::NS);
-      flex_bwd_tc_dq<El, EP, BN, S::PS, S::KS>(
-          p, aSq, aKt, (FLEX_DET ? dq_det : p.dq_acc) + (rows + m0) * p.E, m0, warp * 16);
+      flex_bwd_tc_dq<El, EP, BN, S::PS, S::KS, S::DW>(
+          p, aSq, aKt, (FLEX_DET ? dq_det : p.dq_acc) + (rows + m0) * p.E, m0, qr, g0);
     }
   }
   flex_cp_async_wait<0>(); /* K and V when no query tile was visited */
@@ -487,29 +512,18 @@ __device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0_det
   flex_bwd_tc_store<El, S::NGV, EVP / 16>(dvp, p.sdv.row, dv, kr, p.kv_len - n0, p.EV, sp, S::NS);
 }
 
-/* A key tile of a deterministic backward, not inlined into its loop: the
- * loop alone (the tile inlined) took flex_bwd at E = 128, bf16, sm_80 from
- * 168 registers to 250-254 (what stays live across iterations); called,
- * the tile keeps the 168 of the atomic kernel. */
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
-__device__ FLEX_NOINLINE void flex_bwd_tc_det(const FlexParams &p, int n0, float *dq) {
-  flex_bwd_tc_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
-}
+struct FlexBwdTcTile {
+  static __device__ __forceinline__ void run(const FlexParams &p, int n0, float *dq) {
+    flex_bwd_tc_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
+  }
+};
 
-/* Deterministic (FLEX_DET): key tiles x, x + G, ... of CTA x in order, dQ
- * into slice x (as flex_bwd_main). In flex_bwd_tc_dq each dQ element of a
- * tile is one lane's sum over the tile's keys, added once. */
+/* In flex_bwd_tc_dq each dQ element of a tile is one lane's sum over the
+ * tile's keys, added once, so a deterministic slice sees one add per tile. */
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
 __device__ __forceinline__ void flex_bwd_tc(const FlexParams &p) {
-  if (!FLEX_DET) {
-    flex_bwd_tc_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, 0, nullptr);
-    return;
-  }
-  float *dq = p.dq_acc + blockIdx.x * p.dq_split_stride;
-  for (int n0 = blockIdx.x * BN; n0 < p.kv_len; n0 += gridDim.x * BN) {
-    flex_bwd_tc_det<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
-    __syncthreads(); /* the next tile reloads sK and sV */
-  }
+  flex_bwd_tiles<FlexBwdTcTile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>, BN>(p);
 }
 
 /* dQ accumulator (fp32, contiguous) -> dq in its dtype and strides; in a
