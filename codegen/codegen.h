@@ -174,6 +174,9 @@ CgLaunch cg_launch_sorted_check(const CgOptions *o, int64_t n);
 void cg_mask_blocks(const CgOptions *o, int *block_q, int *block_kv);
 /* Whether a BlockMask of these block sizes can be walked by the kernels of `o`. */
 bool cg_mask_blocks_ok(const CgOptions *o, int block_q, int block_kv);
+/* Halves the tensor-core backward's key tiles (and its warps) until they
+ * divide a caller's BlockMask blocks of block_kv keys (64, say). */
+void cg_bwd_fit_mask_blocks(CgOptions *o, int block_kv);
 
 /* Names and limits of the architectures. */
 const char *cg_arch_name(CgArch a);       /* "sm_80", ... */

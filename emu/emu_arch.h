@@ -141,6 +141,10 @@ EMU_API static void flex_atomic_add(float *p, float v) {
   } while (!__atomic_compare_exchange_n(u, &old, nw, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
 }
 
+static inline void flex_atomic_add_below(float *p, float v, int i, int lim) {
+  if (i < lim) flex_atomic_add(p, v);
+}
+
 /* ---- mma.sync m16n8k16 ------------------------------------------------------- */
 
 /* Gather A, B, C from the lanes' fragments, D = A B + C, scatter D. All

@@ -11,6 +11,7 @@
  *   flex_cp_async_16[_a] / commit / wait   16-byte cp.async (zero fill; _a: 32-bit address)
  *   flex_f2h flex_h2f flex_f2bf flex_bf2f flex_pack_h2 flex_pack_bf2
  *   flex_gload flex_gstore flex_atomic_add   every global-memory access
+ *   flex_atomic_add_below                    fp32 add where an index is below a limit
  *   flex_atomic_cas                          32-bit compare-and-swap (checked runs)
  *   flex_atomic_max_u64                      64-bit unsigned max (the `sorted` check)
  *   flex_atomic_add_i64 flex_atomic_or_u64   64-bit add and or (exact accumulators)
@@ -201,6 +202,12 @@ __device__ __forceinline__ float flex_max_nan(float a, float b) {
 template <class T> __device__ __forceinline__ T flex_gload(const T *p) { return *p; }
 template <class T> __device__ __forceinline__ void flex_gstore(T *p, T v) { *p = v; }
 __device__ __forceinline__ void flex_atomic_add(float *p, float v) { atomicAdd(p, v); }
+/* flex_atomic_add where i < lim: a compare and a predicated red, where an
+ * `if` around atomicAdd compiles to a branch that recomputes the address. */
+__device__ __forceinline__ void flex_atomic_add_below(float *p, float v, int i, int lim) {
+  asm volatile("{ .reg .pred q; setp.lt.s32 q, %2, %3; @q red.global.add.f32 [%0], %1; }"
+               :: "l"(p), "f"(v), "r"(i), "r"(lim) : "memory");
+}
 __device__ __forceinline__ int32_t flex_atomic_cas(int32_t *p, int32_t cmp, int32_t v) {
   return atomicCAS((int *)p, cmp, v);
 }

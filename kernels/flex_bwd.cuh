@@ -1,6 +1,6 @@
 /* flex_bwd.cuh: the backward kernel bodies.
  *
- * flex_bwd_pre: one thread per query row: D = rowsum(dO * O) - dLSE (O in
+ * flex_bwd_pre: one warp per query row: D = rowsum(dO * O) - dLSE (O in
  *   the input dtype, or fp32 for an fp32 O), and
  *   zeroes the row of the fp32 dQ accumulator.
  * flex_bwd_tc (fp16/bf16) and flex_bwd_main (fp32): one CTA per (key tile
@@ -15,7 +15,7 @@
  *   rounded to the input dtype as FlashAttention-2 does); flex_bwd_main is
  *   fp32 FMA on tiles in shared memory, 128 threads, TPR = 128 / BN threads
  *   per key row.
- * flex_bwd_dq: one thread per query row: dQ accumulator -> dq (its dtype).
+ * flex_bwd_dq: one warp per query row: dQ accumulator -> dq (its dtype).
  * flex_grad_exact: a deterministic backward's exact buffer-gradient
  *   accumulator -> the fp32 gradient, one element per thread.
  *
@@ -31,23 +31,34 @@
 #include "walk.cuh"
 #include "tile.cuh"
 
+/* flex_bwd_pre and flex_bwd_dq: one warp per query row, four rows per
+ * 128-thread CTA, lanes over the columns, so a warp's loads and stores of
+ * a row are contiguous (with a thread per row, each access of a warp
+ * touched 32 rows). */
+__device__ __forceinline__ int flex_bwd_row_of_warp(void) { return blockIdx.x * 4 + threadIdx.x / 32; }
+
 /* El: element type of dO; OutEl: of O (El, or FlexF32 for an fp32 O). */
 template <class El, class OutEl>
 __device__ __forceinline__ void flex_bwd_pre(const FlexParams &p) {
   typedef typename El::T T;
-  const int qi = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, b = blockIdx.z;
-  if (qi >= p.q_len) return;
+  const int qi = flex_bwd_row_of_warp(), lane = threadIdx.x % 32, h = blockIdx.y, b = blockIdx.z;
+  if (qi >= p.q_len) return; /* warp-uniform */
   const typename OutEl::T *o = (const typename OutEl::T *)p.out + b * p.so.b + h * p.so.h + qi * p.so.row;
   const T *d = (const T *)p.dout + b * p.sdo.b + h * p.sdo.h + qi * p.sdo.row;
   float acc = 0.0f;
-  for (int e = 0; e < p.EV; e++) acc = acc + OutEl::load(o + e) * El::load(d + e);
+  for (int e = lane; e < p.EV; e += 32) acc = acc + OutEl::load(o + e) * El::load(d + e);
+  /* A butterfly: lane 0's sum has one fixed order (a NaN reaches it). */
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc = acc + __shfl_xor_sync(0xffffffffu, acc, off);
   const int64_t row = (int64_t)(b * p.H + h) * p.q_len + qi;
-  if (p.dlse) acc -= flex_gload(p.dlse + b * p.lse_b + h * p.lse_h + qi);
-  flex_gstore(p.delta + row, acc);
+  if (lane == 0) {
+    if (p.dlse) acc -= flex_gload(p.dlse + b * p.lse_b + h * p.lse_h + qi);
+    flex_gstore(p.delta + row, acc);
+  }
   float *dq = p.dq_acc + row * p.E;
-  for (int e = 0; e < p.E; e++) flex_gstore(dq + e, 0.0f);
+  for (int e = lane; e < p.E; e += 32) flex_gstore(dq + e, 0.0f);
   for (int sp = 1; FLEX_DET && sp < p.dq_splits; sp++) /* the other slices */
-    for (int e = 0; e < p.E; e++) flex_gstore(dq + sp * p.dq_split_stride + e, 0.0f);
+    for (int e = lane; e < p.E; e += 32) flex_gstore(dq + sp * p.dq_split_stride + e, 0.0f);
 }
 
 /* Load R rows x C columns (zero-filled) of a 16-bit or fp32 tensor, as fp32. */
@@ -184,100 +195,128 @@ __device__ __forceinline__ void flex_bwd_main_tile(const FlexParams &p, int n0_d
     if (tr + TPR * j < p.EV) El::store(dvp + tr + TPR * j, dv[j]);
 }
 
-/* Deterministic (FLEX_DET): CTA x of the grid's G = p.dq_splits takes key
- * tiles x, x + G, x + 2G, ... in that order and adds their dQ into slice x
- * of dq_acc, which flex_bwd_dq sums in slice order. Its dK and dV stay in
- * registers as before, so every gradient has one summation order. */
-template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
-__device__ FLEX_NOINLINE void flex_bwd_main_det(const FlexParams &p, int n0, float *dq) {
-  flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
+/* The key tiles of a CTA, the same for both bodies. Atomic: the CTA's own
+ * tile (blockIdx.x), inlined. Deterministic (FLEX_DET): CTA x of the grid's
+ * G = p.dq_splits takes key tiles x, x + G, x + 2G, ... in that order and
+ * adds their dQ into slice x of dq_acc, which flex_bwd_dq sums in slice
+ * order; its dK and dV stay in registers as before, so every gradient has
+ * one summation order. There the tile is called, not inlined: the loop
+ * with the tile inlined took flex_bwd at E = 128, bf16, sm_80 from 168
+ * registers to 250-254 (what stays live across iterations); called, the
+ * tile keeps the registers of the atomic kernel. Tile::run(p, n0, dq) is
+ * one key tile (flex_bwd_main_tile or flex_bwd_tc_tile). */
+template <class Tile>
+__device__ FLEX_NOINLINE void flex_bwd_tile_call(const FlexParams &p, int n0, float *dq) {
+  Tile::run(p, n0, dq);
 }
 
-template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
-__device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
+template <class Tile, int BN>
+__device__ __forceinline__ void flex_bwd_tiles(const FlexParams &p) {
   if (!FLEX_DET) {
-    flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, 0, nullptr);
+    Tile::run(p, 0, nullptr);
     return;
   }
   float *dq = p.dq_acc + blockIdx.x * p.dq_split_stride;
   for (int n0 = blockIdx.x * BN; n0 < p.kv_len; n0 += gridDim.x * BN) {
-    flex_bwd_main_det<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
-    __syncthreads(); /* the next tile reloads sK and sV */
+    flex_bwd_tile_call<Tile>(p, n0, dq);
+    __syncthreads(); /* the next tile reloads K and V */
   }
+}
+
+template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
+struct FlexBwdMainTile {
+  static __device__ __forceinline__ void run(const FlexParams &p, int n0, float *dq) {
+    flex_bwd_main_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
+  }
+};
+
+template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
+__device__ __forceinline__ void flex_bwd_main(const FlexParams &p) {
+  flex_bwd_tiles<FlexBwdMainTile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>, BN>(p);
 }
 
 /* ---- tensor cores (fp16, bf16) ----------------------------------------- */
 
-/* Shapes of the tensor-core backward. 4 warps. Warp w works on key group
+/* Shapes of the tensor-core backward: BM = 64 query rows per iteration,
+ * BN keys per CTA, NW = max(4, BN / 16) warps. Warp w works on key group
  * kg = w % WK (16 keys) and split sp = w / WK: in the score phase the split
- * picks BMW of the BM query rows, in the accumulate phase it picks every
- * NS-th 16-column group of dK and dV (so each thread holds
- * (EP + EVP) * BN / 128 accumulators). For dQ, warp w owns query rows
- * 16w .. 16w + 15 of the tile. */
+ * picks BMW of the BM query rows (QC at a time, so the S and dP fragments
+ * take QC / 2 registers each next to the dK and dV accumulators), in the
+ * accumulate phase every NS-th 16-column group of dK and dV (so each thread
+ * holds (EP + EVP) * BN / (32 NW) accumulators). For dQ, warp w owns query
+ * rows 16 (w % 4) .. + 15 of the tile and every DW-th 16-column group from
+ * w / 4, summed over all BN keys. */
 template <int EP, int EVP, int BM, int BN>
 struct FlexBwdShape {
-  static constexpr int WK = BN / 16, NS = 4 / WK, BMW = BM / NS;
+  static constexpr int WK = BN / 16, NW = WK < 4 ? 4 : WK, NT = 32 * NW, NS = NW / WK;
+  static constexpr int BMW = BM / NS, QC = BMW < 32 ? BMW : 32, DW = NW / 4;
   static constexpr int KS = EP + 8, VS = EVP + 8, PS = BM + 8; /* smem row pitches, elements */
   static constexpr int NGK = (EP / 16 + NS - 1) / NS, NGV = (EVP / 16 + NS - 1) / NS;
-  static_assert(BM == 64 && (BN == 16 || BN == 32 || BN == 64), "4 warps: dQ takes 16 rows each");
-  static_assert(BMW % 16 == 0, "a warp's query rows are whole ldmatrix.x4 B tiles");
+  static_assert(BM == 64 && (BN == 16 || BN == 32 || BN == 64 || BN == 128),
+                "dQ: 4 warps of 16 rows (8 warps at BN = 128: two column halves)");
+  static_assert(BMW % QC == 0 && QC % 16 == 0, "a warp's query rows are whole ldmatrix.x4 B tiles");
 };
 
+/* A lane's ldmatrix.x4 row, as an element offset into a tile of pitch P:
+ * an A operand stored [row][k] (fa); a B operand stored [n][k], or an A
+ * operand stored [k][row] read transposed (fb); a B operand stored [k][n]
+ * read transposed (ft). */
+__device__ __forceinline__ int flex_bwd_fa(int lane, int P) { return (lane & 15) * P + (lane >> 4) * 8; }
+__device__ __forceinline__ int flex_bwd_fb(int lane, int P) {
+  return ((lane & 7) + (lane >> 4) * 8) * P + ((lane >> 3) & 1) * 8;
+}
+__device__ __forceinline__ int flex_bwd_ft(int lane, int P) {
+  return ((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 8;
+}
 
-/* acc[j] += A B^T for one warp: A is 16 rows of sA from row `ar` (keys),
- * B is BMW rows of sB from row `bc` (queries), both KT*16 wide, row stride
- * STRIDE elements; acc[j] holds columns 8j..8j+7 in the mma accumulator
- * layout. */
-template <class El, int BMW, int KT, int STRIDE>
-__device__ __forceinline__ void flex_bwd_mma_rows(float acc[][4], const typename El::T *sA,
-                                                  const typename El::T *sB, int ar, int bc,
-                                                  int lane) {
+/* acc[j] += A B^T for one warp: A is 16 rows (keys) at shared address aA
+ * (this lane's fa row), B is QC rows (queries) at aB (its fb row), both
+ * KT * 16 wide, row pitch STRIDE elements; acc[j] holds columns 8j..8j+7 in
+ * the mma accumulator layout. */
+template <class El, int QC, int KT, int STRIDE>
+__device__ __forceinline__ void flex_bwd_mma_rows(float acc[][4], uint32_t aA, uint32_t aB) {
 #pragma unroll
   for (int kk = 0; kk < KT; kk++) {
     uint32_t a[4];
-    flex_ldmatrix_x4(a, sA + (ar + (lane & 15)) * STRIDE + kk * 16 + (lane >> 4) * 8);
+    flex_ldsm_x4(a, aA + kk * 32);
 #pragma unroll
-    for (int nt = 0; nt < BMW / 16; nt++) {
+    for (int nt = 0; nt < QC / 16; nt++) {
       uint32_t b[4];
-      flex_ldmatrix_x4(b, sB + (bc + nt * 16 + (lane & 7) + (lane >> 4) * 8) * STRIDE + kk * 16 +
-                              ((lane >> 3) & 1) * 8);
+      flex_ldsm_x4(b, aB + (uint32_t)((nt * 16 * STRIDE + kk * 16) * 2));
       El::mma(acc[2 * nt], a, b);
       El::mma(acc[2 * nt + 1], a, b + 2);
     }
   }
 }
 
-/* S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x BMW queries, then
- * P^T and dS^T (both 0 where masked) rounded into sP and sdS [key][query]. */
+/* S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys (from kr) x QC
+ * queries (from qc), then P^T and scale dS^T (both 0 where masked) rounded
+ * into sP and sS [key][query]. aK, aV: this lane's fa rows of the warp's
+ * keys; aQ, aO: its fb rows of query qc. */
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
-__device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, const typename El::T *sK,
-                                                   const typename El::T *sV,
-                                                   const typename El::T *sQ,
-                                                   const typename El::T *sO, typename El::T *sP,
+__device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, uint32_t aK, uint32_t aV,
+                                                   uint32_t aQ, uint32_t aO, typename El::T *sP,
                                                    typename El::T *sS, const float *sL,
                                                    const float *sD, int b, int h, int m0, int n0,
-                                                   bool full) {
+                                                   bool full, bool check, int kr, int qc) {
   typedef FlexBwdShape<EP, EVP, BM, BN> S;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const int kr = warp % S::WK * 16, qc = warp / S::WK * S::BMW; /* first key, first query */
-  float st[S::BMW / 8][4], dpt[S::BMW / 8][4];
+  const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  float st[S::QC / 8][4], dpt[S::QC / 8][4];
 #pragma unroll
-  for (int j = 0; j < S::BMW / 8; j++)
+  for (int j = 0; j < S::QC / 8; j++)
 #pragma unroll
     for (int c = 0; c < 4; c++) st[j][c] = dpt[j][c] = 0.0f;
-  flex_bwd_mma_rows<El, S::BMW, EP / 16, S::KS>(st, sK, sQ, kr, qc, lane);   /* S^T = K Q^T */
-  flex_bwd_mma_rows<El, S::BMW, EVP / 16, S::VS>(dpt, sV, sO, kr, qc, lane); /* dP^T = V dO^T */
+  flex_bwd_mma_rows<El, S::QC, EP / 16, S::KS>(st, aK, aQ);   /* S^T = K Q^T */
+  flex_bwd_mma_rows<El, S::QC, EVP / 16, S::VS>(dpt, aV, aO); /* dP^T = V dO^T */
   /* Accumulator element c of tile j: key kr + g + 8 (c / 2), query qc + 8 j + 2 t4 + c % 2.
    * Only tiles at the sequence ends or partial under the mask test elements. */
-  const bool edge = n0 + BN > p.kv_len || m0 + BM > p.q_len;
-  const bool check = edge || (MASK_MODE != FLEX_MASK_NONE && !full);
-  typename FlexBits<S::BMW / 2>::T live[1] = {~(typename FlexBits<S::BMW / 2>::T)0};
+  typename FlexBits<S::QC / 2>::T live[1] = {~(typename FlexBits<S::QC / 2>::T)0};
   if (check)
-    flex_live_bits<MASK_MODE, 1, S::BMW / 8, true>(live, p, b, h, n0 + kr + g, m0 + qc + 2 * t4,
-                                                   full);
+    flex_live_bits<MASK_MODE, 1, S::QC / 8, true>(live, p, b, h, n0 + kr + g, m0 + qc + 2 * t4,
+                                                  full);
   const float scale_log2 = p.scale * FLEX_LOG2E;
 #pragma unroll
-  for (int j = 0; j < S::BMW / 8; j++)
+  for (int j = 0; j < S::QC / 8; j++)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       const int key = kr + g + 8 * r, qm = qc + 8 * j + 2 * t4;
@@ -300,7 +339,9 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, const ty
           if (FLEX_DROP) M = flex_drop_keep(p, b, h, m0 + qm + c, n0 + key) ? p.drop_scale : 0.0f;
           const float dt = x * (M * dpt[j][e & 3] - sD[qm + c]);
           pr[c] = x * M;
-          ds[c] = JOINT ? flex_joint(p, qk * p.scale, b, h, m0 + qm + c, n0 + key, dt) : dt;
+          /* dS times the softmax scale, which both dK and dQ carry */
+          ds[c] = (JOINT ? flex_joint(p, qk * p.scale, b, h, m0 + qm + c, n0 + key, dt) : dt) *
+                  p.scale;
         }
       }
       *(uint32_t *)(sP + key * S::PS + qm) = El::pack(pr[0], pr[1]);
@@ -308,67 +349,68 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, const ty
     }
 }
 
-/* acc[i] += A (this warp's 16 keys x BM queries, sA [key][query]) times
- * B (BM queries x the 16 columns of group sp + NS i, sB [query][col]). */
-template <class El, int NG, int NGRP, int BM, int PS, int BS>
-__device__ __forceinline__ void flex_bwd_tc_accum(float acc[NG][2][4], const typename El::T *sA,
-                                                  const typename El::T *sB, int kr, int sp,
-                                                  int NS) {
-  const int lane = threadIdx.x % 32;
+/* acc[i] += A (this warp's 16 keys x BM queries, stored [key][query], aA
+ * its lane's fa row) times B (BM queries x the 16 columns of group
+ * sp + NS i, stored [query][col] with pitch BS, aB its lane's ft row). */
+template <class El, int NG, int NGRP, int BM, int BS>
+__device__ __forceinline__ void flex_bwd_tc_accum(float acc[NG][2][4], uint32_t aA, uint32_t aB,
+                                                  int sp, int NS) {
 #pragma unroll
   for (int ks = 0; ks < BM / 16; ks++) {
     uint32_t a[4];
-    flex_ldmatrix_x4(a, sA + (kr + (lane & 15)) * PS + ks * 16 + (lane >> 4) * 8);
+    flex_ldsm_x4(a, aA + ks * 32);
 #pragma unroll
     for (int i = 0; i < NG; i++) {
       const int grp = sp + NS * i;
       if (grp >= NGRP) break; /* warp-uniform */
       uint32_t bb[4];
-      flex_ldmatrix_x4_trans(bb, sB + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * BS +
-                                     grp * 16 + (lane >> 4) * 8);
+      flex_ldsm_x4_trans(bb, aB + (uint32_t)((ks * 16 * BS + grp * 16) * 2));
       El::mma(acc[i][0], a, bb);
       El::mma(acc[i][1], a, bb + 2);
     }
   }
 }
 
-/* dQ[rows 16 w ..] += scale dS K, added into the fp32 accumulator per element. */
-template <class El, int EP, int EVP, int BM, int BN>
-__device__ __forceinline__ void flex_bwd_tc_dq(const FlexParams &p, const typename El::T *sK,
-                                               const typename El::T *sS, float *dq, int m0) {
-  typedef FlexBwdShape<EP, EVP, BM, BN> S;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const int qr = warp * 16;
+/* dQ[rows qr..qr + 15] += dS K (dS carries the scale) for column groups
+ * g0, g0 + DW, ..., added into the fp32 accumulator dq (row m0 of the tile)
+ * per element. aS: this lane's fb row of sS at query qr (dS read
+ * transposed as the A operand); aK: its ft row of sK at group g0. */
+template <class El, int EP, int BN, int PS, int KS, int DW>
+__device__ __forceinline__ void flex_bwd_tc_dq(const FlexParams &p, uint32_t aS, uint32_t aK,
+                                               float *dq, int m0, int qr, int g0) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   if (m0 + qr >= p.q_len) return; /* warp-uniform: these rows do not exist */
-  /* This lane's two rows (g, g + 8) and first column (2 t4): row tests and
-   * addresses once, then constant offsets per element. */
-  const bool ok0 = m0 + qr + g < p.q_len, ok1 = m0 + qr + g + 8 < p.q_len;
-  float *const d0 = dq + (qr + g) * p.E + 2 * t4, *const d1 = d0 + 8 * p.E;
-  const int cols = p.E - 2 * t4; /* columns of this lane below E: offset < cols */
-  uint32_t a[BN / 16][4]; /* dS rows qr.. as A fragments, read transposed from sS [key][query] */
+  float *const d0 = dq + (qr + g) * p.E + g0 * 16 + 2 * t4, *const d1 = d0 + 8 * p.E;
+  /* Element offset `off` (from column 16 g0) of row g (g + 8) exists when
+   * off < lim0 (lim1): the lane's columns below E, none past Q_LEN. */
+  const int cols = p.E - g0 * 16 - 2 * t4;
+  const int lim0 = m0 + qr + g < p.q_len ? cols : 0, lim1 = m0 + qr + g + 8 < p.q_len ? cols : 0;
+  uint32_t a[BN / 16][4];
 #pragma unroll
-  for (int ks = 0; ks < BN / 16; ks++)
-    flex_ldmatrix_x4_trans(a[ks], sS + (ks * 16 + (lane & 7) + (lane >> 4) * 8) * S::PS + qr +
-                                      ((lane >> 3) & 1) * 8);
+  for (int ks = 0; ks < BN / 16; ks++) flex_ldsm_x4_trans(a[ks], aS + (uint32_t)(ks * 16 * PS * 2));
 #pragma unroll
-  for (int grp = 0; grp < EP / 16; grp++) {
-    if (grp * 16 >= p.E) break; /* uniform: E rounds up to EP */
+  for (int i = 0; i < (EP / 16 + DW - 1) / DW; i++) {
+    const int grp = DW * i; /* past g0 */
+    if (g0 + grp >= EP / 16 || (g0 + grp) * 16 >= p.E) break; /* uniform: E rounds up to EP */
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ks++) {
       uint32_t bk[4];
-      flex_ldmatrix_x4_trans(bk, sK + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * S::KS +
-                                     grp * 16 + (lane >> 4) * 8);
+      flex_ldsm_x4_trans(bk, aK + (uint32_t)((ks * 16 * KS + grp * 16) * 2));
       El::mma(acc[0], a[ks], bk);
       El::mma(acc[1], a[ks], bk + 2);
     }
+    /* Every element is added, zeros included: a test per element costs
+     * more issue slots than the adds it would save. */
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
       for (int c = 0; c < 4; c++) {
         const int off = grp * 16 + nt * 8 + (c & 1);
-        if ((c >> 1 ? ok1 : ok0) && off < cols && acc[nt][c] != 0.0f)
-          flex_dq_add((c >> 1 ? d1 : d0) + off, acc[nt][c] * p.scale);
+        float *const d = (c >> 1 ? d1 : d0) + off;
+        const int lim = c >> 1 ? lim1 : lim0;
+        if (!FLEX_DET) flex_atomic_add_below(d, acc[nt][c], off, lim);
+        else if (off < lim) flex_dq_add(d, acc[nt][c]);
       }
   }
 }
@@ -376,8 +418,8 @@ __device__ __forceinline__ void flex_bwd_tc_dq(const FlexParams &p, const typena
 /* Write this warp's accumulators (16 keys x its column groups) as dK or dV. */
 template <class El, int NG, int NGRP>
 __device__ __forceinline__ void flex_bwd_tc_store(typename El::T *dst, int64_t row_stride,
-                                                  const float acc[NG][2][4], float mul, int key0,
-                                                  int nkeys, int ncols, int sp, int NS) {
+                                                  const float acc[NG][2][4], int key0, int nkeys,
+                                                  int ncols, int sp, int NS) {
   const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
 #pragma unroll
   for (int i = 0; i < NG; i++)
@@ -387,7 +429,7 @@ __device__ __forceinline__ void flex_bwd_tc_store(typename El::T *dst, int64_t r
       for (int c = 0; c < 4; c++) {
         const int key = key0 + g + 8 * (c >> 1), col = (sp + NS * i) * 16 + nt * 8 + 2 * t4 + (c & 1);
         if (sp + NS * i < NGRP && key < nkeys && col < ncols)
-          El::store(dst + key * row_stride + col, acc[i][nt][c] * mul);
+          El::store(dst + key * row_stride + col, acc[i][nt][c]);
       }
 }
 
@@ -396,17 +438,32 @@ template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_I
 __device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0_det, float *dq_det) {
   typedef typename El::T T;
   typedef FlexBwdShape<EP, EVP, BM, BN> S;
-  constexpr int NT = 128;
+  constexpr int NT = S::NT;
   T *sK = (T *)flex_smem, *sV = sK + BN * S::KS, *sQ = sV + BN * S::VS, *sO = sQ + BM * S::KS;
   T *sP = sO + BM * S::VS, *sS = sP + BN * S::PS;
   float *sL = (float *)(sS + BN * S::PS), *sD = sL + BM;
-  const int warp = threadIdx.x / 32, kr = warp % S::WK * 16, sp = warp / S::WK;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kr = warp % S::WK * 16, sp = warp / S::WK, qw = sp * S::BMW;
   const int n0 = FLEX_DET ? n0_det : blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
   const T *k = (const T *)p.k + b * p.sk.b + hk * p.sk.h;
   const T *v = (const T *)p.v + b * p.sv.b + hk * p.sv.h;
+  /* 32-bit shared addresses of this lane's ldmatrix rows, computed once. */
+  const uint32_t aK = flex_smem_addr(sK) + (kr * S::KS + flex_bwd_fa(lane, S::KS)) * 2;
+  const uint32_t aV = flex_smem_addr(sV) + (kr * S::VS + flex_bwd_fa(lane, S::VS)) * 2;
+  const uint32_t aQ = flex_smem_addr(sQ) + (qw * S::KS + flex_bwd_fb(lane, S::KS)) * 2;
+  const uint32_t aO = flex_smem_addr(sO) + (qw * S::VS + flex_bwd_fb(lane, S::VS)) * 2;
+  const uint32_t aP = flex_smem_addr(sP) + (kr * S::PS + flex_bwd_fa(lane, S::PS)) * 2;
+  const uint32_t aS = flex_smem_addr(sS) + (kr * S::PS + flex_bwd_fa(lane, S::PS)) * 2;
+  const uint32_t aQt = flex_smem_addr(sQ) + flex_bwd_ft(lane, S::KS) * 2;
+  const uint32_t aOt = flex_smem_addr(sO) + flex_bwd_ft(lane, S::VS) * 2;
+  const int qr = warp % 4 * 16, g0 = warp / 4; /* dQ: rows and first column group */
+  const uint32_t aSq = flex_smem_addr(sS) + (qr + flex_bwd_fb(lane, S::PS)) * 2;
+  const uint32_t aKt = flex_smem_addr(sK) + (g0 * 16 + flex_bwd_ft(lane, S::KS)) * 2;
   flex_tile_load<T, BN, EP, NT>(sK, S::KS, k, p.sk.row, n0, p.kv_len, p.E, p.vec16);
   flex_tile_load<T, BN, EVP, NT>(sV, S::VS, v, p.sv.row, n0, p.kv_len, p.EV, p.vec16);
   flex_cp_async_commit();
+  FlexTileCopy<T, BM, EP, S::KS, NT> copyQ;
+  FlexTileCopy<T, BM, EVP, S::VS, NT> copyO;
 
   float dk[S::NGK][2][4], dv[S::NGV][2][4];
 #pragma unroll
@@ -422,66 +479,62 @@ __device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0_det
     const T *q = (const T *)p.q + b * p.sq.b + h * p.sq.h;
     const T *dout = (const T *)p.dout + b * p.sdo.b + h * p.sdo.h;
     const int64_t rows = (int64_t)(b * p.H + h) * p.q_len;
+    const float *lse = p.lse + b * p.lse_b + h * p.lse_h;
+    copyQ.init(sQ, p.sq.row);
+    copyO.init(sO, p.sdo.row);
     FlexWalk walk;
     walk.init(p, true, MASK_MODE == FLEX_MASK_LISTS, b, h, n0, BM);
     int m0;
     bool full;
     while (walk.next(m0, full)) {
       __syncthreads(); /* the previous tile's readers are done */
-      flex_tile_load<T, BM, EP, NT>(sQ, S::KS, q, p.sq.row, m0, p.q_len, p.E, p.vec16);
-      flex_tile_load<T, BM, EVP, NT>(sO, S::VS, dout, p.sdo.row, m0, p.q_len, p.EV, p.vec16);
+      copyQ.load(sQ, 0, q, p.sq.row, m0, p.q_len, p.E, p.vec16);
+      copyO.load(sO, 0, dout, p.sdo.row, m0, p.q_len, p.EV, p.vec16);
       flex_cp_async_commit();
-      for (int i = threadIdx.x; i < BM; i += NT) {
+      if (threadIdx.x < BM) {
+        const int i = threadIdx.x;
         const bool ok = m0 + i < p.q_len;
         /* LSE in the exp2 domain; a row with no keys (or past Q_LEN) gets
          * +inf, so every P of it is exp2(-inf) = 0. */
-        const float lse = ok ? flex_gload(p.lse + b * p.lse_b + h * p.lse_h + m0 + i) : -INFINITY;
-        sL[i] = lse == -INFINITY ? INFINITY : lse * FLEX_LOG2E;
+        const float l = ok ? flex_gload(lse + m0 + i) : -INFINITY;
+        sL[i] = l == -INFINITY ? INFINITY : l * FLEX_LOG2E;
         sD[i] = ok ? flex_gload(p.delta + rows + m0 + i) : 0.0f;
       }
       flex_cp_async_wait<0>();
       __syncthreads();
-      flex_bwd_tc_scores<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(
-          p, sK, sV, sQ, sO, sP, sS, sL, sD, b, h, m0, n0, full);
+      const bool edge = n0 + BN > p.kv_len || m0 + BM > p.q_len;
+      const bool check = edge || (MASK_MODE != FLEX_MASK_NONE && !full);
+#pragma unroll
+      for (int qc = 0; qc < S::BMW; qc += S::QC)
+        flex_bwd_tc_scores<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(
+            p, aK, aV, aQ + qc * S::KS * 2, aO + qc * S::VS * 2, sP, sS, sL, sD, b, h, m0, n0,
+            full, check, kr, qw + qc);
       __syncthreads();
-      flex_bwd_tc_accum<El, S::NGV, EVP / 16, BM, S::PS, S::VS>(dv, sP, sO, kr, sp, S::NS);
-      flex_bwd_tc_accum<El, S::NGK, EP / 16, BM, S::PS, S::KS>(dk, sS, sQ, kr, sp, S::NS);
-      flex_bwd_tc_dq<El, EP, EVP, BM, BN>(p, sK, sS, (FLEX_DET ? dq_det : p.dq_acc) + (rows + m0) * p.E,
-                                          m0);
+      flex_bwd_tc_accum<El, S::NGV, EVP / 16, BM, S::VS>(dv, aP, aOt, sp, S::NS);
+      flex_bwd_tc_accum<El, S::NGK, EP / 16, BM, S::KS>(dk, aS, aQt, sp, S::NS);
+      flex_bwd_tc_dq<El, EP, BN, S::PS, S::KS, S::DW>(
+          p, aSq, aKt, (FLEX_DET ? dq_det : p.dq_acc) + (rows + m0) * p.E, m0, qr, g0);
     }
   }
   flex_cp_async_wait<0>(); /* K and V when no query tile was visited */
   T *dkp = (T *)p.dk + b * p.sdk.b + hk * p.sdk.h + n0 * p.sdk.row;
   T *dvp = (T *)p.dv + b * p.sdv.b + hk * p.sdv.h + n0 * p.sdv.row;
-  flex_bwd_tc_store<El, S::NGK, EP / 16>(dkp, p.sdk.row, dk, p.scale, kr, p.kv_len - n0, p.E, sp,
-                                         S::NS);
-  flex_bwd_tc_store<El, S::NGV, EVP / 16>(dvp, p.sdv.row, dv, 1.0f, kr, p.kv_len - n0, p.EV, sp,
-                                          S::NS);
+  flex_bwd_tc_store<El, S::NGK, EP / 16>(dkp, p.sdk.row, dk, kr, p.kv_len - n0, p.E, sp, S::NS);
+  flex_bwd_tc_store<El, S::NGV, EVP / 16>(dvp, p.sdv.row, dv, kr, p.kv_len - n0, p.EV, sp, S::NS);
 }
 
-/* A key tile of a deterministic backward, not inlined into its loop: the
- * loop alone (the tile inlined) took flex_bwd at E = 128, bf16, sm_80 from
- * 168 registers to 250-254 (what stays live across iterations); called,
- * the tile keeps the 168 of the atomic kernel. */
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
-__device__ FLEX_NOINLINE void flex_bwd_tc_det(const FlexParams &p, int n0, float *dq) {
-  flex_bwd_tc_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
-}
+struct FlexBwdTcTile {
+  static __device__ __forceinline__ void run(const FlexParams &p, int n0, float *dq) {
+    flex_bwd_tc_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
+  }
+};
 
-/* Deterministic (FLEX_DET): key tiles x, x + G, ... of CTA x in order, dQ
- * into slice x (as flex_bwd_main). In flex_bwd_tc_dq each dQ element of a
- * tile is one lane's sum over the tile's keys, added once. */
+/* In flex_bwd_tc_dq each dQ element of a tile is one lane's sum over the
+ * tile's keys, added once, so a deterministic slice sees one add per tile. */
 template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
 __device__ __forceinline__ void flex_bwd_tc(const FlexParams &p) {
-  if (!FLEX_DET) {
-    flex_bwd_tc_tile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, 0, nullptr);
-    return;
-  }
-  float *dq = p.dq_acc + blockIdx.x * p.dq_split_stride;
-  for (int n0 = blockIdx.x * BN; n0 < p.kv_len; n0 += gridDim.x * BN) {
-    flex_bwd_tc_det<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(p, n0, dq);
-    __syncthreads(); /* the next tile reloads sK and sV */
-  }
+  flex_bwd_tiles<FlexBwdTcTile<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>, BN>(p);
 }
 
 /* dQ accumulator (fp32, contiguous) -> dq in its dtype and strides; in a
@@ -489,15 +542,15 @@ __device__ __forceinline__ void flex_bwd_tc(const FlexParams &p) {
 template <class El>
 __device__ __forceinline__ void flex_bwd_dq(const FlexParams &p) {
   typedef typename El::T T;
-  const int qi = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int qi = flex_bwd_row_of_warp(), lane = threadIdx.x % 32, h = blockIdx.y, b = blockIdx.z;
   if (qi >= p.q_len) return;
   const float *acc = p.dq_acc + ((int64_t)(b * p.H + h) * p.q_len + qi) * p.E;
   T *dq = (T *)p.dq + b * p.sdq.b + h * p.sdq.h + qi * p.sdq.row;
   if (!FLEX_DET) {
-    for (int e = 0; e < p.E; e++) El::store(dq + e, flex_gload(acc + e));
+    for (int e = lane; e < p.E; e += 32) El::store(dq + e, flex_gload(acc + e));
     return;
   }
-  for (int e = 0; e < p.E; e++) {
+  for (int e = lane; e < p.E; e += 32) {
     float x = flex_gload(acc + e);
     for (int sp = 1; sp < p.dq_splits; sp++) x = x + flex_gload(acc + sp * p.dq_split_stride + e);
     El::store(dq + e, x);

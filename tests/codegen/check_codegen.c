@@ -12,16 +12,20 @@
 #include "testlib.h"
 
 /* Generated source for a .score text (backward included). */
-static char *gen(const char *text, CgDtype dt, int E, CgOptions *o) {
+static char *gen_arch(const char *text, CgDtype dt, int E, CgArch arch, CgOptions *o) {
   flex_kernel *k;
   flex_status st = flex_kernel_from_source(&k, "test.score", text, strlen(text), NULL);
   ck_assert_msg(st == FLEX_OK, "%s", flex_last_error());
   char err[256];
-  ck_assert_msg(cg_options_init(o, k->mod, dt, E, E, CG_SM80, true, err, sizeof err), "%s", err);
+  ck_assert_msg(cg_options_init(o, k->mod, dt, E, E, arch, true, err, sizeof err), "%s", err);
   Buf b = {0};
   cg_emit_cuda(&b, k->mod, o);
   flex_kernel_free(k);
   return b.data;
+}
+
+static char *gen(const char *text, CgDtype dt, int E, CgOptions *o) {
+  return gen_arch(text, dt, E, CG_SM80, o);
 }
 
 static const char *gemma =
@@ -99,9 +103,10 @@ START_TEST(names_by_role) {
   ck_assert_ptr_nonnull(strstr(s, "#include \"flex_fwd.cuh\""));
   ck_assert_ptr_nonnull(strstr(s, "from test.score, kernel gemma"));
   static const char *const entries[] = {"flex_fwd", "flex_bwd_pre", "flex_bwd", "flex_bwd_dq"};
+  const int threads[] = {128, 128, o.bwd.threads, 128};
   for (int i = 0; i < 4; i++) {
     char want[160];
-    snprintf(want, sizeof want, "extern \"C\" __global__ void __launch_bounds__(128) %s(const FlexParams p)", entries[i]);
+    snprintf(want, sizeof want, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const FlexParams p)", threads[i], entries[i]);
     const char *at = strstr(s, want);
     ck_assert_msg(at != NULL, "missing entry %s", entries[i]);
     snprintf(want, sizeof want, "FLEX_EMU_ENTRY(%s, FlexParams)", entries[i]);
@@ -134,7 +139,7 @@ START_TEST(deterministic_source) {
   ck_assert_ptr_null(strstr(plain, "flex_exact_add"));
   ck_assert_ptr_null(strstr(plain, "flex_grad_exact"));
   /* The grid: one CTA per key tile, or the split count (at most the tiles). */
-  ck_assert_uint_eq(cg_launch_bwd(&o, 2, 4, 4096).grid[0], 33); /* ceil(264 / 8) */
+  ck_assert_uint_eq(cg_launch_bwd(&o, 2, 4, 8192).grid[0], 33); /* ceil(264 / 8) */
   ck_assert_uint_eq(cg_launch_bwd(&o, 1, 1, 100).grid[0], (100 + o.bwd.block_n - 1) / o.bwd.block_n);
   o.deterministic = false;
   ck_assert_uint_eq(cg_launch_bwd(&o, 2, 4, 4096).grid[0], 4096 / o.bwd.block_n);
@@ -213,19 +218,35 @@ END_TEST
 
 START_TEST(launch_geometry) {
   CgOptions o;
-  char *s = gen(gemma, CG_FP16, 256, &o);
-  free(s);
   for (int a = 0; a < CG_NARCH; a++) {
-    o.arch = (CgArch)a;
+    /* Tiles are picked per arch: each arch's backward fits its own shared memory. */
+    free(gen_arch(gemma, CG_FP16, 256, (CgArch)a, &o));
     CgLaunch l = cg_launch_fwd(&o, 3, 5, 1000);
     ck_assert_uint_eq(l.grid[0], (1000 + o.fwd.block_m - 1) / o.fwd.block_m);
     ck_assert_uint_eq(l.grid[1], 5);
     ck_assert_uint_eq(l.grid[2], 3);
-    ck_assert_uint_eq(l.block[0], 128);
+    ck_assert_uint_eq(l.block[0], (unsigned)o.fwd.threads);
     l = cg_launch_bwd(&o, 3, 1, 1000);
     ck_assert_uint_eq(l.grid[0], (1000 + o.bwd.block_n - 1) / o.bwd.block_n);
-    ck_assert(l.smem <= cg_arch_smem_limit(CG_SM86));
+    ck_assert(l.smem <= cg_arch_smem_limit((CgArch)a));
+    ck_assert_uint_eq(l.block[0], (unsigned)o.bwd.threads);
   }
+  /* E = 128: 64 x 128 x 8 where it fits (sm_80: 141824 bytes), 64 x 64 x 4
+   * on sm_86's 99 KiB; a BlockMask of 64-key blocks narrows it to 64. */
+  free(gen_arch(gemma, CG_BF16, 128, CG_SM80, &o));
+  ck_assert_int_eq(o.bwd.block_n, 128);
+  ck_assert_int_eq(o.bwd.threads, 256);
+  ck_assert_uint_eq(cg_launch_bwd(&o, 1, 1, 1000).smem, 141824);
+  cg_bwd_fit_mask_blocks(&o, 64);
+  ck_assert_int_eq(o.bwd.block_n, 64);
+  ck_assert_int_eq(o.bwd.threads, 128);
+  ck_assert(cg_mask_blocks_ok(&o, 128, 64));
+  cg_bwd_fit_mask_blocks(&o, 256); /* already divides: unchanged */
+  ck_assert_int_eq(o.bwd.block_n, 64);
+  free(gen_arch(gemma, CG_BF16, 128, CG_SM86, &o));
+  ck_assert_int_eq(o.bwd.block_n, 64);
+  ck_assert_int_eq(o.bwd.threads, 128);
+  ck_assert(cg_launch_bwd(&o, 1, 1, 1000).smem <= cg_arch_smem_limit(CG_SM86));
   char err[128];
   ck_assert(!cg_options_init(&o, NULL, CG_FP16, 0, 64, CG_SM80, false, err, sizeof err));
   ck_assert(!cg_options_init(&o, NULL, CG_FP16, 257, 64, CG_SM80, false, err, sizeof err));

@@ -2,8 +2,9 @@
  * fp16/bf16 tensor-core backward (and the fp32 SIMT one as a control) for
  * an identity score, soft-capping, ALiBi with a causal mask, a relative
  * bias table with a `grad` buffer, and a window mask with fully masked
- * rows, on odd shapes (head dims 15 and 72, and 136 for the 16-key
- * tiles; Q_LEN 37, KV_LEN 70, GQA, MQA, with and without dLSE).
+ * rows, on odd shapes (head dims 15 and 72, and 136 for the 32-key
+ * tiles; Q_LEN 37, KV_LEN 70, GQA, MQA, with and without dLSE), and the
+ * window mask through a caller's BlockMask of 64-key blocks.
  *
  * Both backends get the very same inputs: q, k, v, dO (and dLSE) drawn in
  * the tested dtype, and O and LSE from the reference forward rounded to
@@ -142,8 +143,10 @@ static void forward(flex_kernel *k, Tensors *t, const Sample *sm, const Shape *s
     }
 }
 
-/* One backward through both backends; fails on any error above tol. */
-static void run_case(int si, int di, const Shape *s) {
+/* One backward through both backends; fails on any error above tol.
+ * block_kv > 0: both get a BlockMask of the sample's mask made by
+ * flex_block_mask_create with 128-row blocks of block_kv keys. */
+static void run_case_mask(int si, int di, const Shape *s, int block_kv) {
   const Sample *sm = &samples[si];
   DLDataType dt = rt_dtype(dtypes[di].code, dtypes[di].bits);
   flex_kernel *k = load(sm);
@@ -151,6 +154,12 @@ static void run_case(int si, int di, const Shape *s) {
   tensors_init(&t, sm, s, dt);
   forward(k, &t, sm, s);
   flex_args r = args_for(&t, sm, s, true), a = args_for(&t, sm, s, false);
+  flex_block_mask *bm = NULL;
+  if (block_kv > 0) {
+    ck_assert_msg(flex_block_mask_create(&bm, k, &r, s->B, s->H, s->QL, s->KL, 128, block_kv, NULL) ==
+                      FLEX_OK, "%s", flex_last_error());
+    r.block_mask = a.block_mask = bm;
+  }
   ck_assert_msg(flex_backward(k, &r) == FLEX_OK, "reference backward: %s", flex_last_error());
   ck_assert_msg(flex_backward(k, &a) == FLEX_OK, "emu backward: %s", flex_last_error());
   double eq = tl_pair_err(&t.dq), ek = tl_pair_err(&t.dk), ev = tl_pair_err(&t.dv);
@@ -164,9 +173,12 @@ static void run_case(int si, int di, const Shape *s) {
                 sm->name, dtypes[di].name, s->E, s->H, s->HKV, eq, ek, ev, eg, tol);
   ck_assert_msg(rows_zero(&t.dq, s, sm->masked_rows), "%s: fully masked rows got nonzero dq",
                 sm->name);
+  if (bm) flex_block_mask_free(bm);
   tensors_free(&t, sm);
   flex_kernel_free(k);
 }
+
+static void run_case(int si, int di, const Shape *s) { run_case_mask(si, di, s, 0); }
 
 /* _i = sample * 3 + dtype: every shape. */
 START_TEST(backward) {
@@ -183,11 +195,20 @@ START_TEST(backward_racecheck) {
 }
 END_TEST
 
-/* Head dim 136 (padded 144): 16-key tiles, column groups that do not
+/* Head dim 136 (padded 144): 32-key tiles, column groups that do not
  * split evenly over the warps. */
 START_TEST(backward_wide) {
   const Shape s = {1, 2, 1, 37, 70, 136, true};
   run_case(_i == 0 ? 0 : 2, _i, &s);
+}
+END_TEST
+
+/* A caller's BlockMask of 64-key blocks: the backward's 128-key tiles
+ * narrow to 64 keys (cg_bwd_fit_mask_blocks) instead of refusing the call;
+ * lengths of several full and partial blocks (fp16, then bf16). */
+START_TEST(backward_block_mask) {
+  const Shape s = {1, 2, 1, 150, 300, 64, true};
+  run_case_mask(4, _i, &s, 64);
 }
 END_TEST
 
@@ -199,6 +220,7 @@ int main(void) {
   tcase_add_loop_test(tc, backward, 0, NSAMPLES * 3);
   tcase_add_loop_test(tc, backward_wide, 0, 2);
   tcase_add_loop_test(tc, backward_racecheck, 0, 2);
+  tcase_add_loop_test(tc, backward_block_mask, 0, 2);
   suite_add_tcase(s, tc);
   return tl_run_suite(s);
 }
