@@ -316,8 +316,8 @@ CgLaunch cg_launch_fwd_combine(const CgOptions *o, int B, int H, int q_len) {
 }
 int cg_fwd_kv_tiles(const CgOptions *o, int kv_len) { return (int)cdiv(kv_len, o->fwd.block_n); }
 CgLaunch cg_launch_bwd_pre(const CgOptions *o, int B, int H, int q_len) {
-  (void)o; /* one warp per row, four rows per CTA */
-  return launch(cdiv(q_len, 4), H, B, 128, 0);
+  (void)o;
+  return launch(cdiv(q_len, 128), H, B, 128, 0);
 }
 /* CTAs a deterministic backward aims at: two per SM of the largest GPUs
  * we target (132 on H100 SXM), so the narrower grid still fills them. */
@@ -339,8 +339,8 @@ CgLaunch cg_launch_bwd(const CgOptions *o, int B, int HKV, int kv_len) {
   return launch(gx, HKV, B, o->bwd.threads, smem_bwd(o));
 }
 CgLaunch cg_launch_bwd_dq(const CgOptions *o, int B, int H, int q_len) {
-  (void)o; /* one warp per row, four rows per CTA */
-  return launch(cdiv(q_len, 4), H, B, 128, 0);
+  (void)o;
+  return launch(cdiv(q_len, 128), H, B, 128, 0);
 }
 
 CgLaunch cg_launch_mask_build(const CgOptions *o, int Bm, int Hm, int nq) {

@@ -1,6 +1,6 @@
 /* flex_bwd.cuh: the backward kernel bodies.
  *
- * flex_bwd_pre: one warp per query row: D = rowsum(dO * O) - dLSE (O in
+ * flex_bwd_pre: one thread per query row: D = rowsum(dO * O) - dLSE (O in
  *   the input dtype, or fp32 for an fp32 O), and
  *   zeroes the row of the fp32 dQ accumulator.
  * flex_bwd_tc (fp16/bf16) and flex_bwd_main (fp32): one CTA per (key tile
@@ -15,7 +15,7 @@
  *   rounded to the input dtype as FlashAttention-2 does); flex_bwd_main is
  *   fp32 FMA on tiles in shared memory, 128 threads, TPR = 128 / BN threads
  *   per key row.
- * flex_bwd_dq: one warp per query row: dQ accumulator -> dq (its dtype).
+ * flex_bwd_dq: one thread per query row: dQ accumulator -> dq (its dtype).
  * flex_grad_exact: a deterministic backward's exact buffer-gradient
  *   accumulator -> the fp32 gradient, one element per thread.
  *
@@ -31,34 +31,23 @@
 #include "walk.cuh"
 #include "tile.cuh"
 
-/* flex_bwd_pre and flex_bwd_dq: one warp per query row, four rows per
- * 128-thread CTA, lanes over the columns, so a warp's loads and stores of
- * a row are contiguous (with a thread per row, each access of a warp
- * touched 32 rows). */
-__device__ __forceinline__ int flex_bwd_row_of_warp(void) { return blockIdx.x * 4 + threadIdx.x / 32; }
-
 /* El: element type of dO; OutEl: of O (El, or FlexF32 for an fp32 O). */
 template <class El, class OutEl>
 __device__ __forceinline__ void flex_bwd_pre(const FlexParams &p) {
   typedef typename El::T T;
-  const int qi = flex_bwd_row_of_warp(), lane = threadIdx.x % 32, h = blockIdx.y, b = blockIdx.z;
-  if (qi >= p.q_len) return; /* warp-uniform */
+  const int qi = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, b = blockIdx.z;
+  if (qi >= p.q_len) return;
   const typename OutEl::T *o = (const typename OutEl::T *)p.out + b * p.so.b + h * p.so.h + qi * p.so.row;
   const T *d = (const T *)p.dout + b * p.sdo.b + h * p.sdo.h + qi * p.sdo.row;
   float acc = 0.0f;
-  for (int e = lane; e < p.EV; e += 32) acc = acc + OutEl::load(o + e) * El::load(d + e);
-  /* A butterfly: lane 0's sum has one fixed order (a NaN reaches it). */
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) acc = acc + __shfl_xor_sync(0xffffffffu, acc, off);
+  for (int e = 0; e < p.EV; e++) acc = acc + OutEl::load(o + e) * El::load(d + e);
   const int64_t row = (int64_t)(b * p.H + h) * p.q_len + qi;
-  if (lane == 0) {
-    if (p.dlse) acc -= flex_gload(p.dlse + b * p.lse_b + h * p.lse_h + qi);
-    flex_gstore(p.delta + row, acc);
-  }
+  if (p.dlse) acc -= flex_gload(p.dlse + b * p.lse_b + h * p.lse_h + qi);
+  flex_gstore(p.delta + row, acc);
   float *dq = p.dq_acc + row * p.E;
-  for (int e = lane; e < p.E; e += 32) flex_gstore(dq + e, 0.0f);
+  for (int e = 0; e < p.E; e++) flex_gstore(dq + e, 0.0f);
   for (int sp = 1; FLEX_DET && sp < p.dq_splits; sp++) /* the other slices */
-    for (int e = lane; e < p.E; e += 32) flex_gstore(dq + sp * p.dq_split_stride + e, 0.0f);
+    for (int e = 0; e < p.E; e++) flex_gstore(dq + sp * p.dq_split_stride + e, 0.0f);
 }
 
 /* Load R rows x C columns (zero-filled) of a 16-bit or fp32 tensor, as fp32. */
@@ -542,15 +531,15 @@ __device__ __forceinline__ void flex_bwd_tc(const FlexParams &p) {
 template <class El>
 __device__ __forceinline__ void flex_bwd_dq(const FlexParams &p) {
   typedef typename El::T T;
-  const int qi = flex_bwd_row_of_warp(), lane = threadIdx.x % 32, h = blockIdx.y, b = blockIdx.z;
+  const int qi = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, b = blockIdx.z;
   if (qi >= p.q_len) return;
   const float *acc = p.dq_acc + ((int64_t)(b * p.H + h) * p.q_len + qi) * p.E;
   T *dq = (T *)p.dq + b * p.sdq.b + h * p.sdq.h + qi * p.sdq.row;
   if (!FLEX_DET) {
-    for (int e = lane; e < p.E; e += 32) El::store(dq + e, flex_gload(acc + e));
+    for (int e = 0; e < p.E; e++) El::store(dq + e, flex_gload(acc + e));
     return;
   }
-  for (int e = lane; e < p.E; e += 32) {
+  for (int e = 0; e < p.E; e++) {
     float x = flex_gload(acc + e);
     for (int sp = 1; sp < p.dq_splits; sp++) x = x + flex_gload(acc + sp * p.dq_split_stride + e);
     El::store(dq + e, x);
