@@ -61,8 +61,11 @@ struct EmuDim3 {
 
 /* Fiber states: running, at __syncthreads, at a warp collective, at a
  * warpgroup collective (wgmma, setmaxnreg: 128 threads), waiting on an
- * mbarrier phase, exited. */
-enum { EMU_READY, EMU_AT_BAR, EMU_AT_WARP, EMU_AT_GROUP, EMU_AT_MBAR, EMU_DONE };
+ * mbarrier phase, waiting at a named barrier (bar.sync id, n), exited. */
+enum { EMU_READY, EMU_AT_BAR, EMU_AT_WARP, EMU_AT_GROUP, EMU_AT_MBAR, EMU_AT_NBAR, EMU_DONE };
+
+/* Named barriers 1..15 (bar.sync / bar.arrive id, n; 0 is __syncthreads'). */
+enum { EMU_NBARS = 16 };
 
 struct EmuReq;
 /* A warp collective's semantics: computed once from all lanes' requests. */
@@ -117,6 +120,15 @@ struct EmuMbar {
   uint32_t init_sync;       /* and after how many __syncthreads (others wait for the next) */
 };
 
+/* One named barrier: its thread count while a phase is open, the
+ * arrivals so far, and how many of them came from each warp (the
+ * instructions are per warp: every lane of a warp takes part). */
+struct EmuNbar {
+  uint32_t count;           /* n of the open phase (0: none open) */
+  uint32_t arrived;         /* arrivals in it */
+  uint16_t per_warp[32];    /* of which from warp w */
+};
+
 /* A cp.async.bulk.tensor in flight: read at issue, lands when the
  * scheduler has nothing else to run, then completes its bytes on the mbarrier. */
 struct EmuBulk {
@@ -148,6 +160,7 @@ struct EmuFiber {
   uint64_t nwarp;               /* warp collectives passed so far */
   uint64_t ngroup;              /* warpgroup collectives passed so far */
   uint32_t mbar_off, mbar_parity; /* EMU_AT_MBAR: the barrier and the parity awaited */
+  uint32_t nbar_id;             /* EMU_AT_NBAR: the named barrier awaited */
   std::vector<EmuWgmma> wgmma;  /* wgmma results not yet waited for */
   uint64_t wg_committed;        /* wgmma groups committed so far */
   bool wg_fenced;               /* a wgmma.fence since the last wait_group */
@@ -178,6 +191,7 @@ struct EmuWorker {
   std::vector<EmuMbar> *mbars;   /* the block's initialised mbarriers */
   std::vector<EmuBulk> *bulk;    /* its bulk tensor copies in flight */
   uint16_t *wg_reads;            /* per 16-byte shared chunk: in-flight wgmmas reading it */
+  EmuNbar nbar[EMU_NBARS];       /* named barriers */
   bool failed;             /* the running block hit an error */
 };
 
@@ -366,6 +380,7 @@ EMU_NOSAN static void emu_block_reset(EmuWorker *w) {
   w->mbars->clear();
   memset(w->wg_reads, 0, sizeof(uint16_t) * (emu_L->smem_bytes / 16 + 1));
   w->bulk->clear();
+  memset(w->nbar, 0, sizeof w->nbar);
   w->epoch = 1;
   w->syncs = 0;
   w->failed = false;
@@ -558,25 +573,36 @@ EMU_NOSAN static bool emu_land_bulk(EmuWorker *w) {
 
 /* Describe a block where nobody can move. */
 EMU_NOSAN static void emu_deadlock(EmuWorker *w) {
-  int nbar = 0, nwarp = 0, ngroup = 0, nmbar = 0, ndone = 0, fbar = -1, fwarp = -1, fgroup = -1,
-      fmbar = -1;
+  int nbar = 0, nwarp = 0, ngroup = 0, nmbar = 0, nnbar = 0, ndone = 0, fbar = -1, fwarp = -1,
+      fgroup = -1, fmbar = -1, fnbar = -1;
   for (int i = 0; i < w->nthreads; i++) {
     int s = w->fibers[i].state;
     if (s == EMU_AT_BAR && nbar++ == 0) fbar = i;
     if (s == EMU_AT_WARP && nwarp++ == 0) fwarp = i;
     if (s == EMU_AT_GROUP && ngroup++ == 0) fgroup = i;
     if (s == EMU_AT_MBAR && nmbar++ == 0) fmbar = i;
+    if (s == EMU_AT_NBAR && nnbar++ == 0) fnbar = i;
     ndone += s == EMU_DONE;
   }
-  char more[256] = "";
+  char more[256] = "", named[224] = "";
   if (ngroup || nmbar)
     snprintf(more, sizeof more, ", %d at a warpgroup collective (first %d: %s), %d waiting on an "
                                 "mbarrier (first %d: offset %u, parity %u)",
              ngroup, fgroup, fgroup >= 0 ? w->fibers[fgroup].req.name : "-", nmbar, fmbar,
              fmbar >= 0 ? w->fibers[fmbar].mbar_off : 0, fmbar >= 0 ? w->fibers[fmbar].mbar_parity : 0);
+  if (nnbar) {
+    const EmuNbar *b = &w->nbar[w->fibers[fnbar].nbar_id];
+    int part = 0; /* a warp only part of whose lanes arrived (the instruction is per warp) */
+    while (part < 32 && b->per_warp[part] % 32 == 0) part++;
+    char why[64] = "";
+    if (part < 32)
+      snprintf(why, sizeof why, "; %u arrivals from warp %d, not whole warps", b->per_warp[part], part);
+    snprintf(named, sizeof named, ", %d at a named barrier (first %d: bar.sync %u, %u of %u arrived%s)",
+             nnbar, fnbar, w->fibers[fnbar].nbar_id, b->arrived, b->count, why);
+  }
   emu_fail_tid(-1, "deadlock: %d thread(s) at __syncthreads (first %d), %d at a warp collective "
-                   "(first %d: %s)%s, %d exited", nbar, fbar, nwarp, fwarp,
-               fwarp >= 0 ? w->fibers[fwarp].req.name : "-", more, ndone);
+                   "(first %d: %s)%s%s, %d exited", nbar, fbar, nwarp, fwarp,
+               fwarp >= 0 ? w->fibers[fwarp].req.name : "-", more, named, ndone);
 }
 
 /* Run one block to completion. */
@@ -591,13 +617,14 @@ EMU_NOSAN static void emu_run_block(EmuWorker *w) {
       emu_cur = NULL;
       if (w->failed || __atomic_load_n(&emu_stop, __ATOMIC_RELAXED)) return;
     }
-    int nbar = 0, ndone = 0;
+    int nbar = 0, ndone = 0, nready = 0;
     for (int i = 0; i < w->nthreads; i++) {
       nbar += w->fibers[i].state == EMU_AT_BAR;
       ndone += w->fibers[i].state == EMU_DONE;
+      nready += w->fibers[i].state == EMU_READY; /* woken by a named barrier behind them */
     }
     if (ndone == w->nthreads) break;
-    bool progress = emu_release_warps(w);
+    bool progress = nready > 0 || emu_release_warps(w);
     if (!w->failed) progress |= emu_release_groups(w, false);
     if (!w->failed) progress |= emu_release_mbar(w);
     if (!progress && !w->failed) progress = emu_release_bar(w, nbar, ndone);

@@ -35,6 +35,12 @@
  *     (The same canonical forms as CUTLASS's make_gmma_desc comments; the
  *     ISA draws them as core-matrix figures.)
  *
+ *   bar.sync / bar.arrive a, b (Parallel Synchronization and Communication:
+ *     bar, barrier): named barrier a (the emulator takes 1..15; 0 is
+ *     __syncthreads') completes when b threads (a multiple of 32) have
+ *     arrived; bar.sync waits for that, bar.arrive does not. Executed per
+ *     warp; every thread arriving at one phase must give the same b.
+ *
  * Rules enforced: warpgroup ops (wgmma.*, setmaxnreg) need all 128 threads
  * of the warpgroup at the same instruction (the same source position) with
  * the same immediates and the same descriptors; a wgmma.fence before the first wgmma.mma_async after a
@@ -132,6 +138,51 @@ static inline void flex_mbar_wait(uint64_t *bar, uint32_t parity) {
   while (!flex_mbar_try_wait(bar, parity)) {
   }
 }
+
+/* ---- named barriers ------------------------------------------------------------ */
+
+/* Count the calling thread in at named barrier `id`; true if that completed
+ * the phase (the waiters are released, the barrier is free again). For the
+ * race check a completed phase is an epoch, as an mbarrier phase. */
+EMU_API static bool emu_nbar_arrive(uint32_t id, uint32_t n, const char *op) {
+  EmuWorker *w = emu_w;
+  if (id < 1 || id >= EMU_NBARS)
+    emu_fail("%s %u: the emulator takes named barriers 1..%d (0 is __syncthreads')", op, id,
+             EMU_NBARS - 1);
+  if (n == 0 || n % 32 || n > (uint32_t)w->nthreads)
+    emu_fail("%s %u, %u: the thread count must be a non-zero multiple of 32 and at most the "
+             "block's %d threads", op, id, n, w->nthreads);
+  EmuNbar *b = &w->nbar[id];
+  if (b->arrived && b->count != n)
+    emu_fail("%s %u, %u: threads already at this barrier's phase gave %u threads", op, id, n,
+             b->count);
+  b->count = n;
+  b->arrived++;
+  b->per_warp[emu_cur->tid / 32]++;
+  if (b->arrived < n) return false;
+  for (int i = 0; i < 32; i++)
+    if (b->per_warp[i] % 32 && (i + 1) * 32 <= w->nthreads)
+      emu_fail("%s %u: its phase completed with %u arrivals from warp %d, not whole warps: the "
+               "instruction is per warp, every lane executes it", op, id, b->per_warp[i], i);
+  for (int i = 0; i < w->nthreads; i++) {
+    EmuFiber *f = &w->fibers[i];
+    if (f->state == EMU_AT_NBAR && f->nbar_id == id) f->state = EMU_READY;
+  }
+  memset(b, 0, sizeof *b);
+  w->epoch++;
+  return true;
+}
+
+/* bar.sync id, n */
+EMU_API static void emu_bar_sync(uint32_t id, uint32_t n) {
+  if (emu_nbar_arrive(id, n, "bar.sync")) return;
+  emu_cur->nbar_id = id;
+  emu_block_wait(EMU_AT_NBAR);
+}
+template <int ID, int N> static inline void flex_bar_sync(void) { emu_bar_sync(ID, N); }
+
+/* bar.arrive id, n */
+template <int ID, int N> static inline void flex_bar_arrive(void) { emu_nbar_arrive(ID, N, "bar.arrive"); }
 
 /* ---- elect.sync, fences, setmaxnreg ------------------------------------------- */
 

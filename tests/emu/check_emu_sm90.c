@@ -98,6 +98,47 @@ START_TEST(mbarrier_no_wait_is_wrong) {
 }
 END_TEST
 
+/* ---- named barriers ------------------------------------------------------------ */
+
+static flex_status turns(int mode, int rounds, int32_t *out, char *msg) {
+  for (int i = 0; i < 2 * rounds; i++) out[i] = -1;
+  EmuTestParams p = {.out = out, .n = rounds, .mode = mode};
+  Alloc a[] = {{"out", out, (size_t)(8 * rounds)}};
+  return run("emu_t_turns", &p, 256, 1024, a, 1, msg);
+}
+
+/* _i 1: in the race-check module (each completed phase orders the turns'
+ * reads and writes of the shared counter). */
+START_TEST(named_barrier_turns) {
+  int32_t out[16];
+  char msg[EMU_ERR_LEN];
+  mod = _i ? racy : plain;
+  ck_assert_msg(turns(0, 8, out, msg) == FLEX_OK, "%s", msg);
+  for (int i = 0; i < 16; i++) ck_assert_msg(out[i] == i % 2, "turn %d taken by %d", i, out[i]);
+  /* without the barriers, warpgroup 0 runs all its turns first */
+  mod = plain;
+  ck_assert_msg(turns(5, 8, out, msg) == FLEX_OK, "%s", msg);
+  int alternate = 1;
+  for (int i = 0; i < 16; i++) alternate &= out[i] == i % 2;
+  ck_assert_msg(!alternate, "the turns alternate without barriers: the test shows nothing");
+}
+END_TEST
+
+START_TEST(named_barrier_rules) {
+  int32_t out[8];
+  char msg[EMU_ERR_LEN];
+  ck_assert(turns(1, 4, out, msg) != FLEX_OK);
+  ck_assert_msg(strstr(msg, "deadlock") && strstr(msg, "256 at a named barrier (first 0: bar.sync 1, 128 of 256 arrived)"),
+                "%s", msg);
+  ck_assert(turns(2, 4, out, msg) != FLEX_OK);
+  ck_assert_msg(strstr(msg, "gave 256 threads") || strstr(msg, "gave 128 threads"), "%s", msg);
+  ck_assert(turns(3, 4, out, msg) != FLEX_OK);
+  ck_assert_msg(strstr(msg, "not whole warps"), "%s", msg);
+  ck_assert(turns(4, 4, out, msg) != FLEX_OK);
+  ck_assert_msg(strstr(msg, "named barriers 1..15"), "%s", msg);
+}
+END_TEST
+
 START_TEST(mbarrier_rules) {
   float out[128], out2;
   char msg[EMU_ERR_LEN];
@@ -540,6 +581,8 @@ int main(void) {
   tcase_add_loop_test(tc, mbarrier_pingpong, 0, 2);
   tcase_add_test(tc, mbarrier_no_wait_is_wrong);
   tcase_add_test(tc, mbarrier_rules);
+  tcase_add_loop_test(tc, named_barrier_turns, 0, 2);
+  tcase_add_test(tc, named_barrier_rules);
   tcase_add_loop_test(tc, tma_swizzles, 0, 2);
   tcase_add_test(tc, tma_tx_deadlock);
   tcase_add_test(tc, tma_3d);

@@ -45,6 +45,33 @@ extern "C" __global__ void emu_t_pingpong(const EmuTestParams p) {
 }
 FLEX_EMU_ENTRY(emu_t_pingpong, EmuTestParams)
 
+/* Two warpgroups take turns through named barriers 1 and 2, as the sm_90a
+ * forward's consumers do: warpgroup c waits at barrier 1 + c (256 threads:
+ * its own 128 and the other's arrival), takes its turn (thread 0 logs c),
+ * then arrives at the other's barrier; warpgroup 0 gives itself the first
+ * turn. out[i] = who took turn i, for p.n turns each. mode 1: no first turn
+ * (deadlock); 2: warpgroup 1 arrives with 128 threads, not 256; 3: only
+ * half of warp 0 gives the first turn; 4: barrier 0; 5: no barriers. */
+extern "C" __global__ void emu_t_turns(const EmuTestParams p) {
+  int32_t *turn = (int32_t *)flex_smem, *log = turn + 1;
+  const int t = threadIdx.x, c = t / 128;
+  if (t == 0) *turn = 0;
+  __syncthreads();
+  if (c == 0 && p.mode != 1 && p.mode != 5 && (p.mode != 3 || t % 32 < 16)) flex_bar_arrive<1, 256>();
+  for (int r = 0; r < p.n; r++) {
+    if (p.mode == 4) flex_bar_sync<0, 256>();
+    else if (p.mode != 5 && c == 0) flex_bar_sync<1, 256>();
+    else if (p.mode != 5) flex_bar_sync<2, 256>();
+    if (t % 128 == 0) log[(*turn)++] = c;
+    if (p.mode == 2 && c == 1) flex_bar_arrive<1, 128>();
+    else if (p.mode != 5 && c == 0) flex_bar_arrive<2, 256>();
+    else if (p.mode != 5) flex_bar_arrive<1, 256>();
+  }
+  __syncthreads();
+  if (t < 2 * p.n) flex_gstore((int32_t *)p.out + t, log[t]);
+}
+FLEX_EMU_ENTRY(emu_t_turns, EmuTestParams)
+
 /* One thread loads two boxes of a 2-D 16-bit tensor (the map in p.in2,
  * coordinates in p.in3: c0, c1, c0', c1') into shared memory at 0 and
  * 32768, completing on one mbarrier; everybody waits, then out gets the
