@@ -12,7 +12,15 @@
  *     all 128 NC consumer threads). Tile i's S wgmma is issued ahead of
  *     tile i - 1's P V, so the softmax runs under the P V.
  * With NC = 2, setmaxnreg moves registers from the producer (40) to the
- * consumers (232): 384 threads would otherwise get 168 each.
+ * consumers (232): 384 threads would otherwise get 168 each. The two
+ * consumers also take turns at issuing their wgmma (ping-pong): consumer
+ * c waits at named barrier 1 + c for its turn, issues tile i's S (and tile
+ * i - 1's P V), and hands the turn to the other at barrier 2 - c. So one
+ * warpgroup's matrix products run while the other does its softmax (the
+ * exp unit and the tensor cores busy at once), instead of both issuing
+ * together and both waiting on exp together. Consumer 0 gives itself the
+ * first turn (its arrival counts as the other's); the last hand-over is
+ * never waited for, which the hardware allows (barriers reset with the CTA).
  * The producer tells the consumers which tile a stage holds (its first key
  * and the walk's `full` flag) in two shared words per stage, written before
  * the arrival that completes the stage's `full` phase; a first key of -1
@@ -72,6 +80,19 @@ __device__ __forceinline__ void flex_fwd_sm90_pv(float *o, const uint32_t (*a)[4
     const uint64_t dv = flex_wgmma_desc(aV + ks * 2048, BN * 128, 1024, 128);
     FlexWgmma<El>::template rs<EVPT, 1>(o, a[ks], dv, 1);
   }
+}
+
+/* Consumer cw's turn to issue wgmma (named barrier 1 + cw), and handing it
+ * to the other (barrier 2 - cw). Immediate barrier ids: with the id in a
+ * register, ptxas moved every wgmma descriptor out of the uniform
+ * registers (150 more instructions a tile). */
+__device__ __forceinline__ void flex_fwd_sm90_turn(int cw) {
+  if (cw == 0) flex_bar_sync<1, 256>();
+  else flex_bar_sync<2, 256>();
+}
+__device__ __forceinline__ void flex_fwd_sm90_hand_over(int cw) {
+  if (cw == 0) flex_bar_arrive<2, 256>();
+  else flex_bar_arrive<1, 256>();
 }
 
 /* EPT, EVPT: E and EV padded to 64 (whole 128-byte swizzle rows); BN keys
@@ -158,6 +179,9 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
   for (int i = 0; i < EVPT / 2; i++) o[i] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   const float scale_log2 = p.scale * FLEX_LOG2E;
+  /* The turns (NC = 2): barrier 1 + cw is this consumer's, of 256 threads
+   * (its own wait and the other's hand-over). */
+  if (NC > 1 && cw == 0) flex_bar_arrive<1, 256>();
   flex_mbar_wait(qbar, 0);
 
   /* Tile i's S wgmma is issued before tile i - 1's P V, and the softmax of
@@ -180,6 +204,7 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
     /* S = Q K^T: EPT / 16 wgmma of k16, both operands K-major with the
      * 128-byte swizzle (a k16 step is 32 bytes into the row; SBO: 8 rows). */
     float sacc[BN / 2];
+    if (NC > 1) flex_fwd_sm90_turn(cw);
     flex_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < EPT / 16; kk++) {
@@ -193,8 +218,10 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
       flex_wgmma_fence(); /* ptxas injects this one otherwise (C7519): the RS operands are registers */
       flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + ps * VBYTES);
       flex_wgmma_commit();
+      if (NC > 1) flex_fwd_sm90_hand_over(cw);
       flex_wgmma_wait<1>();
     } else {
+      if (NC > 1) flex_fwd_sm90_hand_over(cw);
       flex_wgmma_wait<0>();
     }
 

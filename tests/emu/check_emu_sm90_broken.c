@@ -75,6 +75,10 @@ static const Case cases[] = {
      "flex_mbar_init(emptyb + s, 128);", true},
     {"no wgmma.fence before the last P V", "    flex_wgmma_fence();\n    flex_fwd_sm90_pv",
      "    flex_fwd_sm90_pv", true},
+    {"nobody gives the first consumer its first turn", "if (NC > 1 && cw == 0) flex_bar_arrive<1, 256>();",
+     "", true},
+    {"a consumer hands the turn to itself", "  if (cw == 0) flex_bar_arrive<2, 256>();",
+     "  if (cw == 0) flex_bar_arrive<1, 256>();", true},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
