@@ -159,6 +159,10 @@ flex_status rt_nvrtc_compile(RtNvrtcResult *res, const char *src, const char *ar
  * 'flex_fwd'". */
 int rt_ptxas_parse(const char *log, RtPtxasInfo *out, int max) {
   int n = -1;
+  /* The entry the next properties line belongs to: a "Function properties
+   * for" line names it, and ptxas also lists the functions an entry calls
+   * (flex_iv_div ...) with lines of their own, after the entry's. */
+  int props = -1;
   for (const char *line = log; line && *line;) {
     const char *end = strchr(line, '\n');
     size_t len = end ? (size_t)(end - line) : strlen(line);
@@ -171,13 +175,19 @@ int rt_ptxas_parse(const char *log, RtPtxasInfo *out, int max) {
       q += strlen("Compiling entry function '");
       size_t k = strcspn(q, "'");
       snprintf(out[n].name, sizeof out[n].name, "%.*s", (int)(k < 63 ? k : 63), q);
-    } else if (n >= 0 && (q = strstr(l, "bytes stack frame"))) {
+      props = n;
+    } else if ((q = strstr(l, "Function properties for "))) {
+      q += strlen("Function properties for ");
+      props = -1;
+      for (int i = 0; i <= n; i++)
+        if (!strcmp(out[i].name, q)) props = i;
+    } else if (props >= 0 && (q = strstr(l, "bytes stack frame"))) {
       /* NVRTC writes "ptxas         .     232 bytes stack frame, ...", ptxas
        * itself "    232 bytes stack frame, ...": scan from the number. */
       while (q > l && q[-1] == ' ') q--;
       while (q > l && q[-1] >= '0' && q[-1] <= '9') q--;
-      sscanf(q, "%d bytes stack frame, %d bytes spill stores, %d bytes spill loads", &out[n].stack,
-             &out[n].spill_stores, &out[n].spill_loads);
+      sscanf(q, "%d bytes stack frame, %d bytes spill stores, %d bytes spill loads", &out[props].stack,
+             &out[props].spill_stores, &out[props].spill_loads);
     } else if (n >= 0 && (q = strstr(l, "Used "))) {
       sscanf(q, "Used %d registers", &out[n].registers);
       const char *sm = strstr(q, "bytes smem");

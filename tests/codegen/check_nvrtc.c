@@ -483,6 +483,21 @@ START_TEST(ptxas_parser) {
   ck_assert_int_eq(info[0].spill_stores, 248);
   ck_assert_int_eq(info[0].spill_loads, 424);
   ck_assert_int_eq(info[0].registers, 255);
+  /* the functions an entry calls have properties of their own, after it */
+  const char *logcall = "ptxas info    : Compiling entry function 'flex_fwd' for 'sm_90a'\n"
+                        "ptxas info    : Function properties for flex_fwd\n"
+                        "    240 bytes stack frame, 644 bytes spill stores, 824 bytes spill loads\n"
+                        "ptxas info    : Used 168 registers, used 3 barriers, 240 bytes cumulative stack size\n"
+                        "ptxas info    : Compile time = 276.007 ms\n"
+                        "ptxas info    : Function properties for _Z11flex_iv_div7FlexIvIS_\n"
+                        "    0 bytes stack frame, 14 bytes spill stores, 12 bytes spill loads\n"
+                        "ptxas info    : Function properties for _Z14flex_iv_div_nz7FlexIvIxx\n"
+                        "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 4 bytes spill loads\n";
+  ck_assert_int_eq(rt_ptxas_parse(logcall, info, 2), 1);
+  ck_assert_int_eq(info[0].stack, 240);
+  ck_assert_int_eq(info[0].spill_stores, 644);
+  ck_assert_int_eq(info[0].spill_loads, 824);
+  ck_assert_int_eq(info[0].registers, 168);
   /* sm_90a advisories come before the entries they name */
   const char *log90 =
       "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are "
