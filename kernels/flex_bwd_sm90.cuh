@@ -50,6 +50,13 @@
 #include "flex_fwd_sm90.cuh" /* FlexWgmma */
 #include "flex_bwd.cuh"
 
+/* setmaxnreg with two consumer warpgroups (384 threads, 168 registers each
+ * at launch): the producer gives its registers to the consumers, whose dK
+ * and dV half (128) sit beside S^T, dP^T and the A fragments. 128 x 24 +
+ * 256 x 240 = 64512 of the SM's 65536. */
+#define FLEX_BWD_SM90_PRODUCER_REGS 24
+#define FLEX_BWD_SM90_CONSUMER_REGS 240
+
 /* The A fragments of the k16 steps of a 64 x BM accumulator (rounded). */
 template <class El, int BM>
 __device__ __forceinline__ void flex_bwd_sm90_frag(uint32_t (*a)[4], const float *d) {
@@ -59,17 +66,21 @@ __device__ __forceinline__ void flex_bwd_sm90_frag(uint32_t (*a)[4], const float
     for (int i = 0; i < 4; i++) a[ks][i] = El::pack(d[8 * ks + 2 * i], d[8 * ks + 2 * i + 1]);
 }
 
-/* EPT, EVPT: E and EV padded to 64, at most 128 (dK and dV take EPT / 2 +
- * EVPT / 2 accumulator registers). */
-template <class El, int EPT, int EVPT, int MASK_MODE, bool SCORE_ID, bool JOINT>
+/* EPT, EVPT: E and EV padded to 64 NC (whole panels per consumer); NC
+ * consumer warpgroups, consumer c owning columns [c KC, (c + 1) KC) of dK
+ * and dQ and [c VC, (c + 1) VC) of dV, at most 128 each (dK and dV take
+ * KC / 2 + VC / 2 accumulator registers). */
+template <class El, int EPT, int EVPT, int NC, int MASK_MODE, bool SCORE_ID, bool JOINT>
 __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
   const FlexParams &p = t.p;
   typedef typename El::T T;
   typedef FlexWgmma<El> W;
   constexpr int BM = 64, BN = 64, KP = EPT / 64, VP = EVPT / 64;
-  constexpr int QH = EPT + EVPT > 128 ? 32 : 64; /* query rows per step of a tile */
-  static_assert(EPT % 64 == 0 && EVPT % 64 == 0 && EPT <= 128 && EVPT <= 128,
-                "head dims in one or two 64-column panels");
+  constexpr int KC = EPT / NC, VC = EVPT / NC;   /* a consumer's dK / dQ and dV columns */
+  constexpr int QH = KC + VC > 128 ? 32 : 64;    /* query rows per step of a tile */
+  static_assert(NC == 1 || NC == 2, "one or two consumer warpgroups");
+  static_assert(EPT % (64 * NC) == 0 && EVPT % (64 * NC) == 0 && KC <= 128 && VC <= 128,
+                "a consumer's head dims in one or two 64-column panels");
   constexpr uint32_t PANEL = 64 * 128; /* bytes of one 64-row, 64-column panel */
   /* A K tile and a Q tile take the same bytes (64 rows, EPT columns), as
    * do a V tile and a dO tile; a dS buffer is one panel. */
@@ -89,9 +100,9 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     flex_mbar_init(kvbar, 1);
     for (int s = 0; s < 2; s++) {
       flex_mbar_init(fullb + s, 1);    /* the producer's arrival (+ the TMA bytes) */
-      flex_mbar_init(emptyb + s, 128); /* every consumer thread */
+      flex_mbar_init(emptyb + s, 128 * NC); /* every consumer thread */
     }
-    flex_mbar_init(dsbar, 128);
+    flex_mbar_init(dsbar, 128 * NC);
     /* The initialisations are generic-proxy writes the TMA unit (async
      * proxy) will update: make them visible to it before any copy. */
     flex_fence_proxy_async();
@@ -99,6 +110,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
   __syncthreads();
 
   if (tid < 128) { /* ---- producer ---- */
+    if (NC > 1) flex_setmaxnreg_dec<FLEX_BWD_SM90_PRODUCER_REGS>();
     if (tid >= 32 || !flex_elect_one()) return;
     flex_mbar_arrive_expect_tx(kvbar, KBYTES + VBYTES);
 #pragma unroll
@@ -133,15 +145,20 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     return;
   }
 
-  /* ---- consumer: keys n0 + 16 w .. n0 + 16 w + 15 in warp w ---- */
-  const int ct = tid - 128, w = ct / 32, lane = ct % 32, g = lane / 4, t4 = lane % 4;
+  /* ---- consumer cw: keys n0 + 16 w .. n0 + 16 w + 15 in warp w, its columns ---- */
+  if (NC > 1) flex_setmaxnreg_inc<FLEX_BWD_SM90_CONSUMER_REGS>();
+  const int ct = tid - 128, cw = NC > 1 ? ct / 128 : 0, w = ct / 32 % 4, lane = ct % 32, g = lane / 4,
+            t4 = lane % 4;
   const uint32_t aK = flex_smem_addr(sK), aV = flex_smem_addr(sV), aQ = flex_smem_addr(sQ),
                  aO = flex_smem_addr(sO), aS = flex_smem_addr(sS);
-  float dk[EPT / 2], dv[EVPT / 2];
+  /* The consumer's first column panel of Q and dO (the B operands of dK
+   * and dV): byte offsets into a stage. */
+  const uint32_t qcol = cw * (KC / 64) * PANEL, ocol = cw * (VC / 64) * PANEL;
+  float dk[KC / 2], dv[VC / 2];
 #pragma unroll
-  for (int i = 0; i < EPT / 2; i++) dk[i] = 0.0f;
+  for (int i = 0; i < KC / 2; i++) dk[i] = 0.0f;
 #pragma unroll
-  for (int i = 0; i < EVPT / 2; i++) dv[i] = 0.0f;
+  for (int i = 0; i < VC / 2; i++) dv[i] = 0.0f;
   const float scale_log2 = p.scale * FLEX_LOG2E;
   flex_mbar_wait(kvbar, 0);
 
@@ -155,8 +172,9 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     const int h = stage_h[s];
     const int64_t rows = (int64_t)(b * p.H + h) * p.q_len;
 
-    /* The tile in steps of QH query rows (QH = 32 when dK and dV take 128
-     * registers: S^T and dP^T of 64 rows beside them made ptxas spill). */
+    /* The tile in steps of QH query rows (QH = 32 when a consumer's dK and
+     * dV take 128 registers: S^T and dP^T of 64 rows beside them made
+     * ptxas spill). */
     unsigned char *ds_buf = sS + s * SBYTES;
 #pragma unroll 1
     for (int hf = 0; hf < BM / QH; hf++) {
@@ -216,7 +234,8 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
             }
             if (x != 0.0f) { /* a NaN P reaches the gradients */
               const float dt = x * (dpt[e] - dl);
-              ds = JOINT ? flex_joint(p, qk * p.scale, b, h, qi, kj, dt) : dt;
+              /* the buffer gradients once: consumer 0's */
+              ds = JOINT ? flex_joint(p, qk * p.scale, b, h, qi, kj, dt, cw == 0) : dt;
             }
             st[e] = x;
             dpt[e] = ds;
@@ -231,26 +250,30 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
        * byte q * 128 + ((k / 8) ^ (q % 8)) * 16 + (k % 8) * 2. Element
        * e = 4 j + 2 r + c (q = 8 j + 2 t + c, k = 16 w + g + 8 r) is half c
        * of word as[j / 2][j % 2 * 2 + r]; q % 8 = 2 t + c and k / 8 = 2 w + r
-       * do not depend on j, so four offsets serve the step (+ 1024 j). */
+       * do not depend on j, so four offsets serve the step (+ 1024 j).
+       * Every consumer holds the same dS^T; consumer 0 writes it. */
+      if (cw == 0) {
 #pragma unroll
-      for (int r = 0; r < 2; r++)
+        for (int r = 0; r < 2; r++)
 #pragma unroll
-        for (int c = 0; c < 2; c++) {
-          unsigned char *at = ds_buf + qoff + (2 * t4 + c) * 128 + (((2 * w + r) ^ (2 * t4 + c)) << 4) + 2 * g;
+          for (int c = 0; c < 2; c++) {
+            unsigned char *at = ds_buf + qoff + (2 * t4 + c) * 128 + (((2 * w + r) ^ (2 * t4 + c)) << 4) + 2 * g;
 #pragma unroll
-          for (int j = 0; j < QH / 8; j++)
-            *(uint16_t *)(at + 1024 * j) = (uint16_t)(as[j / 2][j % 2 * 2 + r] >> (16 * c));
-        }
+            for (int j = 0; j < QH / 8; j++)
+              *(uint16_t *)(at + 1024 * j) = (uint16_t)(as[j / 2][j % 2 * 2 + r] >> (16 * c));
+          }
+      }
 
-      /* dV += P^T dO and dK += dS^T Q: B is N-major (imm-trans-b): LBO the
-       * next 64-column panel, SBO 8 query rows, a k16 step 16 rows. */
+      /* dV += P^T dO and dK += dS^T Q over the consumer's columns: B is
+       * N-major (imm-trans-b) from its first panel: LBO the next 64-column
+       * panel, SBO 8 query rows, a k16 step 16 rows. */
       flex_wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < QH / 16; ks++)
-        W::template rs<EVPT, 1>(dv, ap[ks], flex_wgmma_desc(aO + s * VBYTES + qoff + ks * 2048, PANEL, 1024, 128), 1);
+        W::template rs<VC, 1>(dv, ap[ks], flex_wgmma_desc(aO + s * VBYTES + ocol + qoff + ks * 2048, PANEL, 1024, 128), 1);
 #pragma unroll
       for (int ks = 0; ks < QH / 16; ks++)
-        W::template rs<EPT, 1>(dk, as[ks], flex_wgmma_desc(aQ + s * KBYTES + qoff + ks * 2048, PANEL, 1024, 128), 1);
+        W::template rs<KC, 1>(dk, as[ks], flex_wgmma_desc(aQ + s * KBYTES + qcol + qoff + ks * 2048, PANEL, 1024, 128), 1);
       flex_wgmma_commit();
       /* Retired here: ap and as are rewritten by the next step, and dQ's
        * accumulators are then never live beside them. */
@@ -260,13 +283,14 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     flex_fence_proxy_async();     /* the dS writes, before the wgmma (async proxy) reads them */
     flex_mbar_arrive(dsbar);
 
-    /* dQ += scale dS K, one 64-column panel of K at a time (32 registers):
-     * A = dS (K-major), B = K (N-major). Every warp's dS is written first. */
+    /* dQ += scale dS K over the consumer's columns, one 64-column panel of
+     * K at a time (32 registers): A = dS (K-major), B = K (N-major). Every
+     * warp's dS is written first. */
     flex_mbar_wait(dsbar, (uint32_t)i & 1);
     const bool ok0 = m0 + 16 * w + g < p.q_len, ok1 = m0 + 16 * w + g + 8 < p.q_len;
     float *const dq0 = p.dq_acc + (rows + m0 + 16 * w + g) * p.E + 2 * t4, *const dq1 = dq0 + 8 * p.E;
 #pragma unroll 1
-    for (int c = 0; c < KP; c++) {
+    for (int c = cw * (KP / NC); c < (cw + 1) * (KP / NC) && (NC == 1 || 64 * c < p.E); c++) {
       float dq[BN / 2];
       flex_wgmma_fence();
 #pragma unroll
@@ -284,23 +308,23 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     }
   }
 
-  /* dK (scaled) and dV of this thread's two keys. */
-  T *dkp = (T *)p.dk + b * p.sdk.b + hk * p.sdk.h, *dvp = (T *)p.dv + b * p.sdv.b + hk * p.sdv.h;
+  /* dK (scaled) and dV of this thread's two keys, the consumer's columns. */
+  T *dkp = (T *)p.dk + b * p.sdk.b + hk * p.sdk.h + cw * KC, *dvp = (T *)p.dv + b * p.sdv.b + hk * p.sdv.h + cw * VC;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int kj = n0 + 16 * w + g + 8 * r;
     if (kj >= p.kv_len) continue;
 #pragma unroll
-    for (int j = 0; j < EPT / 8; j++)
+    for (int j = 0; j < KC / 8; j++)
 #pragma unroll
       for (int c = 0; c < 2; c++)
-        if (8 * j + 2 * t4 + c < p.E)
+        if (cw * KC + 8 * j + 2 * t4 + c < p.E)
           El::store(dkp + kj * p.sdk.row + 8 * j + 2 * t4 + c, dk[4 * j + 2 * r + c] * p.scale);
 #pragma unroll
-    for (int j = 0; j < EVPT / 8; j++)
+    for (int j = 0; j < VC / 8; j++)
 #pragma unroll
       for (int c = 0; c < 2; c++)
-        if (8 * j + 2 * t4 + c < p.EV)
+        if (cw * VC + 8 * j + 2 * t4 + c < p.EV)
           El::store(dvp + kj * p.sdv.row + 8 * j + 2 * t4 + c, dv[4 * j + 2 * r + c]);
   }
 }

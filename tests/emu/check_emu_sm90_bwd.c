@@ -48,6 +48,18 @@ static const Shape shapes[] = {
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof *shapes))
 
+/* Head dims above 128: two consumer warpgroups, each with half of the dK,
+ * dV and dQ columns (E and EV padded to 128 per consumer pair). */
+static const Shape wide_shapes[] = {
+    {1, 2, 1, 100, 130, 256, 256, true},  /* GQA, odd lengths, dLSE */
+    {1, 2, 2, 90, 70, 200, 200, false},   /* 200 pads to 256, Q_LEN > KV_LEN */
+    {1, 2, 1, 70, 100, 256, 64, true},    /* EV != E: dV's halves 64 columns (EV padded to 128) */
+    {1, 1, 1, 66, 80, 160, 136, false},   /* both padded: 160 and 136 to 256 */
+};
+#define NWIDE ((int)(sizeof wide_shapes / sizeof *wide_shapes))
+static const char *const wide_samples[] = {"causal", "softcap", "alibi", "relpos_bias", "document"};
+#define NWSAMPLES ((int)(sizeof wide_samples / sizeof *wide_samples))
+
 static const char *const samples[] = {"causal",         "softcap", "alibi",      "document",
                                       "sliding_window", "dilated", "relpos_bias"};
 #define NSAMPLES ((int)(sizeof samples / sizeof *samples))
@@ -188,6 +200,21 @@ START_TEST(sample_full) {
 }
 END_TEST
 
+/* Head dims above 128, default: each sample once, the dtypes alternating
+ * and the shapes rotated (fp16 and bf16 each meet several shapes). */
+START_TEST(wide_default) {
+  ck_assert_msg(run_shape(wide_samples[_i], 1 + _i % 2, &wide_shapes[_i % NWIDE], false),
+                "%s: the sm_80 body ran", wide_samples[_i]);
+}
+END_TEST
+
+START_TEST(wide_full) {
+  int si = _i / (2 * NWIDE), di = 1 + _i / NWIDE % 2;
+  ck_assert_msg(run_shape(wide_samples[si], di, &wide_shapes[_i % NWIDE], false),
+                "%s: the sm_80 body ran", wide_samples[si]);
+}
+END_TEST
+
 /* Padded head dims (72 -> 128, 40 -> 64): TMA zero-fills the panels. */
 START_TEST(padded_dims) {
   ck_assert_msg(run_shape("relpos_bias", 2, &shapes[2], false), "the sm_80 body ran");
@@ -195,12 +222,12 @@ START_TEST(padded_dims) {
 END_TEST
 
 /* What the sm_90a body does not do runs the sm_80 backward, correctly:
- * E = 15 (rows TMA cannot load), a head dim over 128, a deterministic backward. */
+ * E = 15 (rows TMA cannot load), a deterministic backward (also at E = 256). */
 START_TEST(fallbacks) {
-  const Shape unaligned = {1, 2, 1, 37, 70, 15, 16, true}, wide = {1, 2, 1, 20, 40, 136, 64, false};
+  const Shape unaligned = {1, 2, 1, 37, 70, 15, 16, true}, wide = {1, 2, 1, 20, 40, 256, 64, false};
   ck_assert_msg(!run_shape("causal", 1, &unaligned, false), "E = 15 ran the sm_90a body");
-  ck_assert_msg(!run_shape("softcap", 2, &wide, false), "E = 136 ran the sm_90a body");
   ck_assert_msg(!run_shape("relpos_bias", 1, &shapes[0], true), "deterministic ran the sm_90a body");
+  ck_assert_msg(!run_shape("softcap", 2, &wide, true), "deterministic E = 256 ran the sm_90a body");
 }
 END_TEST
 
@@ -321,17 +348,21 @@ int main(int argc, char **argv) {
   bool full = false;
   for (int i = 1; i < argc; i++) full |= !strcmp(argv[i], "--full");
   Suite *su = suite_create("emu_sm90_bwd");
-  TCase *tc = tcase_create("backward");
+  TCase *tc = tcase_create("backward"), *wide = tcase_create("wide"); /* head dims above 128 */
   tcase_set_timeout(tc, 600);
+  tcase_set_timeout(wide, 1200);
   if (full) {
     tcase_add_loop_test(tc, sample_full, 0, NSAMPLES * 2 * NSHAPES);
+    tcase_add_loop_test(wide, wide_full, 0, NWSAMPLES * 2 * NWIDE);
   } else {
     tcase_add_loop_test(tc, sample_default, 0, NSAMPLES * 2);
+    tcase_add_loop_test(wide, wide_default, 0, NWSAMPLES);
     tcase_add_test(tc, padded_dims);
     tcase_add_test(tc, fallbacks);
     tcase_add_test(tc, packed_batch);
     tcase_add_test(tc, user_block_mask);
   }
   suite_add_tcase(su, tc);
+  suite_add_tcase(su, wide);
   return tl_run_suite(su);
 }
