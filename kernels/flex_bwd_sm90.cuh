@@ -2,14 +2,16 @@
  * FlashAttention-3 style. flex_bwd_pre and flex_bwd_dq (flex_bwd.cuh) run
  * before and after it unchanged.
  *
- * One CTA per (64 keys, kv head, batch), as flex_bwd_tc, 256 threads:
+ * One CTA per (64 keys, kv head, batch), as flex_bwd_tc, 128 (1 + NC)
+ * threads:
  *   warpgroup 0, the producer: one elected thread of warp 0 loads the K and
  *     V tile once (TMA), then walks, for every query head of the kv head's
  *     group, the query tiles that see these keys (FlexWalk's backward walk,
  *     the only walk of the CTA) and loads each tile's Q and dO (TMA) through
  *     a 2-stage ring of full/empty mbarriers; the other 127 threads exit.
- *   warpgroup 1, the consumer, 16 keys per warp, per step of QH query
- *   rows of the tile (QH = 64, or 32 when E or EV pads to 128):
+ *   warpgroups 1..NC, the consumers, 16 keys per warp, per step of QH
+ *   query rows of the tile (QH = 64, or 32 when a consumer's dK and dV
+ *   columns, KC + VC, pass 128):
  *     S^T = K Q^T and dP^T = V dO^T   wgmma SS (M = 64 keys, N = QH queries)
  *     P^T = exp(score - LSE), dS^T = P^T (dP^T - D) through the joint
  *       function, on the accumulator fragments (as flex_bwd_tc_scores)
@@ -18,26 +20,45 @@
  *       ([query][key]); once the tile's steps are done, wgmma SS per
  *       64-column panel of K, then fp32 atomics into dq_acc (scaled)
  *   dK and dV stay in the accumulator registers across the whole walk.
+ * NC = 1 up to head dims 128. Above, dK and dV of 64 keys would take 256
+ * accumulator registers per thread, so NC = 2 consumers split the columns:
+ * consumer c holds dK and computes dQ for columns [c KC, (c + 1) KC) and
+ * holds dV for [c VC, (c + 1) VC) (KC = EPT / 2, VC = EVPT / 2, whole
+ * 64-column panels: the dK / dV wgmma's N-major B operand starts on a panel
+ * of Q / dO). Both compute the whole S^T and dP^T (over every column of E
+ * and EV) and so the same P^T and dS^T fragments: that redundant work
+ * (S^T and dP^T twice: 7 / 5 of the tensor-core work at E = EV) is what
+ * keeps dK and dV in registers. Consumer 0 alone writes dS to shared
+ * memory and alone adds the joint function's buffer gradients
+ * (flex_joint's flex_accum). setmaxnreg moves registers from the producer
+ * (48) to the consumers (232), as the forward does.
  * The producer tells the consumer which tile a stage holds (its first query
  * row, the walk's `full` flag and the query head) in three shared words per
  * stage, written before the arrival that completes the stage's `full`
- * phase; a first row of -1 ends the loop. The consumer frees a stage once
- * the wgmma that read its Q and dO (dV, dK) have retired.
+ * phase; a first row of -1 ends the loop. A consumer frees a stage once
+ * the wgmma that read its Q and dO (dV, dK) have retired; `empty` counts
+ * all 128 NC consumer threads, so the stage is refilled only after every
+ * consumer is done with it.
  *
- * dS is shared between the consumer's four warps (a dQ row takes every
- * key): each writes its 16 keys, then an mbarrier of 128 arrivals (`dsbar`,
- * one phase per tile) orders those generic-proxy writes before the dQ
- * wgmma reads them (after fence.proxy.async). dS is double-buffered by tile
- * parity: a thread writes buffer s of tile i only after every thread has
- * arrived on tile i - 1's phase, i.e. after every thread's dQ wgmma of
- * tile i - 2 (the last reader of buffer s) has retired.
+ * dS is shared between consumer 0's four warps (a dQ row takes every key)
+ * and, with NC = 2, consumer 1, which reads it without writing it: each
+ * warp of consumer 0 writes its 16 keys, then an mbarrier of 128 NC
+ * arrivals (`dsbar`, one phase per tile, every consumer thread arriving)
+ * orders those generic-proxy writes before any consumer's dQ wgmma reads
+ * them (after fence.proxy.async). dS is double-buffered by tile parity:
+ * consumer 0 writes buffer s of tile i only after every thread of every
+ * consumer has arrived on tile i - 1's phase, which each did after its own
+ * dQ wgmma of tile i - 2 (for both readers, the last read of buffer s)
+ * had retired.
  *
  * Shared memory (base rounded up to 1024 bytes: the 128-byte swizzle
  * repeats every 1024): K [EPT/64 panels][64 keys][64 cols], V [EVPT/64]
  * [64][64], Q [2][EPT/64][64 rows][64], dO [2][EVPT/64][64][64], dS [2]
  * [64 queries][64 keys], every row of 128 bytes with the 128-byte swizzle;
- * then 6 mbarriers and 6 stage words. EPT, EVPT: E and EV padded to 64
- * (TMA zero-fills columns past E and EV and rows past Q_LEN and KV_LEN).
+ * then 6 mbarriers and 6 stage words. EPT, EVPT: E and EV padded to 64 NC
+ * (TMA zero-fills columns past E and EV, whole panels included, and rows
+ * past Q_LEN and KV_LEN). At EPT = EVPT = 256: 64 KB of K and V, 128 KB of
+ * Q and dO stages, 16 KB of dS, with the slack 214088 bytes of the 227 KB.
  *
  * Accumulator layout (see flex_fwd_sm90.cuh): thread (warp w, lane 4 g + t)
  * holds d[4 j + 2 r + c] at row 16 w + g + 8 r, column 8 j + 2 t + c: for
@@ -51,11 +72,14 @@
 #include "flex_bwd.cuh"
 
 /* setmaxnreg with two consumer warpgroups (384 threads, 168 registers each
- * at launch): the producer gives its registers to the consumers, whose dK
- * and dV half (128) sit beside S^T, dP^T and the A fragments. 128 x 24 +
- * 256 x 240 = 64512 of the SM's 65536. */
-#define FLEX_BWD_SM90_PRODUCER_REGS 24
-#define FLEX_BWD_SM90_CONSUMER_REGS 240
+ * at launch): the producer gives registers to the consumers, whose dK and
+ * dV halves (128) sit beside S^T, dP^T and the A fragments; 128 x 48 +
+ * 256 x 232 = 65536, the whole register file. The producer keeps 48: at
+ * 24 or 32 ptxas spilled in the walk of natten / natten_tiled (their block
+ * classifier); the consumers need more than 200 (softcap, alibi and
+ * relpos_bias spilled there) and fit 232 at E = 256 without spills. */
+#define FLEX_BWD_SM90_PRODUCER_REGS 48
+#define FLEX_BWD_SM90_CONSUMER_REGS 232
 
 /* The A fragments of the k16 steps of a 64 x BM accumulator (rounded). */
 template <class El, int BM>

@@ -57,7 +57,8 @@ static const Shape wide_shapes[] = {
     {1, 1, 1, 66, 80, 160, 136, false},   /* both padded: 160 and 136 to 256 */
 };
 #define NWIDE ((int)(sizeof wide_shapes / sizeof *wide_shapes))
-static const char *const wide_samples[] = {"causal", "softcap", "alibi", "relpos_bias", "document"};
+static const char *const wide_samples[] = {"causal",      "softcap",  "alibi",
+                                           "relpos_bias", "document", "dilated"};
 #define NWSAMPLES ((int)(sizeof wide_samples / sizeof *wide_samples))
 
 static const char *const samples[] = {"causal",         "softcap", "alibi",      "document",
@@ -287,60 +288,72 @@ START_TEST(packed_batch) {
 END_TEST
 
 /* A caller's BlockMask (the walk's lists, partial blocks tested per
- * element): 128 x 128 blocks run the sm_90a backward (its 64 x 64 tiles
- * divide them); 128 x 64 blocks, which the sm_90a forward's 128-key tiles
- * do not divide, run the sm_80 kernels. */
-START_TEST(user_block_mask) {
-  const int QL = 200, KL = 300, H = 2, E = 64;
+ * element) with 128 x blk blocks at head dim E, dtype di; want: whether
+ * the sm_90a backward must run. */
+static void block_mask_case(int E, int di, int blk, bool want) {
+  const int QL = 200, KL = 300, H = 2;
+  const TlDtype *d = &tl_dtypes[di];
   flex_kernel *k = NULL;
   ck_assert(flex_kernel_load(&k, tl_src_path("samples/sliding_window.score"), NULL) == FLEX_OK);
   flex_param win = {"window", 40};
-  DLDataType f16 = rt_dtype(kDLFloat, 16), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
+  DLDataType dt = rt_dtype(d->code, d->bits), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
   int64_t qs[4] = {1, H, QL, E}, ks[4] = {1, H, KL, E}, ls[3] = {1, H, QL};
   TlArr q, kk, v, dout;
-  tl_arr_init(&q, f16, 4, qs), tl_arr_normal(&q, &rng);
-  tl_arr_init(&kk, f16, 4, ks), tl_arr_normal(&kk, &rng);
-  tl_arr_init(&v, f16, 4, ks), tl_arr_normal(&v, &rng);
-  tl_arr_init(&dout, f16, 4, qs), tl_arr_normal(&dout, &rng);
-  for (int blk = 128; blk >= 64; blk /= 2) {
-    TlArr out[2], lse[2], dq[2], dk[2], dv[2];
-    flex_block_mask *bm = NULL;
-    flex_args a;
-    memset(&a, 0, sizeof a);
-    a.params = &win, a.nparams = 1;
-    ck_assert_msg(flex_block_mask_create(&bm, k, &a, 1, H, QL, KL, 128, blk, NULL) == FLEX_OK, "%s",
-                  flex_last_error());
-    bool sm90 = false;
-    for (int i = 1; i >= 0; i--) {
-      DLDataType o = i ? f64 : f32;
-      tl_arr_init(&out[i], o, 4, qs), tl_arr_init(&lse[i], o, 3, ls);
-      tl_arr_init(&dq[i], o, 4, qs), tl_arr_init(&dk[i], o, 4, ks), tl_arr_init(&dv[i], o, 4, ks);
-      TlArr *outs[] = {&out[i], &lse[i], &dq[i], &dk[i], &dv[i]};
-      for (int j = 0; j < 5; j++) tl_arr_poison(outs[j]);
-      a.backend = i ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
-      a.arch = i ? NULL : "sm_90a";
-      a.q = &q.t, a.k = &kk.t, a.v = &v.t, a.out = &out[i].t, a.lse = &lse[i].t, a.dout = &dout.t;
-      a.dq = &dq[i].t, a.dk = &dk[i].t, a.dv = &dv[i].t;
-      a.block_mask = bm;
-      ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%d-blocks: %s", blk, flex_last_error());
-      ck_assert_msg(flex_backward(k, &a) == FLEX_OK, "%d-blocks: %s", blk, flex_last_error());
-      if (!i) sm90 = rt_run_last_stats().bwd_sm90;
-    }
-    double eq = tl_rel_err(&dq[0].a, &dq[1].a), ek = tl_rel_err(&dk[0].a, &dk[1].a);
-    double ev = tl_rel_err(&dv[0].a, &dv[1].a);
-    fprintf(stderr, "  sliding_window BlockMask 128x%d fp16: %s body, dq %.2g dk %.2g dv %.2g\n", blk,
-            sm90 ? "sm_90a" : "sm_80", eq, ek, ev);
-    ck_assert_msg(sm90 == (blk == 128), "%d-blocks: the %s backward ran", blk, sm90 ? "sm_90a" : "sm_80");
-    ck_assert_msg(eq < 2e-2 && ek < 2e-2 && ev < 2e-2, "%d-blocks: dq %g dk %g dv %g", blk, eq, ek, ev);
-    for (int i = 0; i < 2; i++) {
-      TlArr *outs[] = {&out[i], &lse[i], &dq[i], &dk[i], &dv[i]};
-      for (int j = 0; j < 5; j++) tl_arr_free(outs[j]);
-    }
-    flex_block_mask_free(bm);
+  tl_arr_init(&q, dt, 4, qs), tl_arr_normal(&q, &rng);
+  tl_arr_init(&kk, dt, 4, ks), tl_arr_normal(&kk, &rng);
+  tl_arr_init(&v, dt, 4, ks), tl_arr_normal(&v, &rng);
+  tl_arr_init(&dout, dt, 4, qs), tl_arr_normal(&dout, &rng);
+  TlArr out[2], lse[2], dq[2], dk[2], dv[2];
+  flex_block_mask *bm = NULL;
+  flex_args a;
+  memset(&a, 0, sizeof a);
+  a.params = &win, a.nparams = 1;
+  ck_assert_msg(flex_block_mask_create(&bm, k, &a, 1, H, QL, KL, 128, blk, NULL) == FLEX_OK, "%s",
+                flex_last_error());
+  bool sm90 = false;
+  for (int i = 1; i >= 0; i--) {
+    DLDataType o = i ? f64 : f32;
+    tl_arr_init(&out[i], o, 4, qs), tl_arr_init(&lse[i], o, 3, ls);
+    tl_arr_init(&dq[i], o, 4, qs), tl_arr_init(&dk[i], o, 4, ks), tl_arr_init(&dv[i], o, 4, ks);
+    TlArr *outs[] = {&out[i], &lse[i], &dq[i], &dk[i], &dv[i]};
+    for (int j = 0; j < 5; j++) tl_arr_poison(outs[j]);
+    a.backend = i ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
+    a.arch = i ? NULL : "sm_90a";
+    a.q = &q.t, a.k = &kk.t, a.v = &v.t, a.out = &out[i].t, a.lse = &lse[i].t, a.dout = &dout.t;
+    a.dq = &dq[i].t, a.dk = &dk[i].t, a.dv = &dv[i].t;
+    a.block_mask = bm;
+    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%d-blocks: %s", blk, flex_last_error());
+    ck_assert_msg(flex_backward(k, &a) == FLEX_OK, "%d-blocks: %s", blk, flex_last_error());
+    if (!i) sm90 = rt_run_last_stats().bwd_sm90;
   }
+  double eq = tl_rel_err(&dq[0].a, &dq[1].a), ek = tl_rel_err(&dk[0].a, &dk[1].a);
+  double ev = tl_rel_err(&dv[0].a, &dv[1].a);
+  fprintf(stderr, "  sliding_window BlockMask 128x%d %s E%d: %s body, dq %.2g dk %.2g dv %.2g\n", blk,
+          d->name, E, sm90 ? "sm_90a" : "sm_80", eq, ek, ev);
+  ck_assert_msg(sm90 == want, "%d-blocks E%d: the %s backward ran", blk, E, sm90 ? "sm_90a" : "sm_80");
+  ck_assert_msg(eq < d->gtol && ek < d->gtol && ev < d->gtol, "%d-blocks E%d: dq %g dk %g dv %g", blk,
+                E, eq, ek, ev);
+  for (int i = 0; i < 2; i++) {
+    TlArr *outs[] = {&out[i], &lse[i], &dq[i], &dk[i], &dv[i]};
+    for (int j = 0; j < 5; j++) tl_arr_free(outs[j]);
+  }
+  flex_block_mask_free(bm);
   tl_arr_free(&q), tl_arr_free(&kk), tl_arr_free(&v), tl_arr_free(&dout);
   flex_kernel_free(k);
 }
+
+/* 128 x 128 blocks run the sm_90a backward (its 64 x 64 tiles divide
+ * them); 128 x 64 blocks, which the sm_90a forward's 128-key tiles do not
+ * divide, run the sm_80 kernels. */
+START_TEST(user_block_mask) {
+  block_mask_case(64, 1, 128, true);
+  block_mask_case(64, 1, 64, false);
+}
+END_TEST
+
+/* At E = 256 the sm_90a forward takes 64-key tiles, so 128 x 64 blocks run
+ * both sm_90a bodies: the two-consumer backward on the walk's lists. */
+START_TEST(user_block_mask_wide) { block_mask_case(256, 2, 64, true); }
 END_TEST
 
 int main(int argc, char **argv) {
@@ -357,6 +370,7 @@ int main(int argc, char **argv) {
   } else {
     tcase_add_loop_test(tc, sample_default, 0, NSAMPLES * 2);
     tcase_add_loop_test(wide, wide_default, 0, NWSAMPLES);
+    tcase_add_test(wide, user_block_mask_wide);
     tcase_add_test(tc, padded_dims);
     tcase_add_test(tc, fallbacks);
     tcase_add_test(tc, packed_batch);
