@@ -8,14 +8,19 @@
  * fully masked rows) and a mask the
  * runtime builds BlockMask lists for (document); fp16 and bf16; head dims
  * 64 and 128 and padded ones (72 / 40); Q_LEN and KV_LEN that miss the
- * 64-row tiles; GQA and MQA; with and without dLSE. Each case runs the
+ * 64-row tiles; GQA and MQA; with and without dLSE. Head dims above 128
+ * (case `wide`: two consumer warpgroups splitting the dK, dV and dQ
+ * columns): E = EV = 256 and 200, E = 256 with EV = 64, E = 160 with EV =
+ * 136, over causal, softcap, alibi, relpos_bias, document, dilated and
+ * chunked_gelu, and a caller's BlockMask at E = 256. Each case runs the
  * forward and the backward on both backends (the emulator's backward reads
  * its own forward's O and LSE), with fresh random inputs (seed printed) and
  * NaN-poisoned outputs; dQ, dK, dV and buffer gradients are compared by
  * relative norm error (fp16 2e-2, bf16 6e-2), NaN never passes, and a
  * fully masked row's dQ must be exactly 0. Each case asserts that flex_bwd
  * was the sm_90a body (rt_run_last_stats().bwd_sm90); the fallback cases
- * assert the sm_80 body ran and still matches; a packed (cu_seqlens) batch
+ * (E = 15, deterministic also at E = 256) assert the sm_80 body ran and
+ * still matches; a packed (cu_seqlens) batch
  * runs the sm_90a body per sequence, and so does a call with a caller's
  * BlockMask whose blocks its tiles divide.
  *
@@ -57,8 +62,8 @@ static const Shape wide_shapes[] = {
     {1, 1, 1, 66, 80, 160, 136, false},   /* both padded: 160 and 136 to 256 */
 };
 #define NWIDE ((int)(sizeof wide_shapes / sizeof *wide_shapes))
-static const char *const wide_samples[] = {"causal",      "softcap",  "alibi",
-                                           "relpos_bias", "document", "dilated"};
+static const char *const wide_samples[] = {"causal",      "softcap",  "alibi",  "relpos_bias",
+                                           "document",    "dilated",  "chunked_gelu"};
 #define NWSAMPLES ((int)(sizeof wide_samples / sizeof *wide_samples))
 
 static const char *const samples[] = {"causal",         "softcap", "alibi",      "document",
