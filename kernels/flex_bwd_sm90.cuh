@@ -333,7 +333,8 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
   }
 
   /* dK (scaled) and dV of this thread's two keys, the consumer's columns. */
-  T *dkp = (T *)p.dk + b * p.sdk.b + hk * p.sdk.h + cw * KC, *dvp = (T *)p.dv + b * p.sdv.b + hk * p.sdv.h + cw * VC;
+  T *dkp = (T *)p.dk + b * p.sdk.b + hk * p.sdk.h + cw * KC,
+    *dvp = (T *)p.dv + b * p.sdv.b + hk * p.sdv.h + cw * VC;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int kj = n0 + 16 * w + g + 8 * r;
