@@ -12,7 +12,7 @@
  * (case `wide`: two consumer warpgroups splitting the dK, dV and dQ
  * columns): E = EV = 256 and 200, E = 256 with EV = 64, E = 160 with EV =
  * 136, over causal, softcap, alibi, relpos_bias, document, dilated and
- * chunked_gelu, and a caller's BlockMask at E = 256. Each case runs the
+ * chunked_gelu, a caller's BlockMask and a packed batch at E = 256. Each case runs the
  * forward and the backward on both backends (the emulator's backward reads
  * its own forward's O and LSE), with fresh random inputs (seed printed) and
  * NaN-poisoned outputs; dQ, dK, dV and buffer gradients are compared by
@@ -242,8 +242,8 @@ END_TEST
  * per sequence with offset bases; sequences of 70, 0, 1 and 150 query
  * rows against 90, 5, 0 and 150 keys (a sequence without queries leaves
  * its dK and dV 0; one without keys launches no flex_bwd). */
-START_TEST(packed_batch) {
-  const int lq[4] = {70, 0, 1, 150}, lk[4] = {90, 5, 0, 150}, H = 4, HKV = 2, E = 64;
+static void packed_case(int E) {
+  const int lq[4] = {70, 0, 1, 150}, lk[4] = {90, 5, 0, 150}, H = 4, HKV = 2;
   int32_t cq[5] = {0}, ck[5] = {0};
   for (int b = 0; b < 4; b++) cq[b + 1] = cq[b] + lq[b], ck[b + 1] = ck[b] + lk[b];
   DLDataType f16 = rt_dtype(kDLFloat, 16), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
@@ -278,8 +278,8 @@ START_TEST(packed_batch) {
   }
   double eq = tl_rel_err(&dq[0].a, &dq[1].a), ek = tl_rel_err(&dk[0].a, &dk[1].a);
   double ev = tl_rel_err(&dv[0].a, &dv[1].a);
-  fprintf(stderr, "  packed causal fp16 lengths 70/0/1/150 x 90/5/0/150: %s body, dq %.2g dk %.2g "
-          "dv %.2g\n", sm90 ? "sm_90a" : "sm_80", eq, ek, ev);
+  fprintf(stderr, "  packed causal fp16 E%d lengths 70/0/1/150 x 90/5/0/150: %s body, dq %.2g "
+          "dk %.2g dv %.2g\n", E, sm90 ? "sm_90a" : "sm_80", eq, ek, ev);
   ck_assert_msg(sm90, "the packed call did not run the sm_90a backward");
   ck_assert_msg(eq < 2e-2 && ek < 2e-2 && ev < 2e-2, "packed: dq %g dk %g dv %g", eq, ek, ev);
   TlArr *all[] = {&q, &k, &v, &dout, &cuq, &cuk};
@@ -290,6 +290,12 @@ START_TEST(packed_batch) {
   }
   flex_kernel_free(kern);
 }
+
+START_TEST(packed_batch) { packed_case(64); }
+END_TEST
+
+/* The same at E = 256: the two-consumer backward per sequence. */
+START_TEST(packed_batch_wide) { packed_case(256); }
 END_TEST
 
 /* A caller's BlockMask (the walk's lists, partial blocks tested per
@@ -376,6 +382,7 @@ int main(int argc, char **argv) {
     tcase_add_loop_test(tc, sample_default, 0, NSAMPLES * 2);
     tcase_add_loop_test(wide, wide_default, 0, NWSAMPLES);
     tcase_add_test(wide, user_block_mask_wide);
+    tcase_add_test(wide, packed_batch_wide);
     tcase_add_test(tc, padded_dims);
     tcase_add_test(tc, fallbacks);
     tcase_add_test(tc, packed_batch);
