@@ -88,12 +88,16 @@ bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int 
  * not paged, no dropout, TMA-loadable tensors (!no_tma). */
 bool cg_fwd_sm90_ok(const CgOptions *o);
 /* Whether the backward of `o` can be the sm_90a body: sm_90a, fp16/bf16,
- * head dims padded to 64 at most 128, no dropout, K/V not paged, not
+ * head dims up to 256, no dropout, K/V not paged, not
  * deterministic, TMA-loadable tensors (!no_tma). Every other backward runs
  * flex_bwd_tc / flex_bwd_main (docs/kernels.md). */
 bool cg_bwd_sm90_ok(const CgOptions *o);
 /* The sm_90a forward's head dims padded to whole 64-column TMA panels. */
 int cg_fwd_sm90_dim(int head_dim);
+/* The sm_90a backward's consumer warpgroups (1, or 2 above head dim 128)
+ * and its padded head dim (whole 64-column panels per consumer). */
+int cg_bwd_sm90_consumers(const CgOptions *o);
+int cg_bwd_sm90_dim(const CgOptions *o, int head_dim);
 
 /* Pick the tiles again after a field that decides them changed (dropout,
  * paged, no_tma), FLEXC_TILES applied as cg_options_init does. */

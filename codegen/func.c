@@ -197,7 +197,9 @@ static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool c
       put_index_check(out, m, f, i, 1);
       snprintf(cond, sizeof cond, "!ok%d", i);
       put_bounds_fail(out, m, f, i, 1, cond, 0);
-      buf_printf(out, "  if (ok%d)", i);
+      buf_printf(out, "  if (ok%d && flex_accum)", i);
+    } else {
+      buf_puts(out, "  if (flex_accum)");
     }
     buf_puts(out, exact ? "  flex_exact_add(grad_" : "  flex_atomic_add(grad_");
     buf_puts(out, m->buffers[in->aux].id);
@@ -301,8 +303,10 @@ static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind ki
                     "int q, int kv) {\n", pre);
     break;
   case IRF_JOINT:
+    /* flex_accum false: ds only, the buffer gradients left to another
+     * caller of the same element (the sm_90a backward's second consumer). */
     buf_puts(out, "__device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b, "
-                  "int h, int q, int kv, float dt) {\n");
+                  "int h, int q, int kv, float dt, bool flex_accum = true) {\n");
     break;
   }
   if (!f) {

@@ -65,14 +65,28 @@ bool cg_fwd_sm90_ok(const CgOptions *o) {
 }
 
 /* The one place that decides the backward's body: the sm_90a one for what
- * it supports, flex_bwd_tc / flex_bwd_main for the rest. Head dims above
- * 128 would need 2 x 128 dK/dV accumulator registers per thread beside the
- * scores (FlashAttention-3 splits those over more consumers); dropout,
- * paged K/V and the deterministic variant are not in the sm_90a body. */
+ * it supports, flex_bwd_tc / flex_bwd_main for the rest. Dropout, paged
+ * K/V and the deterministic variant are not in the sm_90a body. */
 bool cg_bwd_sm90_ok(const CgOptions *o) {
   return o->arch == CG_SM90A && o->backward && o->dtype != CG_FP32 && !o->paged && !o->dropout &&
-         !o->no_tma && !o->deterministic && cg_fwd_sm90_dim(o->head_dim) <= 128 &&
-         cg_fwd_sm90_dim(o->head_dim_v) <= 128;
+         !o->no_tma && !o->deterministic && cg_fwd_sm90_dim(o->head_dim) <= 256 &&
+         cg_fwd_sm90_dim(o->head_dim_v) <= 256;
+}
+
+/* Consumer warpgroups of the sm_90a backward: one up to head dims 128
+ * (dK and dV of 64 keys in EPT / 2 + EVPT / 2 <= 128 accumulator registers
+ * per thread); above, two, each holding the dK, dV and dQ of half the
+ * columns (FlashAttention-3's split) and both computing S^T and dP^T. */
+int cg_bwd_sm90_consumers(const CgOptions *o) {
+  return cg_fwd_sm90_dim(o->head_dim) > 128 || cg_fwd_sm90_dim(o->head_dim_v) > 128 ? 2 : 1;
+}
+
+/* The sm_90a backward's padded head dim: whole 64-column panels per
+ * consumer, so a consumer's dK / dV wgmma starts on a panel (an N-major
+ * operand cannot start inside the 128-byte swizzle atom); with two
+ * consumers 129..192 pads to 256 like 193..256. */
+int cg_bwd_sm90_dim(const CgOptions *o, int head_dim) {
+  return round_up(head_dim, 64 * cg_bwd_sm90_consumers(o));
 }
 
 /* Dynamic shared memory of each body (must match the templates' carving). */
@@ -90,7 +104,7 @@ static size_t smem_fwd(const CgOptions *o) {
 static size_t smem_bwd(const CgOptions *o) {
   int EP = o->head_dim_pad, EVP = o->head_dim_v_pad, BM = o->bwd.block_m, BN = o->bwd.block_n;
   if (o->bwd_sm90) { /* 1024 alignment slack, K, V, 2 stages of Q and dO, 2 dS, 6 mbarriers, 6 words */
-    size_t EPT = (size_t)cg_fwd_sm90_dim(o->head_dim), EVPT = (size_t)cg_fwd_sm90_dim(o->head_dim_v);
+    size_t EPT = (size_t)cg_bwd_sm90_dim(o, o->head_dim), EVPT = (size_t)cg_bwd_sm90_dim(o, o->head_dim_v);
     return 1024u + 2u * (size_t)BN * (EPT + EVPT) + 2u * 2u * (size_t)BM * (EPT + EVPT) +
            2u * 2u * (size_t)BM * (size_t)BN + 6 * 8 + 6 * 4;
   }
@@ -164,10 +178,10 @@ static void pick_tiles(CgOptions *o) {
     int nc = sm90_consumers(o);
     o->fwd = (CgTiles){64 * nc, wide ? 64 : 128, 128 * (1 + nc)};
   }
-  /* sm_90a backward: a producer warpgroup and one consumer warpgroup of 64
-   * keys (16 per warp), query tiles of 64 rows. */
+  /* sm_90a backward: a producer warpgroup and one or two consumer
+   * warpgroups of the same 64 keys (16 per warp), query tiles of 64 rows. */
   o->bwd_sm90 = cg_bwd_sm90_ok(o);
-  if (o->bwd_sm90) o->bwd = (CgTiles){64, 64, 256};
+  if (o->bwd_sm90) o->bwd = (CgTiles){64, 64, 128 * (1 + cg_bwd_sm90_consumers(o))};
   /* A head dim above 128 on an arch with less shared memory: narrower K/V tiles. */
   size_t limit = cg_arch_smem_limit(o->arch);
   while (o->dtype != CG_FP32 && !o->fwd_sm90 && o->fwd.block_n > 16 && smem_fwd(o) > limit)
@@ -420,10 +434,10 @@ static void entry_bwd_sm90(Buf *out, const CgOptions *o, const char *el, const c
                            const char *sid) {
   buf_printf(out, "extern \"C\" __global__ void __launch_bounds__(%d, 1) flex_bwd("
                   "const __grid_constant__ FlexBwdTma t) {\n"
-                  "  flex_bwd_sm90<%s, %d, %d, %s, %s, %s>(t);\n}\n"
+                  "  flex_bwd_sm90<%s, %d, %d, %d, %s, %s, %s>(t);\n}\n"
                   "FLEX_EMU_ENTRY(flex_bwd, FlexBwdTma)\n\n",
-             o->bwd.threads, el, cg_fwd_sm90_dim(o->head_dim), cg_fwd_sm90_dim(o->head_dim_v), mm,
-             sid, o->ds_is_dt ? "false" : "true");
+             o->bwd.threads, el, cg_bwd_sm90_dim(o, o->head_dim), cg_bwd_sm90_dim(o, o->head_dim_v),
+             cg_bwd_sm90_consumers(o), mm, sid, o->ds_is_dt ? "false" : "true");
 }
 
 static void emit_entries(Buf *out, const CgOptions *o) {

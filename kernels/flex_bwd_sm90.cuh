@@ -2,14 +2,16 @@
  * FlashAttention-3 style. flex_bwd_pre and flex_bwd_dq (flex_bwd.cuh) run
  * before and after it unchanged.
  *
- * One CTA per (64 keys, kv head, batch), as flex_bwd_tc, 256 threads:
+ * One CTA per (64 keys, kv head, batch), as flex_bwd_tc, 128 (1 + NC)
+ * threads:
  *   warpgroup 0, the producer: one elected thread of warp 0 loads the K and
  *     V tile once (TMA), then walks, for every query head of the kv head's
  *     group, the query tiles that see these keys (FlexWalk's backward walk,
  *     the only walk of the CTA) and loads each tile's Q and dO (TMA) through
  *     a 2-stage ring of full/empty mbarriers; the other 127 threads exit.
- *   warpgroup 1, the consumer, 16 keys per warp, per step of QH query
- *   rows of the tile (QH = 64, or 32 when E or EV pads to 128):
+ *   warpgroups 1..NC, the consumers, 16 keys per warp, per step of QH
+ *   query rows of the tile (QH = 64, or 32 when a consumer's dK and dV
+ *   columns, KC + VC, pass 128):
  *     S^T = K Q^T and dP^T = V dO^T   wgmma SS (M = 64 keys, N = QH queries)
  *     P^T = exp(score - LSE), dS^T = P^T (dP^T - D) through the joint
  *       function, on the accumulator fragments (as flex_bwd_tc_scores)
@@ -18,26 +20,45 @@
  *       ([query][key]); once the tile's steps are done, wgmma SS per
  *       64-column panel of K, then fp32 atomics into dq_acc (scaled)
  *   dK and dV stay in the accumulator registers across the whole walk.
+ * NC = 1 up to head dims 128. Above, dK and dV of 64 keys would take 256
+ * accumulator registers per thread, so NC = 2 consumers split the columns:
+ * consumer c holds dK and computes dQ for columns [c KC, (c + 1) KC) and
+ * holds dV for [c VC, (c + 1) VC) (KC = EPT / 2, VC = EVPT / 2, whole
+ * 64-column panels: the dK / dV wgmma's N-major B operand starts on a panel
+ * of Q / dO). Both compute the whole S^T and dP^T (over every column of E
+ * and EV) and so the same P^T and dS^T fragments: that redundant work
+ * (S^T and dP^T twice: 7 / 5 of the tensor-core work at E = EV) is what
+ * keeps dK and dV in registers. Consumer 0 alone writes dS to shared
+ * memory and alone adds the joint function's buffer gradients
+ * (flex_joint's flex_accum). setmaxnreg moves registers from the producer
+ * (48) to the consumers (232), as the forward does.
  * The producer tells the consumer which tile a stage holds (its first query
  * row, the walk's `full` flag and the query head) in three shared words per
  * stage, written before the arrival that completes the stage's `full`
- * phase; a first row of -1 ends the loop. The consumer frees a stage once
- * the wgmma that read its Q and dO (dV, dK) have retired.
+ * phase; a first row of -1 ends the loop. A consumer frees a stage once
+ * the wgmma that read its Q and dO (dV, dK) have retired; `empty` counts
+ * all 128 NC consumer threads, so the stage is refilled only after every
+ * consumer is done with it.
  *
- * dS is shared between the consumer's four warps (a dQ row takes every
- * key): each writes its 16 keys, then an mbarrier of 128 arrivals (`dsbar`,
- * one phase per tile) orders those generic-proxy writes before the dQ
- * wgmma reads them (after fence.proxy.async). dS is double-buffered by tile
- * parity: a thread writes buffer s of tile i only after every thread has
- * arrived on tile i - 1's phase, i.e. after every thread's dQ wgmma of
- * tile i - 2 (the last reader of buffer s) has retired.
+ * dS is shared between consumer 0's four warps (a dQ row takes every key)
+ * and, with NC = 2, consumer 1, which reads it without writing it: each
+ * warp of consumer 0 writes its 16 keys, then an mbarrier of 128 NC
+ * arrivals (`dsbar`, one phase per tile, every consumer thread arriving)
+ * orders those generic-proxy writes before any consumer's dQ wgmma reads
+ * them (after fence.proxy.async). dS is double-buffered by tile parity:
+ * consumer 0 writes buffer s of tile i only after every thread of every
+ * consumer has arrived on tile i - 1's phase, which each did after its own
+ * dQ wgmma of tile i - 2 (for both readers, the last read of buffer s)
+ * had retired.
  *
  * Shared memory (base rounded up to 1024 bytes: the 128-byte swizzle
  * repeats every 1024): K [EPT/64 panels][64 keys][64 cols], V [EVPT/64]
  * [64][64], Q [2][EPT/64][64 rows][64], dO [2][EVPT/64][64][64], dS [2]
  * [64 queries][64 keys], every row of 128 bytes with the 128-byte swizzle;
- * then 6 mbarriers and 6 stage words. EPT, EVPT: E and EV padded to 64
- * (TMA zero-fills columns past E and EV and rows past Q_LEN and KV_LEN).
+ * then 6 mbarriers and 6 stage words. EPT, EVPT: E and EV padded to 64 NC
+ * (TMA zero-fills columns past E and EV, whole panels included, and rows
+ * past Q_LEN and KV_LEN). At EPT = EVPT = 256: 64 KB of K and V, 128 KB of
+ * Q and dO stages, 16 KB of dS, with the slack 214088 bytes of the 227 KB.
  *
  * Accumulator layout (see flex_fwd_sm90.cuh): thread (warp w, lane 4 g + t)
  * holds d[4 j + 2 r + c] at row 16 w + g + 8 r, column 8 j + 2 t + c: for
@@ -50,6 +71,16 @@
 #include "flex_fwd_sm90.cuh" /* FlexWgmma */
 #include "flex_bwd.cuh"
 
+/* setmaxnreg with two consumer warpgroups (384 threads, 168 registers each
+ * at launch): the producer gives registers to the consumers, whose dK and
+ * dV halves (128) sit beside S^T, dP^T and the A fragments; 128 x 48 +
+ * 256 x 232 = 65536, the whole register file. The producer keeps 48: at
+ * 24 or 32 ptxas spilled in the walk of natten / natten_tiled (their block
+ * classifier); the consumers need more than 200 (softcap, alibi and
+ * relpos_bias spilled there) and fit 232 at E = 256 without spills. */
+#define FLEX_BWD_SM90_PRODUCER_REGS 48
+#define FLEX_BWD_SM90_CONSUMER_REGS 232
+
 /* The A fragments of the k16 steps of a 64 x BM accumulator (rounded). */
 template <class El, int BM>
 __device__ __forceinline__ void flex_bwd_sm90_frag(uint32_t (*a)[4], const float *d) {
@@ -59,17 +90,21 @@ __device__ __forceinline__ void flex_bwd_sm90_frag(uint32_t (*a)[4], const float
     for (int i = 0; i < 4; i++) a[ks][i] = El::pack(d[8 * ks + 2 * i], d[8 * ks + 2 * i + 1]);
 }
 
-/* EPT, EVPT: E and EV padded to 64, at most 128 (dK and dV take EPT / 2 +
- * EVPT / 2 accumulator registers). */
-template <class El, int EPT, int EVPT, int MASK_MODE, bool SCORE_ID, bool JOINT>
+/* EPT, EVPT: E and EV padded to 64 NC (whole panels per consumer); NC
+ * consumer warpgroups, consumer c owning columns [c KC, (c + 1) KC) of dK
+ * and dQ and [c VC, (c + 1) VC) of dV, at most 128 each (dK and dV take
+ * KC / 2 + VC / 2 accumulator registers). */
+template <class El, int EPT, int EVPT, int NC, int MASK_MODE, bool SCORE_ID, bool JOINT>
 __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
   const FlexParams &p = t.p;
   typedef typename El::T T;
   typedef FlexWgmma<El> W;
   constexpr int BM = 64, BN = 64, KP = EPT / 64, VP = EVPT / 64;
-  constexpr int QH = EPT + EVPT > 128 ? 32 : 64; /* query rows per step of a tile */
-  static_assert(EPT % 64 == 0 && EVPT % 64 == 0 && EPT <= 128 && EVPT <= 128,
-                "head dims in one or two 64-column panels");
+  constexpr int KC = EPT / NC, VC = EVPT / NC;   /* a consumer's dK / dQ and dV columns */
+  constexpr int QH = KC + VC > 128 ? 32 : 64;    /* query rows per step of a tile */
+  static_assert(NC == 1 || NC == 2, "one or two consumer warpgroups");
+  static_assert(EPT % (64 * NC) == 0 && EVPT % (64 * NC) == 0 && KC <= 128 && VC <= 128,
+                "a consumer's head dims in one or two 64-column panels");
   constexpr uint32_t PANEL = 64 * 128; /* bytes of one 64-row, 64-column panel */
   /* A K tile and a Q tile take the same bytes (64 rows, EPT columns), as
    * do a V tile and a dO tile; a dS buffer is one panel. */
@@ -89,9 +124,9 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     flex_mbar_init(kvbar, 1);
     for (int s = 0; s < 2; s++) {
       flex_mbar_init(fullb + s, 1);    /* the producer's arrival (+ the TMA bytes) */
-      flex_mbar_init(emptyb + s, 128); /* every consumer thread */
+      flex_mbar_init(emptyb + s, 128 * NC); /* every consumer thread */
     }
-    flex_mbar_init(dsbar, 128);
+    flex_mbar_init(dsbar, 128 * NC);
     /* The initialisations are generic-proxy writes the TMA unit (async
      * proxy) will update: make them visible to it before any copy. */
     flex_fence_proxy_async();
@@ -99,6 +134,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
   __syncthreads();
 
   if (tid < 128) { /* ---- producer ---- */
+    if (NC > 1) flex_setmaxnreg_dec<FLEX_BWD_SM90_PRODUCER_REGS>();
     if (tid >= 32 || !flex_elect_one()) return;
     flex_mbar_arrive_expect_tx(kvbar, KBYTES + VBYTES);
 #pragma unroll
@@ -133,15 +169,20 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     return;
   }
 
-  /* ---- consumer: keys n0 + 16 w .. n0 + 16 w + 15 in warp w ---- */
-  const int ct = tid - 128, w = ct / 32, lane = ct % 32, g = lane / 4, t4 = lane % 4;
+  /* ---- consumer cw: keys n0 + 16 w .. n0 + 16 w + 15 in warp w, its columns ---- */
+  if (NC > 1) flex_setmaxnreg_inc<FLEX_BWD_SM90_CONSUMER_REGS>();
+  const int ct = tid - 128, cw = NC > 1 ? ct / 128 : 0, w = ct / 32 % 4, lane = ct % 32, g = lane / 4,
+            t4 = lane % 4;
   const uint32_t aK = flex_smem_addr(sK), aV = flex_smem_addr(sV), aQ = flex_smem_addr(sQ),
                  aO = flex_smem_addr(sO), aS = flex_smem_addr(sS);
-  float dk[EPT / 2], dv[EVPT / 2];
+  /* The consumer's first column panel of Q and dO (the B operands of dK
+   * and dV): byte offsets into a stage. */
+  const uint32_t qcol = cw * (KC / 64) * PANEL, ocol = cw * (VC / 64) * PANEL;
+  float dk[KC / 2], dv[VC / 2];
 #pragma unroll
-  for (int i = 0; i < EPT / 2; i++) dk[i] = 0.0f;
+  for (int i = 0; i < KC / 2; i++) dk[i] = 0.0f;
 #pragma unroll
-  for (int i = 0; i < EVPT / 2; i++) dv[i] = 0.0f;
+  for (int i = 0; i < VC / 2; i++) dv[i] = 0.0f;
   const float scale_log2 = p.scale * FLEX_LOG2E;
   flex_mbar_wait(kvbar, 0);
 
@@ -155,8 +196,9 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     const int h = stage_h[s];
     const int64_t rows = (int64_t)(b * p.H + h) * p.q_len;
 
-    /* The tile in steps of QH query rows (QH = 32 when dK and dV take 128
-     * registers: S^T and dP^T of 64 rows beside them made ptxas spill). */
+    /* The tile in steps of QH query rows (QH = 32 when a consumer's dK and
+     * dV take 128 registers: S^T and dP^T of 64 rows beside them made
+     * ptxas spill). */
     unsigned char *ds_buf = sS + s * SBYTES;
 #pragma unroll 1
     for (int hf = 0; hf < BM / QH; hf++) {
@@ -216,7 +258,8 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
             }
             if (x != 0.0f) { /* a NaN P reaches the gradients */
               const float dt = x * (dpt[e] - dl);
-              ds = JOINT ? flex_joint(p, qk * p.scale, b, h, qi, kj, dt) : dt;
+              /* the buffer gradients once: consumer 0's */
+              ds = JOINT ? flex_joint(p, qk * p.scale, b, h, qi, kj, dt, cw == 0) : dt;
             }
             st[e] = x;
             dpt[e] = ds;
@@ -231,26 +274,30 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
        * byte q * 128 + ((k / 8) ^ (q % 8)) * 16 + (k % 8) * 2. Element
        * e = 4 j + 2 r + c (q = 8 j + 2 t + c, k = 16 w + g + 8 r) is half c
        * of word as[j / 2][j % 2 * 2 + r]; q % 8 = 2 t + c and k / 8 = 2 w + r
-       * do not depend on j, so four offsets serve the step (+ 1024 j). */
+       * do not depend on j, so four offsets serve the step (+ 1024 j).
+       * Every consumer holds the same dS^T; consumer 0 writes it. */
+      if (cw == 0) {
 #pragma unroll
-      for (int r = 0; r < 2; r++)
+        for (int r = 0; r < 2; r++)
 #pragma unroll
-        for (int c = 0; c < 2; c++) {
-          unsigned char *at = ds_buf + qoff + (2 * t4 + c) * 128 + (((2 * w + r) ^ (2 * t4 + c)) << 4) + 2 * g;
+          for (int c = 0; c < 2; c++) {
+            unsigned char *at = ds_buf + qoff + (2 * t4 + c) * 128 + (((2 * w + r) ^ (2 * t4 + c)) << 4) + 2 * g;
 #pragma unroll
-          for (int j = 0; j < QH / 8; j++)
-            *(uint16_t *)(at + 1024 * j) = (uint16_t)(as[j / 2][j % 2 * 2 + r] >> (16 * c));
-        }
+            for (int j = 0; j < QH / 8; j++)
+              *(uint16_t *)(at + 1024 * j) = (uint16_t)(as[j / 2][j % 2 * 2 + r] >> (16 * c));
+          }
+      }
 
-      /* dV += P^T dO and dK += dS^T Q: B is N-major (imm-trans-b): LBO the
-       * next 64-column panel, SBO 8 query rows, a k16 step 16 rows. */
+      /* dV += P^T dO and dK += dS^T Q over the consumer's columns: B is
+       * N-major (imm-trans-b) from its first panel: LBO the next 64-column
+       * panel, SBO 8 query rows, a k16 step 16 rows. */
       flex_wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < QH / 16; ks++)
-        W::template rs<EVPT, 1>(dv, ap[ks], flex_wgmma_desc(aO + s * VBYTES + qoff + ks * 2048, PANEL, 1024, 128), 1);
+        W::template rs<VC, 1>(dv, ap[ks], flex_wgmma_desc(aO + s * VBYTES + ocol + qoff + ks * 2048, PANEL, 1024, 128), 1);
 #pragma unroll
       for (int ks = 0; ks < QH / 16; ks++)
-        W::template rs<EPT, 1>(dk, as[ks], flex_wgmma_desc(aQ + s * KBYTES + qoff + ks * 2048, PANEL, 1024, 128), 1);
+        W::template rs<KC, 1>(dk, as[ks], flex_wgmma_desc(aQ + s * KBYTES + qcol + qoff + ks * 2048, PANEL, 1024, 128), 1);
       flex_wgmma_commit();
       /* Retired here: ap and as are rewritten by the next step, and dQ's
        * accumulators are then never live beside them. */
@@ -260,13 +307,14 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     flex_fence_proxy_async();     /* the dS writes, before the wgmma (async proxy) reads them */
     flex_mbar_arrive(dsbar);
 
-    /* dQ += scale dS K, one 64-column panel of K at a time (32 registers):
-     * A = dS (K-major), B = K (N-major). Every warp's dS is written first. */
+    /* dQ += scale dS K over the consumer's columns, one 64-column panel of
+     * K at a time (32 registers): A = dS (K-major), B = K (N-major). Every
+     * warp's dS is written first. */
     flex_mbar_wait(dsbar, (uint32_t)i & 1);
     const bool ok0 = m0 + 16 * w + g < p.q_len, ok1 = m0 + 16 * w + g + 8 < p.q_len;
     float *const dq0 = p.dq_acc + (rows + m0 + 16 * w + g) * p.E + 2 * t4, *const dq1 = dq0 + 8 * p.E;
 #pragma unroll 1
-    for (int c = 0; c < KP; c++) {
+    for (int c = cw * (KP / NC); c < (cw + 1) * (KP / NC) && (NC == 1 || 64 * c < p.E); c++) {
       float dq[BN / 2];
       flex_wgmma_fence();
 #pragma unroll
@@ -284,23 +332,24 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     }
   }
 
-  /* dK (scaled) and dV of this thread's two keys. */
-  T *dkp = (T *)p.dk + b * p.sdk.b + hk * p.sdk.h, *dvp = (T *)p.dv + b * p.sdv.b + hk * p.sdv.h;
+  /* dK (scaled) and dV of this thread's two keys, the consumer's columns. */
+  T *dkp = (T *)p.dk + b * p.sdk.b + hk * p.sdk.h + cw * KC,
+    *dvp = (T *)p.dv + b * p.sdv.b + hk * p.sdv.h + cw * VC;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int kj = n0 + 16 * w + g + 8 * r;
     if (kj >= p.kv_len) continue;
 #pragma unroll
-    for (int j = 0; j < EPT / 8; j++)
+    for (int j = 0; j < KC / 8; j++)
 #pragma unroll
       for (int c = 0; c < 2; c++)
-        if (8 * j + 2 * t4 + c < p.E)
+        if (cw * KC + 8 * j + 2 * t4 + c < p.E)
           El::store(dkp + kj * p.sdk.row + 8 * j + 2 * t4 + c, dk[4 * j + 2 * r + c] * p.scale);
 #pragma unroll
-    for (int j = 0; j < EVPT / 8; j++)
+    for (int j = 0; j < VC / 8; j++)
 #pragma unroll
       for (int c = 0; c < 2; c++)
-        if (8 * j + 2 * t4 + c < p.EV)
+        if (cw * VC + 8 * j + 2 * t4 + c < p.EV)
           El::store(dvp + kj * p.sdv.row + 8 * j + 2 * t4 + c, dv[4 * j + 2 * r + c]);
   }
 }

@@ -17,8 +17,14 @@
 #endif
 
 /* The range rules below are large: one out-of-line copy on devices and in
- * the emulator keeps the block classifier (many calls) quick to compile. */
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+ * the emulator keeps the block classifier (many calls) quick to compile.
+ * Not for sm_90a: there a call in a kernel with setmaxnreg and wgmma (the
+ * walk's classifier, in the producer warpgroup) made ptxas fail register
+ * allocation outright (C7600, at any register count) for a classifier with
+ * shifts or bit operations, so the sm_90a module inlines them. */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FLEX_RANGE_FN __device__ __forceinline__
+#elif defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define FLEX_RANGE_FN __device__ __noinline__
 #elif defined(FLEXC_EMU)
 #define FLEX_RANGE_FN inline __attribute__((noinline))

@@ -253,6 +253,48 @@ START_TEST(launch_geometry) {
 }
 END_TEST
 
+/* The sm_90a backward's consumer warpgroups: one (256 threads) up to head
+ * dims 128; two (384 threads) above, with E and EV padded to whole panels
+ * per consumer (128 columns a pair), and shared memory that fits sm_90a. */
+START_TEST(sm90_backward_consumers) {
+  static const struct {
+    int E, EV, nc, ept, evpt;
+    size_t smem;
+  } cases[] = {
+      {128, 128, 1, 128, 128, 115784}, {72, 40, 1, 128, 64, 1024 + 384 * 192 + 16384 + 72},
+      {256, 256, 2, 256, 256, 214088}, {160, 136, 2, 256, 256, 214088},
+      {200, 200, 2, 256, 256, 214088}, {256, 64, 2, 256, 128, 1024 + 384 * 384 + 16384 + 72},
+      {64, 200, 2, 128, 256, 1024 + 384 * 384 + 16384 + 72},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    flex_kernel *k;
+    ck_assert(flex_kernel_from_source(&k, "test.score", gemma, strlen(gemma), NULL) == FLEX_OK);
+    CgOptions o;
+    char err[256], want[96];
+    ck_assert_msg(cg_options_init(&o, k->mod, CG_BF16, cases[i].E, cases[i].EV, CG_SM90A, true, err,
+                                  sizeof err), "%s", err);
+    ck_assert_msg(o.bwd_sm90, "E %d EV %d: not the sm_90a backward", cases[i].E, cases[i].EV);
+    ck_assert_int_eq(cg_bwd_sm90_consumers(&o), cases[i].nc);
+    ck_assert_int_eq(o.bwd.threads, 128 * (1 + cases[i].nc));
+    ck_assert_int_eq(cg_bwd_sm90_dim(&o, cases[i].E), cases[i].ept);
+    ck_assert_int_eq(cg_bwd_sm90_dim(&o, cases[i].EV), cases[i].evpt);
+    CgLaunch l = cg_launch_bwd(&o, 1, 1, 1000);
+    ck_assert_uint_eq(l.smem, cases[i].smem);
+    ck_assert_uint_le(l.smem, cg_arch_smem_limit(CG_SM90A));
+    ck_assert_uint_eq(l.block[0], (unsigned)o.bwd.threads);
+    Buf b = {0};
+    cg_emit_cuda(&b, k->mod, &o);
+    snprintf(want, sizeof want, "flex_bwd_sm90<FlexBF16, %d, %d, %d, ", cases[i].ept, cases[i].evpt,
+             cases[i].nc);
+    ck_assert_msg(strstr(b.data, want) != NULL, "E %d EV %d: no '%s'", cases[i].E, cases[i].EV, want);
+    snprintf(want, sizeof want, "__launch_bounds__(%d, 1) flex_bwd(", o.bwd.threads);
+    ck_assert_msg(strstr(b.data, want) != NULL, "E %d EV %d: no '%s'", cases[i].E, cases[i].EV, want);
+    buf_free(&b);
+    flex_kernel_free(k);
+  }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("codegen");
   TCase *tc = tcase_create("emit");
@@ -264,6 +306,7 @@ int main(void) {
   tcase_add_test(tc, identity_score);
   tcase_add_test(tc, int_semantics);
   tcase_add_test(tc, launch_geometry);
+  tcase_add_test(tc, sm90_backward_consumers);
   suite_add_tcase(s, tc);
   return tl_run_suite(s);
 }

@@ -388,14 +388,15 @@ static bool has(const char *text, size_t len, const char *what) {
 
 /* flexc emit --arch sm_90a --target ptx with the backward: flex_bwd is the
  * TMA + wgmma body (nothing of mma.sync) for fp16 and bf16, head dims 64,
- * 128 and a padded 72, identity score and a score function with a grad
- * buffer; a deterministic backward and head dim 256 keep the sm_80 body. */
+ * 128, a padded 72 and 256 (two consumer warpgroups: setmaxnreg), identity
+ * score and a score function with a grad buffer; a deterministic backward
+ * keeps the sm_80 body. */
 START_TEST(sm90_backward_ptx) {
   static const char *const files[] = {"samples/causal.score", "samples/relpos_bias.score"};
   static const int dims[] = {64, 128, 72, 256};
   const char *file = files[_i % 2];
   int E = dims[_i / 2 % 4];
-  bool bf16 = _i % 3 == 1, det = _i >= 8, sm80 = det || E > 128;
+  bool bf16 = _i % 3 == 1, det = _i >= 8, sm80 = det;
   flex_kernel *k;
   ck_assert_msg(flex_kernel_load(&k, tl_src_path(file), NULL) == FLEX_OK, "%s", flex_last_error());
   flex_emit_options eo = {.target = FLEX_TARGET_PTX, .arch = "sm_90a",
@@ -417,6 +418,8 @@ START_TEST(sm90_backward_ptx) {
     ck_assert_msg(wgmma && tma && mbar, "no wgmma.mma_async / cp.async.bulk.tensor / mbarrier "
                   "in the sm_90a backward (%d %d %d)", wgmma, tma, mbar);
     ck_assert_msg(!mma, "mma.sync in the sm_90a backward");
+    ck_assert_msg(has(b, n, "setmaxnreg.inc") == (E > 128), "setmaxnreg in flex_bwd must mean "
+                  "two consumer warpgroups (E > 128), E = %d", E);
   }
   flex_free(ptx);
   flex_kernel_free(k);
@@ -428,12 +431,14 @@ END_TEST
  * e.g. when accumulators are read where a wgmma may still own them; the
  * kernels would then run at a fraction of the tensor cores. Identity
  * scores (two consumer warpgroups, S of one tile overlapping P V of the
- * last) and a score function, both dtypes. */
+ * last) and a score function, both dtypes, head dims 64, 128 and 256 (the
+ * backward's two consumer warpgroups). */
 START_TEST(sm90_wgmma_pipelined) {
   static const char *const files[] = {"samples/causal.score", "samples/relpos_bias.score"};
   const char *file = files[_i % 2];
   CgDtype dt = _i / 2 % 2 ? CG_BF16 : CG_FP16;
-  int E = _i / 4 ? 64 : 128;
+  static const int dims[] = {128, 64, 256};
+  int E = dims[_i / 4];
   flex_kernel *k = tl_load(file, NULL, NULL);
   CgOptions o;
   char err[256];
@@ -534,7 +539,7 @@ int main(void) {
     tcase_add_test(sm90, sm90_wrappers);
     tcase_add_loop_test(sm90, sm90_forward_ptx, 0, 14);
     tcase_add_loop_test(sm90, sm90_backward_ptx, 0, 10);
-    tcase_add_loop_test(sm90, sm90_wgmma_pipelined, 0, 8);
+    tcase_add_loop_test(sm90, sm90_wgmma_pipelined, 0, 12);
     suite_add_tcase(s, sm90);
   }
   int rc = tl_run_suite(s);

@@ -101,8 +101,8 @@ static const Case bwd_cases[] = {
     {"mask keys of warp 0 for every warp", "(live, p, b, h, n0 + 16 * w + g, mh + 2 * t4, full)",
      "(live, p, b, h, n0 + g, mh + 2 * t4, full)", false},
     {"LSE left in the natural-log domain", ": lse * FLEX_LOG2E;", ": lse;", false},
-    {"no wgmma.fence before dV and dK", "      flex_wgmma_fence();\n#pragma unroll\n      for (int ks = 0; ks < QH / 16; ks++)\n        W::template rs<EVPT",
-     "#pragma unroll\n      for (int ks = 0; ks < QH / 16; ks++)\n        W::template rs<EVPT", true},
+    {"no wgmma.fence before dV and dK", "      flex_wgmma_fence();\n#pragma unroll\n      for (int ks = 0; ks < QH / 16; ks++)\n        W::template rs<VC",
+     "#pragma unroll\n      for (int ks = 0; ks < QH / 16; ks++)\n        W::template rs<VC", true},
     {"producer refills a stage without waiting for `empty`",
      "        if (i >= 2) flex_mbar_wait(emptyb + s,", "        if (i < 0) flex_mbar_wait(emptyb + s,",
      false},
@@ -110,6 +110,27 @@ static const Case bwd_cases[] = {
      "aQ + s * KBYTES + off", false},
 };
 #define NBWD ((int)(sizeof bwd_cases / sizeof *bwd_cases))
+
+/* Mutations of the two-consumer backward (head dim EW = 256: consumer c
+ * owns dK, dV and dQ columns 128 c .. 128 c + 127, both compute S^T and
+ * dP^T, consumer 0 writes dS). */
+enum { EW = 256 };
+static const Case bwd2_cases[] = {
+    {"clean two-consumer backward", NULL, NULL, false},
+    {"second consumer's dK from the first one's Q panels", "qcol = cw * (KC / 64) * PANEL,",
+     "qcol = 0,", false},
+    {"second consumer's dV from the first one's dO panels", "ocol = cw * (VC / 64) * PANEL;",
+     "ocol = 0;", false},
+    {"second consumer's dQ columns skipped", "c < (cw + 1) * (KP / NC)", "c < KP / NC", false},
+    {"second consumer's dK and dV stored at the first one's columns",
+     "hk * p.sdk.h + cw * KC,\n    *dvp = (T *)p.dv + b * p.sdv.b + hk * p.sdv.h + cw * VC;",
+     "hk * p.sdk.h,\n    *dvp = (T *)p.dv + b * p.sdv.b + hk * p.sdv.h;", false},
+    {"`empty` expects one consumer warpgroup", "flex_mbar_init(emptyb + s, 128 * NC);",
+     "flex_mbar_init(emptyb + s, 128);", true},
+    {"`dsbar` expects one consumer warpgroup", "flex_mbar_init(dsbar, 128 * NC);",
+     "flex_mbar_init(dsbar, 128);", true},
+};
+#define NBWD2 ((int)(sizeof bwd2_cases / sizeof *bwd2_cases))
 
 /* The generated sm_90a forward for `c`, the mutated template spliced in
  * where it is included (its include guard hides the original). */
@@ -228,10 +249,11 @@ START_TEST(mutation) {
 }
 END_TEST
 
-/* The generated sm_90a forward + backward with flex_bwd_sm90.cuh mutated by c. */
-static char *mutated_bwd_source(const flex_kernel *k, const Case *c, CgOptions *o) {
+/* The generated sm_90a forward + backward at head dim eb with
+ * flex_bwd_sm90.cuh mutated by c. */
+static char *mutated_bwd_source(const flex_kernel *k, const Case *c, int eb, CgOptions *o) {
   char err[256];
-  ck_assert_msg(cg_options_init(o, k->mod, CG_FP16, EB, EB, CG_SM90A, true, err, sizeof err), "%s", err);
+  ck_assert_msg(cg_options_init(o, k->mod, CG_FP16, eb, eb, CG_SM90A, true, err, sizeof err), "%s", err);
   ck_assert_msg(o->fwd_sm90 && o->bwd_sm90, "sm_90a fp16 did not pick the sm_90a kernels");
   o->mask_mode = CG_MASK_DENSE;
   o->out_f32 = true;
@@ -264,15 +286,16 @@ static flex_status launch_one(EmuModule *m, const char *name, const void *params
   return st;
 }
 
-/* As run_case for a backward case: the forward (sm_90a, unmutated), then
- * flex_bwd_pre, the (mutated) flex_bwd and flex_bwd_dq; *err is the
- * largest relative error of dQ, dK and dV against the reference. */
-static flex_status run_bwd_case(const Case *c, bool race, char *msg, double *err) {
+/* As run_case for a backward case at head dim eb: the forward (sm_90a,
+ * unmutated), then flex_bwd_pre, the (mutated) flex_bwd and flex_bwd_dq;
+ * *err is the largest relative error of dQ, dK and dV against the
+ * reference. */
+static flex_status run_bwd_case(const Case *c, int eb, bool race, char *msg, double *err) {
   flex_kernel *k = NULL;
   ck_assert_msg(flex_kernel_from_source(&k, "broken90.score", kSource, strlen(kSource), NULL) ==
                 FLEX_OK, "%s", flex_last_error());
   CgOptions o;
-  char *src = mutated_bwd_source(k, c, &o);
+  char *src = mutated_bwd_source(k, c, eb, &o);
   EmuBuildOpts bo = {.racecheck = race};
   Buf log = {0};
   EmuModule *m = NULL;
@@ -280,8 +303,8 @@ static flex_status run_bwd_case(const Case *c, bool race, char *msg, double *err
                 log.data ? log.data : "");
   enum { QB = 70, KB = 150 }; /* two query tiles, three key tiles, both with tails */
   DLDataType f16 = rt_dtype(kDLFloat, 16), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
-  int64_t sq[4] = {B, H, QB, EB}, sk[4] = {B, HKV, KB, EB}, sl[3] = {B, H, QB};
-  int64_t sd[1] = {(int64_t)B * H * QB}, sa[1] = {(int64_t)B * H * QB * EB};
+  int64_t sq[4] = {B, H, QB, eb}, sk[4] = {B, HKV, KB, eb}, sl[3] = {B, H, QB};
+  int64_t sd[1] = {(int64_t)B * H * QB}, sa[1] = {(int64_t)B * H * QB * eb};
   TlArr q, kk, v, dout, out, lse, dq, dk, dv, delta, acc, rout, rlse, rdq, rdk, rdv;
   tl_arr_init(&q, f16, 4, sq), tl_arr_normal(&q, &rng);
   tl_arr_init(&kk, f16, 4, sk), tl_arr_normal(&kk, &rng);
@@ -307,13 +330,13 @@ static flex_status run_bwd_case(const Case *c, bool race, char *msg, double *err
   p.out = out.t.data, p.lse = lse.t.data, p.q = q.t.data, p.k = kk.t.data, p.v = v.t.data;
   p.dout = dout.t.data, p.dq = dq.t.data, p.dk = dk.t.data, p.dv = dv.t.data;
   p.delta = delta.t.data, p.dq_acc = acc.t.data;
-  p.sq = p.so = p.sdo = p.sdq = (FlexStrides){(int64_t)H * QB * EB, (int64_t)QB * EB, EB};
-  p.sk = p.sv = p.sdk = p.sdv = (FlexStrides){(int64_t)HKV * KB * EB, (int64_t)KB * EB, EB};
+  p.sq = p.so = p.sdo = p.sdq = (FlexStrides){(int64_t)H * QB * eb, (int64_t)QB * eb, eb};
+  p.sk = p.sv = p.sdk = p.sdv = (FlexStrides){(int64_t)HKV * KB * eb, (int64_t)KB * eb, eb};
   p.lse_b = H * QB, p.lse_h = QB;
   int32_t sizes[5] = {B, H, HKV, QB, KB};
   memcpy(p.sizes, sizes, sizeof sizes);
-  p.B = B, p.H = H, p.HKV = HKV, p.G = H / HKV, p.q_len = QB, p.kv_len = KB, p.E = p.EV = EB;
-  p.scale = (float)(1.0 / sqrt((double)EB));
+  p.B = B, p.H = H, p.HKV = HKV, p.G = H / HKV, p.q_len = QB, p.kv_len = KB, p.E = p.EV = eb;
+  p.scale = (float)(1.0 / sqrt((double)eb));
   p.vec16 = 1;
   p.dq_splits = 1;
   FlexFwdTma tf;
@@ -321,12 +344,12 @@ static flex_status run_bwd_case(const Case *c, bool race, char *msg, double *err
   ck_assert_msg(rt_launch_fwd_tma(&o, &p, emu_tmap, NULL, &tf) == FLEX_OK, "%s", flex_last_error());
   ck_assert_msg(rt_launch_bwd_tma(&o, &p, emu_tmap, NULL, &tb) == FLEX_OK, "%s", flex_last_error());
   const uint64_t nq = (uint64_t)B * H * QB, nk = (uint64_t)B * HKV * KB;
-  EmuRange r[11] = {{(uintptr_t)p.q, nq * EB * 2, "q"},          {(uintptr_t)p.k, nk * EB * 2, "k"},
-                    {(uintptr_t)p.v, nk * EB * 2, "v"},          {(uintptr_t)p.out, nq * EB * 4, "out"},
-                    {(uintptr_t)p.lse, nq * 4, "lse"},          {(uintptr_t)p.dout, nq * EB * 2, "dout"},
-                    {(uintptr_t)p.dq, nq * EB * 2, "dq"},        {(uintptr_t)p.dk, nk * EB * 2, "dk"},
-                    {(uintptr_t)p.dv, nk * EB * 2, "dv"},        {(uintptr_t)p.delta, nq * 4, "delta"},
-                    {(uintptr_t)p.dq_acc, nq * EB * 4, "dq_acc"}};
+  EmuRange r[11] = {{(uintptr_t)p.q, nq * eb * 2, "q"},          {(uintptr_t)p.k, nk * eb * 2, "k"},
+                    {(uintptr_t)p.v, nk * eb * 2, "v"},          {(uintptr_t)p.out, nq * eb * 4, "out"},
+                    {(uintptr_t)p.lse, nq * 4, "lse"},          {(uintptr_t)p.dout, nq * eb * 2, "dout"},
+                    {(uintptr_t)p.dq, nq * eb * 2, "dq"},        {(uintptr_t)p.dk, nk * eb * 2, "dk"},
+                    {(uintptr_t)p.dv, nk * eb * 2, "dv"},        {(uintptr_t)p.delta, nq * 4, "delta"},
+                    {(uintptr_t)p.dq_acc, nq * eb * 4, "dq_acc"}};
   flex_status st = launch_one(m, "flex_fwd", &tf, cg_launch_fwd(&o, B, H, QB), r, 11, msg);
   if (!st) st = launch_one(m, "flex_bwd_pre", &p, cg_launch_bwd_pre(&o, B, H, QB), r, 11, msg);
   if (!st) st = launch_one(m, "flex_bwd", &tb, cg_launch_bwd(&o, B, HKV, KB), r, 11, msg);
@@ -345,23 +368,39 @@ static flex_status run_bwd_case(const Case *c, bool race, char *msg, double *err
   return st;
 }
 
-START_TEST(bwd_mutation) {
-  const Case *c = &bwd_cases[_i];
+/* Backward case c at head dim eb, its control plain and race-checked. */
+static void check_bwd_case(const Case *c, int eb) {
   char msg[EMU_ERR_LEN];
   double err;
   if (!c->from) { /* the control, plain and race-checked */
     for (int race = 0; race < 2; race++) {
-      flex_status st = run_bwd_case(c, race, msg, &err);
+      flex_status st = run_bwd_case(c, eb, race, msg, &err);
       ck_assert_msg(st == FLEX_OK, "%s: %s", c->what, msg);
       ck_assert_msg(err < 2e-2, "%s: error %g", c->what, err);
     }
     return;
   }
-  flex_status st = run_bwd_case(c, false, msg, &err);
+  flex_status st = run_bwd_case(c, eb, false, msg, &err);
   if (c->launch_fails)
     ck_assert_msg(st != FLEX_OK, "%s went undetected (error %g)", c->what, err);
   else
     ck_assert_msg(st != FLEX_OK || !(err < 2e-2), "%s went undetected (error %g)", c->what, err);
+}
+
+START_TEST(bwd_mutation) { check_bwd_case(&bwd_cases[_i], EB); }
+END_TEST
+
+START_TEST(bwd2_mutation) {
+  CgOptions o;
+  char *src = NULL;
+  flex_kernel *k = NULL;
+  ck_assert(flex_kernel_from_source(&k, "broken90.score", kSource, strlen(kSource), NULL) == FLEX_OK);
+  src = mutated_bwd_source(k, &bwd2_cases[0], EW, &o); /* else the cases test the one-consumer body */
+  ck_assert_msg(o.bwd_sm90 && cg_bwd_sm90_consumers(&o) == 2 && o.bwd.threads == 384,
+                "E = %d: not the two-consumer sm_90a backward", EW);
+  base_free(src);
+  flex_kernel_free(k);
+  check_bwd_case(&bwd2_cases[_i], EW);
 }
 END_TEST
 
@@ -373,5 +412,9 @@ int main(void) {
   tcase_add_loop_test(tc, mutation, 0, NCASES);
   tcase_add_loop_test(tc, bwd_mutation, 0, NBWD);
   suite_add_tcase(s, tc);
+  TCase *two = tcase_create("two_consumers"); /* the backward above head dim 128 */
+  tcase_set_timeout(two, 600);
+  tcase_add_loop_test(two, bwd2_mutation, 0, NBWD2);
+  suite_add_tcase(s, two);
   return tl_run_suite(s);
 }

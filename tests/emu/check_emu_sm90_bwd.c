@@ -8,14 +8,19 @@
  * fully masked rows) and a mask the
  * runtime builds BlockMask lists for (document); fp16 and bf16; head dims
  * 64 and 128 and padded ones (72 / 40); Q_LEN and KV_LEN that miss the
- * 64-row tiles; GQA and MQA; with and without dLSE. Each case runs the
+ * 64-row tiles; GQA and MQA; with and without dLSE. Head dims above 128
+ * (case `wide`: two consumer warpgroups splitting the dK, dV and dQ
+ * columns): E = EV = 256 and 200, E = 256 with EV = 64, E = 160 with EV =
+ * 136, over causal, softcap, alibi, relpos_bias, document, dilated and
+ * chunked_gelu, a caller's BlockMask and a packed batch at E = 256. Each case runs the
  * forward and the backward on both backends (the emulator's backward reads
  * its own forward's O and LSE), with fresh random inputs (seed printed) and
  * NaN-poisoned outputs; dQ, dK, dV and buffer gradients are compared by
  * relative norm error (fp16 2e-2, bf16 6e-2), NaN never passes, and a
  * fully masked row's dQ must be exactly 0. Each case asserts that flex_bwd
  * was the sm_90a body (rt_run_last_stats().bwd_sm90); the fallback cases
- * assert the sm_80 body ran and still matches; a packed (cu_seqlens) batch
+ * (E = 15, deterministic also at E = 256) assert the sm_80 body ran and
+ * still matches; a packed (cu_seqlens) batch
  * runs the sm_90a body per sequence, and so does a call with a caller's
  * BlockMask whose blocks its tiles divide.
  *
@@ -47,6 +52,19 @@ static const Shape shapes[] = {
     {1, 2, 2, 45, 100, 72, 40, true},     /* padded head dims (72 -> 128, 40 -> 64), EV != E */
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof *shapes))
+
+/* Head dims above 128: two consumer warpgroups, each with half of the dK,
+ * dV and dQ columns (E and EV padded to 128 per consumer pair). */
+static const Shape wide_shapes[] = {
+    {1, 2, 1, 100, 130, 256, 256, true},  /* GQA, odd lengths, dLSE */
+    {1, 2, 2, 90, 70, 200, 200, false},   /* 200 pads to 256, Q_LEN > KV_LEN */
+    {1, 2, 1, 70, 100, 256, 64, true},    /* EV != E: dV's halves 64 columns (EV padded to 128) */
+    {1, 1, 1, 66, 80, 160, 136, false},   /* both padded: 160 and 136 to 256 */
+};
+#define NWIDE ((int)(sizeof wide_shapes / sizeof *wide_shapes))
+static const char *const wide_samples[] = {"causal",      "softcap",  "alibi",  "relpos_bias",
+                                           "document",    "dilated",  "chunked_gelu"};
+#define NWSAMPLES ((int)(sizeof wide_samples / sizeof *wide_samples))
 
 static const char *const samples[] = {"causal",         "softcap", "alibi",      "document",
                                       "sliding_window", "dilated", "relpos_bias"};
@@ -188,6 +206,21 @@ START_TEST(sample_full) {
 }
 END_TEST
 
+/* Head dims above 128, default: each sample once, the dtypes alternating
+ * and the shapes rotated (fp16 and bf16 each meet several shapes). */
+START_TEST(wide_default) {
+  ck_assert_msg(run_shape(wide_samples[_i], 1 + _i % 2, &wide_shapes[_i % NWIDE], false),
+                "%s: the sm_80 body ran", wide_samples[_i]);
+}
+END_TEST
+
+START_TEST(wide_full) {
+  int si = _i / (2 * NWIDE), di = 1 + _i / NWIDE % 2;
+  ck_assert_msg(run_shape(wide_samples[si], di, &wide_shapes[_i % NWIDE], false),
+                "%s: the sm_80 body ran", wide_samples[si]);
+}
+END_TEST
+
 /* Padded head dims (72 -> 128, 40 -> 64): TMA zero-fills the panels. */
 START_TEST(padded_dims) {
   ck_assert_msg(run_shape("relpos_bias", 2, &shapes[2], false), "the sm_80 body ran");
@@ -195,12 +228,12 @@ START_TEST(padded_dims) {
 END_TEST
 
 /* What the sm_90a body does not do runs the sm_80 backward, correctly:
- * E = 15 (rows TMA cannot load), a head dim over 128, a deterministic backward. */
+ * E = 15 (rows TMA cannot load), a deterministic backward (also at E = 256). */
 START_TEST(fallbacks) {
-  const Shape unaligned = {1, 2, 1, 37, 70, 15, 16, true}, wide = {1, 2, 1, 20, 40, 136, 64, false};
+  const Shape unaligned = {1, 2, 1, 37, 70, 15, 16, true}, wide = {1, 2, 1, 20, 40, 256, 64, false};
   ck_assert_msg(!run_shape("causal", 1, &unaligned, false), "E = 15 ran the sm_90a body");
-  ck_assert_msg(!run_shape("softcap", 2, &wide, false), "E = 136 ran the sm_90a body");
   ck_assert_msg(!run_shape("relpos_bias", 1, &shapes[0], true), "deterministic ran the sm_90a body");
+  ck_assert_msg(!run_shape("softcap", 2, &wide, true), "deterministic E = 256 ran the sm_90a body");
 }
 END_TEST
 
@@ -209,8 +242,8 @@ END_TEST
  * per sequence with offset bases; sequences of 70, 0, 1 and 150 query
  * rows against 90, 5, 0 and 150 keys (a sequence without queries leaves
  * its dK and dV 0; one without keys launches no flex_bwd). */
-START_TEST(packed_batch) {
-  const int lq[4] = {70, 0, 1, 150}, lk[4] = {90, 5, 0, 150}, H = 4, HKV = 2, E = 64;
+static void packed_case(int E) {
+  const int lq[4] = {70, 0, 1, 150}, lk[4] = {90, 5, 0, 150}, H = 4, HKV = 2;
   int32_t cq[5] = {0}, ck[5] = {0};
   for (int b = 0; b < 4; b++) cq[b + 1] = cq[b] + lq[b], ck[b + 1] = ck[b] + lk[b];
   DLDataType f16 = rt_dtype(kDLFloat, 16), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
@@ -245,8 +278,8 @@ START_TEST(packed_batch) {
   }
   double eq = tl_rel_err(&dq[0].a, &dq[1].a), ek = tl_rel_err(&dk[0].a, &dk[1].a);
   double ev = tl_rel_err(&dv[0].a, &dv[1].a);
-  fprintf(stderr, "  packed causal fp16 lengths 70/0/1/150 x 90/5/0/150: %s body, dq %.2g dk %.2g "
-          "dv %.2g\n", sm90 ? "sm_90a" : "sm_80", eq, ek, ev);
+  fprintf(stderr, "  packed causal fp16 E%d lengths 70/0/1/150 x 90/5/0/150: %s body, dq %.2g "
+          "dk %.2g dv %.2g\n", E, sm90 ? "sm_90a" : "sm_80", eq, ek, ev);
   ck_assert_msg(sm90, "the packed call did not run the sm_90a backward");
   ck_assert_msg(eq < 2e-2 && ek < 2e-2 && ev < 2e-2, "packed: dq %g dk %g dv %g", eq, ek, ev);
   TlArr *all[] = {&q, &k, &v, &dout, &cuq, &cuk};
@@ -257,63 +290,81 @@ START_TEST(packed_batch) {
   }
   flex_kernel_free(kern);
 }
+
+START_TEST(packed_batch) { packed_case(64); }
+END_TEST
+
+/* The same at E = 256: the two-consumer backward per sequence. */
+START_TEST(packed_batch_wide) { packed_case(256); }
 END_TEST
 
 /* A caller's BlockMask (the walk's lists, partial blocks tested per
- * element): 128 x 128 blocks run the sm_90a backward (its 64 x 64 tiles
- * divide them); 128 x 64 blocks, which the sm_90a forward's 128-key tiles
- * do not divide, run the sm_80 kernels. */
-START_TEST(user_block_mask) {
-  const int QL = 200, KL = 300, H = 2, E = 64;
+ * element) with 128 x blk blocks at head dim E, dtype di; want: whether
+ * the sm_90a backward must run. */
+static void block_mask_case(int E, int di, int blk, bool want) {
+  const int QL = 200, KL = 300, H = 2;
+  const TlDtype *d = &tl_dtypes[di];
   flex_kernel *k = NULL;
   ck_assert(flex_kernel_load(&k, tl_src_path("samples/sliding_window.score"), NULL) == FLEX_OK);
   flex_param win = {"window", 40};
-  DLDataType f16 = rt_dtype(kDLFloat, 16), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
+  DLDataType dt = rt_dtype(d->code, d->bits), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
   int64_t qs[4] = {1, H, QL, E}, ks[4] = {1, H, KL, E}, ls[3] = {1, H, QL};
   TlArr q, kk, v, dout;
-  tl_arr_init(&q, f16, 4, qs), tl_arr_normal(&q, &rng);
-  tl_arr_init(&kk, f16, 4, ks), tl_arr_normal(&kk, &rng);
-  tl_arr_init(&v, f16, 4, ks), tl_arr_normal(&v, &rng);
-  tl_arr_init(&dout, f16, 4, qs), tl_arr_normal(&dout, &rng);
-  for (int blk = 128; blk >= 64; blk /= 2) {
-    TlArr out[2], lse[2], dq[2], dk[2], dv[2];
-    flex_block_mask *bm = NULL;
-    flex_args a;
-    memset(&a, 0, sizeof a);
-    a.params = &win, a.nparams = 1;
-    ck_assert_msg(flex_block_mask_create(&bm, k, &a, 1, H, QL, KL, 128, blk, NULL) == FLEX_OK, "%s",
-                  flex_last_error());
-    bool sm90 = false;
-    for (int i = 1; i >= 0; i--) {
-      DLDataType o = i ? f64 : f32;
-      tl_arr_init(&out[i], o, 4, qs), tl_arr_init(&lse[i], o, 3, ls);
-      tl_arr_init(&dq[i], o, 4, qs), tl_arr_init(&dk[i], o, 4, ks), tl_arr_init(&dv[i], o, 4, ks);
-      TlArr *outs[] = {&out[i], &lse[i], &dq[i], &dk[i], &dv[i]};
-      for (int j = 0; j < 5; j++) tl_arr_poison(outs[j]);
-      a.backend = i ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
-      a.arch = i ? NULL : "sm_90a";
-      a.q = &q.t, a.k = &kk.t, a.v = &v.t, a.out = &out[i].t, a.lse = &lse[i].t, a.dout = &dout.t;
-      a.dq = &dq[i].t, a.dk = &dk[i].t, a.dv = &dv[i].t;
-      a.block_mask = bm;
-      ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%d-blocks: %s", blk, flex_last_error());
-      ck_assert_msg(flex_backward(k, &a) == FLEX_OK, "%d-blocks: %s", blk, flex_last_error());
-      if (!i) sm90 = rt_run_last_stats().bwd_sm90;
-    }
-    double eq = tl_rel_err(&dq[0].a, &dq[1].a), ek = tl_rel_err(&dk[0].a, &dk[1].a);
-    double ev = tl_rel_err(&dv[0].a, &dv[1].a);
-    fprintf(stderr, "  sliding_window BlockMask 128x%d fp16: %s body, dq %.2g dk %.2g dv %.2g\n", blk,
-            sm90 ? "sm_90a" : "sm_80", eq, ek, ev);
-    ck_assert_msg(sm90 == (blk == 128), "%d-blocks: the %s backward ran", blk, sm90 ? "sm_90a" : "sm_80");
-    ck_assert_msg(eq < 2e-2 && ek < 2e-2 && ev < 2e-2, "%d-blocks: dq %g dk %g dv %g", blk, eq, ek, ev);
-    for (int i = 0; i < 2; i++) {
-      TlArr *outs[] = {&out[i], &lse[i], &dq[i], &dk[i], &dv[i]};
-      for (int j = 0; j < 5; j++) tl_arr_free(outs[j]);
-    }
-    flex_block_mask_free(bm);
+  tl_arr_init(&q, dt, 4, qs), tl_arr_normal(&q, &rng);
+  tl_arr_init(&kk, dt, 4, ks), tl_arr_normal(&kk, &rng);
+  tl_arr_init(&v, dt, 4, ks), tl_arr_normal(&v, &rng);
+  tl_arr_init(&dout, dt, 4, qs), tl_arr_normal(&dout, &rng);
+  TlArr out[2], lse[2], dq[2], dk[2], dv[2];
+  flex_block_mask *bm = NULL;
+  flex_args a;
+  memset(&a, 0, sizeof a);
+  a.params = &win, a.nparams = 1;
+  ck_assert_msg(flex_block_mask_create(&bm, k, &a, 1, H, QL, KL, 128, blk, NULL) == FLEX_OK, "%s",
+                flex_last_error());
+  bool sm90 = false;
+  for (int i = 1; i >= 0; i--) {
+    DLDataType o = i ? f64 : f32;
+    tl_arr_init(&out[i], o, 4, qs), tl_arr_init(&lse[i], o, 3, ls);
+    tl_arr_init(&dq[i], o, 4, qs), tl_arr_init(&dk[i], o, 4, ks), tl_arr_init(&dv[i], o, 4, ks);
+    TlArr *outs[] = {&out[i], &lse[i], &dq[i], &dk[i], &dv[i]};
+    for (int j = 0; j < 5; j++) tl_arr_poison(outs[j]);
+    a.backend = i ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
+    a.arch = i ? NULL : "sm_90a";
+    a.q = &q.t, a.k = &kk.t, a.v = &v.t, a.out = &out[i].t, a.lse = &lse[i].t, a.dout = &dout.t;
+    a.dq = &dq[i].t, a.dk = &dk[i].t, a.dv = &dv[i].t;
+    a.block_mask = bm;
+    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%d-blocks: %s", blk, flex_last_error());
+    ck_assert_msg(flex_backward(k, &a) == FLEX_OK, "%d-blocks: %s", blk, flex_last_error());
+    if (!i) sm90 = rt_run_last_stats().bwd_sm90;
   }
+  double eq = tl_rel_err(&dq[0].a, &dq[1].a), ek = tl_rel_err(&dk[0].a, &dk[1].a);
+  double ev = tl_rel_err(&dv[0].a, &dv[1].a);
+  fprintf(stderr, "  sliding_window BlockMask 128x%d %s E%d: %s body, dq %.2g dk %.2g dv %.2g\n", blk,
+          d->name, E, sm90 ? "sm_90a" : "sm_80", eq, ek, ev);
+  ck_assert_msg(sm90 == want, "%d-blocks E%d: the %s backward ran", blk, E, sm90 ? "sm_90a" : "sm_80");
+  ck_assert_msg(eq < d->gtol && ek < d->gtol && ev < d->gtol, "%d-blocks E%d: dq %g dk %g dv %g", blk,
+                E, eq, ek, ev);
+  for (int i = 0; i < 2; i++) {
+    TlArr *outs[] = {&out[i], &lse[i], &dq[i], &dk[i], &dv[i]};
+    for (int j = 0; j < 5; j++) tl_arr_free(outs[j]);
+  }
+  flex_block_mask_free(bm);
   tl_arr_free(&q), tl_arr_free(&kk), tl_arr_free(&v), tl_arr_free(&dout);
   flex_kernel_free(k);
 }
+
+/* 128 x 128 blocks run the sm_90a backward (its 64 x 64 tiles divide
+ * them); 128 x 64 blocks, which the sm_90a forward's 128-key tiles do not
+ * divide, run the sm_80 kernels. */
+START_TEST(user_block_mask) {
+  block_mask_case(64, 1, 128, true);
+  block_mask_case(64, 1, 64, false);
+}
+END_TEST
+
+/* At E = 256 the sm_90a forward takes 64-key tiles, so 128 x 64 blocks run
+ * both sm_90a bodies: the two-consumer backward on the walk's lists. */
+START_TEST(user_block_mask_wide) { block_mask_case(256, 2, 64, true); }
 END_TEST
 
 int main(int argc, char **argv) {
@@ -321,17 +372,23 @@ int main(int argc, char **argv) {
   bool full = false;
   for (int i = 1; i < argc; i++) full |= !strcmp(argv[i], "--full");
   Suite *su = suite_create("emu_sm90_bwd");
-  TCase *tc = tcase_create("backward");
+  TCase *tc = tcase_create("backward"), *wide = tcase_create("wide"); /* head dims above 128 */
   tcase_set_timeout(tc, 600);
+  tcase_set_timeout(wide, 1200);
   if (full) {
     tcase_add_loop_test(tc, sample_full, 0, NSAMPLES * 2 * NSHAPES);
+    tcase_add_loop_test(wide, wide_full, 0, NWSAMPLES * 2 * NWIDE);
   } else {
     tcase_add_loop_test(tc, sample_default, 0, NSAMPLES * 2);
+    tcase_add_loop_test(wide, wide_default, 0, NWSAMPLES);
+    tcase_add_test(wide, user_block_mask_wide);
+    tcase_add_test(wide, packed_batch_wide);
     tcase_add_test(tc, padded_dims);
     tcase_add_test(tc, fallbacks);
     tcase_add_test(tc, packed_batch);
     tcase_add_test(tc, user_block_mask);
   }
   suite_add_tcase(su, tc);
+  suite_add_tcase(su, wide);
   return tl_run_suite(su);
 }

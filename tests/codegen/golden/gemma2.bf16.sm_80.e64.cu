@@ -34,7 +34,7 @@ __device__ __forceinline__ bool flex_mask(const FlexParams &p, int b, int h, int
 }
 
 /* joint (ds from dt) alibi_softcap of kernel gemma */
-__device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b, int h, int q, int kv, float dt) {
+__device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b, int h, int q, int kv, float dt, bool flex_accum = true) {
   const float softcap = p.pf[0];
   const float *slopes = (const float *)p.buf[0];
   const float t2 = flex_gload(slopes + h);
