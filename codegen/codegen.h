@@ -52,6 +52,7 @@ typedef struct CgOptions {
   bool backward;       /* emit the backward entries (needs m->joint) */
   bool grad_buffers;   /* some buffer is `grad`: the joint has ACCUMs */
   bool score_identity; /* the score returns s unchanged: skip the call */
+  int mask_divisions;  /* integer divisions and remainders of an implicit mask (sm_90a: consumers) */
   bool ds_is_dt;       /* d score/d s == 1 and no ACCUMs: skip the joint call */
   bool check_bounds;   /* checked run: buffer accesses tested, first failure recorded in p.bounds */
   bool fast_math;      /* opt-in: hardware approximations for exp, log, tanh, sigmoid, sin, cos, pow */

@@ -53,12 +53,33 @@ static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 int cg_fwd_sm90_dim(int head_dim) { return round_up(head_dim, 64); }
 
+/* Integer divisions and remainders in the mask: each is an interval
+ * division (flex_iv_div, flex_iv_mod: 64-bit bounds) when the walk
+ * classifies a tile. */
+static int mask_divisions(const IrModule *m) {
+  const IrFunc *f = m->mask;
+  int n = 0;
+  for (int i = 0; f && i <= f->ret; i++) {
+    int op = f->inst[i].op;
+    n += op == IR_DIV_I || op == IR_MOD_I || op == IR_FLOORDIV || op == IR_FLOORMOD;
+  }
+  return n;
+}
+
 /* Consumer warpgroups of the sm_90a forward: two (with setmaxnreg, 232
  * registers each) for an identity score, whose S, P and O fit beside each
- * other with the overlap; one (255 registers, no overlap) for a score
- * function, which ptxas could not fit in 232 (chunked_gelu: register
- * allocation failed). */
-static int sm90_consumers(const CgOptions *o) { return o->score_identity ? 2 : 1; }
+ * other with the overlap; one (255 registers) for a score function, which
+ * ptxas could not fit in 232 (chunked_gelu: register allocation failed),
+ * (the chunked_gelu failure came from an out-of-line range rule, since
+ * inlined: see docs/kernels.md), and for a mask whose tile classifier has
+ * more than two integer divisions: with two consumers the producer runs
+ * the walk in the 48 registers setmaxnreg leaves it, and ptxas spilled
+ * there (natten_gym and natten_tiled: 6 and 15 divisions, 52 and 500 bytes
+ * of spill stores at E = 128; natten's 4 spilled at E = 256; dilated's 2
+ * never). */
+static int sm90_consumers(const CgOptions *o) {
+  return o->score_identity && o->mask_divisions <= 2 ? 2 : 1;
+}
 
 bool cg_fwd_sm90_ok(const CgOptions *o) {
   return o->arch == CG_SM90A && o->dtype != CG_FP32 && !o->paged && !o->dropout && !o->no_tma;
@@ -287,6 +308,7 @@ bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int 
     o->sorted_check |= m->buffers[i].sorted;
   }
   o->score_identity = m->score_is_identity || returns_arg(m->score, ARG_S);
+  o->mask_divisions = o->mask_mode == CG_MASK_IMPLICIT ? mask_divisions(m) : 0;
   o->ds_is_dt = backward && returns_arg(m->joint, ARG_DT) && !has_accum(m->joint);
   o->source = m->prog && m->prog->src ? m->prog->src->path : NULL;
   return cg_options_retile(o, err, errlen);
@@ -426,7 +448,7 @@ static void entry_sm90(Buf *out, const CgOptions *o, const char *el, const char 
                   "  flex_fwd_sm90<%s, %s, %d, %d, %d, %d, %s, %s, %s>(t);\n}\n"
                   "FLEX_EMU_ENTRY(flex_fwd, FlexFwdTma)\n\n",
              o->fwd.threads, el, oel, cg_fwd_sm90_dim(o->head_dim), cg_fwd_sm90_dim(o->head_dim_v),
-             o->fwd.block_n, o->fwd.block_m / 64, o->fwd.block_m > 64 ? "true" : "false", mm, sid);
+             o->fwd.block_n, o->fwd.block_m / 64, o->score_identity ? "true" : "false", mm, sid);
 }
 
 /* The sm_90a backward: one __grid_constant__ FlexBwdTma. */

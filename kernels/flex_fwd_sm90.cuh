@@ -11,7 +11,7 @@
  *     fp16/bf16 in registers), then each frees the stage (`empty` counts
  *     all 128 NC consumer threads). Tile i's S wgmma is issued ahead of
  *     tile i - 1's P V, so the softmax runs under the P V.
- * With NC = 2, setmaxnreg moves registers from the producer (40) to the
+ * With NC = 2, setmaxnreg moves registers from the producer (48) to the
  * consumers (232): 384 threads would otherwise get 168 each. The two
  * consumers also take turns at issuing their wgmma (ping-pong): consumer
  * c waits at named barrier 1 + c for its turn, issues tile i's S (and tile
@@ -135,7 +135,7 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
   __syncthreads();
 
   if (tid < 128) { /* ---- producer ---- */
-    if (NC > 1) flex_setmaxnreg_dec<40>();
+    if (NC > 1) flex_setmaxnreg_dec<48>();
     if (tid >= 32 || !flex_elect_one()) return;
     flex_mbar_arrive_expect_tx(qbar, NC * QBYTES);
 #pragma unroll

@@ -295,6 +295,45 @@ START_TEST(sm90_backward_consumers) {
 }
 END_TEST
 
+/* The sm_90a forward's consumers: two for an identity score under a mask
+ * with at most two integer divisions, one (with the overlap kept) above
+ * that or with a score function; the template's NC and OVERLAP follow. */
+START_TEST(sm90_forward_consumers) {
+  static const struct {
+    const char *src;
+    int nc;
+    const char *overlap;
+  } cases[] = {
+      {"mask m(b, h, q, kv) { return q >= kv; }\n", 2, "true"},
+      {"mask m(b, h, q, kv) { return q / 3 == kv / 5; }\n", 2, "true"},
+      {"mask m(b, h, q, kv) { return (q / 3) % 5 == kv % 7; }\n", 1, "true"},
+      {"mask m(b, h, q, kv) { return q % 4 >= kv % 3 && q / 2 >= kv / 2; }\n", 1, "true"},
+      {"score s(x, b, h, q, kv) { return x * 0.5; }\nmask m(b, h, q, kv) { return q >= kv; }\n", 1,
+       "false"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    flex_kernel *k;
+    ck_assert(flex_kernel_from_source(&k, "test.score", cases[i].src, strlen(cases[i].src), NULL) ==
+              FLEX_OK);
+    CgOptions o;
+    char err[256], want[96];
+    ck_assert_msg(cg_options_init(&o, k->mod, CG_BF16, 128, 128, CG_SM90A, false, err, sizeof err),
+                  "%s", err);
+    ck_assert_msg(o.fwd_sm90, "case %zu: not the sm_90a forward", i);
+    ck_assert_msg(o.fwd.block_m == 64 * cases[i].nc && o.fwd.threads == 128 * (1 + cases[i].nc),
+                  "case %zu: %d rows, %d threads for %d consumers", i, o.fwd.block_m, o.fwd.threads,
+                  cases[i].nc);
+    Buf b = {0};
+    cg_emit_cuda(&b, k->mod, &o);
+    snprintf(want, sizeof want, "flex_fwd_sm90<FlexBF16, FlexBF16, 128, 128, 128, %d, %s, ",
+             cases[i].nc, cases[i].overlap);
+    ck_assert_msg(strstr(b.data, want) != NULL, "case %zu: no '%s'", i, want);
+    buf_free(&b);
+    flex_kernel_free(k);
+  }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("codegen");
   TCase *tc = tcase_create("emit");
@@ -307,6 +346,7 @@ int main(void) {
   tcase_add_test(tc, int_semantics);
   tcase_add_test(tc, launch_geometry);
   tcase_add_test(tc, sm90_backward_consumers);
+  tcase_add_test(tc, sm90_forward_consumers);
   suite_add_tcase(s, tc);
   return tl_run_suite(s);
 }

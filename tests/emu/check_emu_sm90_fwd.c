@@ -3,7 +3,8 @@
  * float64 reference, through the public API with flex_args.arch "sm_90a".
  *
  * Samples with a score function (softcap, alibi, relpos_bias), implicit
- * masks (causal, sliding_window, dilated with fully masked rows) and a mask
+ * masks (causal, sliding_window, dilated with fully masked rows; natten,
+ * whose four divisions give one consumer with the overlap) and a mask
  * the runtime builds BlockMask lists for (document), fp16 and bf16, head
  * dims 64, 128, 256 and padded ones (72 / 40 / 136: TMA zero-fills the
  * panel), Q_LEN
@@ -53,8 +54,8 @@ static const Shape shapes[] = {
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof *shapes))
 
-static const char *const samples[] = {"causal",  "softcap",     "alibi",         "document",
-                                      "dilated", "relpos_bias", "sliding_window"};
+static const char *const samples[] = {"causal",  "softcap",     "alibi",          "document",
+                                      "dilated", "relpos_bias", "sliding_window", "natten"};
 #define NSAMPLES ((int)(sizeof samples / sizeof *samples))
 
 typedef struct Extras {
