@@ -88,6 +88,7 @@ bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int 
 /* Whether the forward of `o` can be the sm_90a body: sm_90a, fp16/bf16, K/V
  * not paged, no dropout, TMA-loadable tensors (!no_tma). */
 bool cg_fwd_sm90_ok(const CgOptions *o);
+bool cg_fwd_sm90_overlap(const CgOptions *o);
 /* Whether the backward of `o` can be the sm_90a body: sm_90a, fp16/bf16,
  * head dims up to 256, no dropout, K/V not paged, not
  * deterministic, TMA-loadable tensors (!no_tma). Every other backward runs

@@ -66,19 +66,24 @@ static int mask_divisions(const IrModule *m) {
   return n;
 }
 
-/* Consumer warpgroups of the sm_90a forward: two (with setmaxnreg, 232
- * registers each) for an identity score, whose S, P and O fit beside each
- * other with the overlap; one (255 registers) for a score function, which
- * ptxas could not fit in 232 (chunked_gelu: register allocation failed),
- * (the chunked_gelu failure came from an out-of-line range rule, since
- * inlined: see docs/kernels.md), and for a mask whose tile classifier has
- * more than two integer divisions: with two consumers the producer runs
- * the walk in the 48 registers setmaxnreg leaves it, and ptxas spilled
- * there (natten_gym and natten_tiled: 6 and 15 divisions, 52 and 500 bytes
- * of spill stores at E = 128; natten's 4 spilled at E = 256; dilated's 2
- * never). */
+/* Consumer warpgroups of the sm_90a forward: two (setmaxnreg 48 / 232),
+ * except under an implicit mask whose tile classifier has more than two
+ * integer divisions: with two consumers the producer runs the walk in the
+ * 48 registers setmaxnreg leaves it, and ptxas spilled there (natten_gym
+ * and natten_tiled: 6 and 15 divisions, 52 and 500 bytes of spill stores
+ * at E = 128; natten's 4 spilled at E = 256; dilated's 2 never). One
+ * consumer keeps 255 registers for everyone. */
 static int sm90_consumers(const CgOptions *o) {
-  return o->score_identity && o->mask_divisions <= 2 ? 2 : 1;
+  return o->mask_divisions <= 2 ? 2 : 1;
+}
+
+/* The S / P V overlap of the sm_90a forward (S, P and O live at once):
+ * always for an identity score; for a score function up to head dim 128
+ * (above, O alone takes 128 registers, and gemma2 spilled 4 bytes with the
+ * overlap in 232). */
+bool cg_fwd_sm90_overlap(const CgOptions *o) {
+  return o->score_identity ||
+         (cg_fwd_sm90_dim(o->head_dim) <= 128 && cg_fwd_sm90_dim(o->head_dim_v) <= 128);
 }
 
 bool cg_fwd_sm90_ok(const CgOptions *o) {
@@ -448,7 +453,7 @@ static void entry_sm90(Buf *out, const CgOptions *o, const char *el, const char 
                   "  flex_fwd_sm90<%s, %s, %d, %d, %d, %d, %s, %s, %s>(t);\n}\n"
                   "FLEX_EMU_ENTRY(flex_fwd, FlexFwdTma)\n\n",
              o->fwd.threads, el, oel, cg_fwd_sm90_dim(o->head_dim), cg_fwd_sm90_dim(o->head_dim_v),
-             o->fwd.block_n, o->fwd.block_m / 64, o->score_identity ? "true" : "false", mm, sid);
+             o->fwd.block_n, o->fwd.block_m / 64, cg_fwd_sm90_overlap(o) ? "true" : "false", mm, sid);
 }
 
 /* The sm_90a backward: one __grid_constant__ FlexBwdTma. */

@@ -98,7 +98,7 @@ __device__ __forceinline__ void flex_fwd_sm90_hand_over(int cw) {
 /* EPT, EVPT: E and EV padded to 64 (whole 128-byte swizzle rows); BN keys
  * per tile (at most 128: one 64-bit live word per thread); NC consumer
  * warpgroups; OVERLAP: tile i's S wgmma ahead of tile i - 1's P V (S, P and
- * O live at once: more registers than a score function leaves). */
+ * O live at once: see cg_fwd_sm90_overlap). */
 template <class El, class OutEl, int EPT, int EVPT, int BN, int NC, bool OVERLAP, int MASK_MODE,
           bool SCORE_ID>
 __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {

@@ -295,21 +295,26 @@ START_TEST(sm90_backward_consumers) {
 }
 END_TEST
 
-/* The sm_90a forward's consumers: two for an identity score under a mask
- * with at most two integer divisions, one (with the overlap kept) above
- * that or with a score function; the template's NC and OVERLAP follow. */
+/* The sm_90a forward's consumers: two unless an implicit mask has more
+ * than two integer divisions (then one); the overlap for an identity score
+ * and for a score function up to head dim 128. The template's NC and
+ * OVERLAP follow. */
 START_TEST(sm90_forward_consumers) {
+  static const char softcap[] =
+      "score s(x, b, h, q, kv) { return 20.0 * tanh(x / 20.0); }\n"
+      "mask m(b, h, q, kv) { return q >= kv; }\n";
   static const struct {
     const char *src;
-    int nc;
+    int E, nc, bn;
     const char *overlap;
   } cases[] = {
-      {"mask m(b, h, q, kv) { return q >= kv; }\n", 2, "true"},
-      {"mask m(b, h, q, kv) { return q / 3 == kv / 5; }\n", 2, "true"},
-      {"mask m(b, h, q, kv) { return (q / 3) % 5 == kv % 7; }\n", 1, "true"},
-      {"mask m(b, h, q, kv) { return q % 4 >= kv % 3 && q / 2 >= kv / 2; }\n", 1, "true"},
-      {"score s(x, b, h, q, kv) { return x * 0.5; }\nmask m(b, h, q, kv) { return q >= kv; }\n", 1,
-       "false"},
+      {"mask m(b, h, q, kv) { return q >= kv; }\n", 128, 2, 128, "true"},
+      {"mask m(b, h, q, kv) { return q >= kv; }\n", 256, 2, 64, "true"},
+      {"mask m(b, h, q, kv) { return q / 3 == kv / 5; }\n", 128, 2, 128, "true"},
+      {"mask m(b, h, q, kv) { return (q / 3) % 5 == kv % 7; }\n", 128, 1, 128, "true"},
+      {"mask m(b, h, q, kv) { return q % 4 >= kv % 3 && q / 2 >= kv / 2; }\n", 64, 1, 128, "true"},
+      {softcap, 128, 2, 128, "true"},
+      {softcap, 256, 2, 64, "false"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     flex_kernel *k;
@@ -317,7 +322,8 @@ START_TEST(sm90_forward_consumers) {
               FLEX_OK);
     CgOptions o;
     char err[256], want[96];
-    ck_assert_msg(cg_options_init(&o, k->mod, CG_BF16, 128, 128, CG_SM90A, false, err, sizeof err),
+    int E = cases[i].E;
+    ck_assert_msg(cg_options_init(&o, k->mod, CG_BF16, E, E, CG_SM90A, false, err, sizeof err),
                   "%s", err);
     ck_assert_msg(o.fwd_sm90, "case %zu: not the sm_90a forward", i);
     ck_assert_msg(o.fwd.block_m == 64 * cases[i].nc && o.fwd.threads == 128 * (1 + cases[i].nc),
@@ -325,8 +331,8 @@ START_TEST(sm90_forward_consumers) {
                   cases[i].nc);
     Buf b = {0};
     cg_emit_cuda(&b, k->mod, &o);
-    snprintf(want, sizeof want, "flex_fwd_sm90<FlexBF16, FlexBF16, 128, 128, 128, %d, %s, ",
-             cases[i].nc, cases[i].overlap);
+    snprintf(want, sizeof want, "flex_fwd_sm90<FlexBF16, FlexBF16, %d, %d, %d, %d, %s, ", E, E,
+             cases[i].bn, cases[i].nc, cases[i].overlap);
     ck_assert_msg(strstr(b.data, want) != NULL, "case %zu: no '%s'", i, want);
     buf_free(&b);
     flex_kernel_free(k);
