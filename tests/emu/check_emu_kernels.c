@@ -16,6 +16,10 @@
  * --tiles runs every row of the tile table (codegen/kernel.c) and every
  * shape of bench/tile_sweep.txt (through FLEXC_TILES) on lengths with
  * interior and edge tiles.
+ * --sm90 has the emulator generate for sm_90a (the TMA + wgmma forward and
+ * backward): every sample in fp16 and bf16 on shapes_sm90 (head dims 64,
+ * 128, 256 and padded ones), asserting that both sm_90a bodies ran; with
+ * --full every sample x dtype x shape.
  * --cuda runs the same cases on the GPU instead of the emulator (the
  * tensors mirrored on the device by tl_cuda_call; outputs in q's dtype, as
  * the CUDA backend wants); it exits 77 where there is no CUDA device.
@@ -30,6 +34,7 @@
 
 #include "codegen/codegen.h"
 #include "cuda/driver.h"
+#include "runtime/backend.h"
 #include "runtime/flex.h"
 #include "runtime/npy.h"
 #include "testlib.h"
@@ -37,6 +42,8 @@
 static uint64_t rng;
 static bool on_cuda; /* --cuda: the device backend is the GPU, not the emulator */
 static bool on_cpu;  /* --cpu: the device backend is the CPU backend (cpu/) */
+static bool full;    /* --full (or FLEXC_EMU_FULL=1): the whole cross product */
+static bool on_sm90; /* --sm90: the emulator generates for sm_90a (fp16 / bf16, shapes_sm90) */
 
 /* One problem shape and the optional features it turns on. */
 typedef struct Shape {
@@ -55,6 +62,16 @@ static const Shape shapes[] = {
     {1, 2, 2, 17, 19, 160, 136, true, false}, /* head dims over 128: the halved tiles */
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof *shapes))
+
+/* --sm90: the head dims of the sm_90a kernels (64, 128, 256 and padded
+ * ones), lengths that miss the 64-row and 64/128-key tiles. */
+static const Shape shapes_sm90[] = {
+    {2, 4, 2, 77, 130, 64, 64, true, false},   /* GQA, dLSE */
+    {1, 2, 1, 45, 150, 128, 128, false, true}, /* MQA, O in q's dtype */
+    {1, 2, 2, 33, 67, 256, 256, true, false},  /* two backward consumers */
+    {2, 2, 1, 65, 100, 72, 40, false, false},  /* padded to 128 / 64, E != EV */
+};
+#define NSHAPES_SM90 ((int)(sizeof shapes_sm90 / sizeof *shapes_sm90))
 #define NDEFAULT_SHAPES 4 /* the default run spreads shapes 0..3 over the samples */
 
 static const char *const samples[] = {"alibi", "causal", "causal_lower_right", "chunked_gelu",
@@ -193,6 +210,7 @@ static void run_init(Run *r, const Shape *s, DLDataType dt, const char *sample) 
     a->params = r->x.params, a->nparams = r->x.np;
     a->buffers = i ? r->x.fr : r->x.fe, a->nbuffers = r->x.nb;
     a->scale = call_scale;
+    a->arch = !i && on_sm90 ? "sm_90a" : NULL;
   }
 }
 
@@ -240,8 +258,12 @@ static void run_shape(int si, int di, const Shape *s) {
     bool gpu = on_cuda && i == 0;
     flex_status f = gpu ? tl_cuda_call(k, &r.a[i], false) : flex_forward(k, &r.a[i]);
     ck_assert_msg(f == FLEX_OK, "%s forward: %s", who, flex_last_error());
+    if (on_sm90 && !i) /* every sample runs the TMA + wgmma forward */
+      ck_assert_msg(rt_run_last_stats().fwd_sm90, "%s: the sm_90a forward did not run", samples[si]);
     flex_status b = gpu ? tl_cuda_call(k, &r.a[i], true) : flex_backward(k, &r.a[i]);
     ck_assert_msg(b == FLEX_OK, "%s backward: %s", who, flex_last_error());
+    if (on_sm90 && !i)
+      ck_assert_msg(rt_run_last_stats().bwd_sm90, "%s: the sm_90a backward did not run", samples[si]);
   }
   double eo = tl_rel_err(&r.out[0].a, &r.out[1].a), el = tl_rel_err(&r.lse[0].a, &r.lse[1].a);
   double eq = tl_rel_err(&r.dq[0].a, &r.dq[1].a), ek = tl_rel_err(&r.dk[0].a, &r.dk[1].a);
@@ -268,6 +290,14 @@ static void run_shape(int si, int di, const Shape *s) {
 }
 
 static void run_case(int si, int di, int shi) { run_shape(si, di, &shapes[shi]); }
+
+/* --sm90: every sample in fp16 and bf16 on the sm_90a kernels; the default
+ * run rotates the shapes, --full runs them all. */
+START_TEST(sample_sm90) {
+  int n = full ? NSHAPES_SM90 : 1, si = _i / (2 * n), di = 1 + _i / n % 2;
+  run_shape(si, di, &shapes_sm90[full ? _i % n : (si + di) % NSHAPES_SM90]);
+}
+END_TEST
 
 /* Default matrix: sample x dtype, shape variants rotated over them. */
 START_TEST(sample_default) {
@@ -425,11 +455,11 @@ static void timing(void) {
 
 int main(int argc, char **argv) {
   rng = tl_seed();
-  bool full = false;
   for (int i = 1; i < argc; i++) {
     full |= !strcmp(argv[i], "--full");
     on_cuda |= !strcmp(argv[i], "--cuda");
     on_cpu |= !strcmp(argv[i], "--cpu");
+    on_sm90 |= !strcmp(argv[i], "--sm90");
   }
   if (on_cpu && !flex_backend_available(FLEX_BACKEND_CPU)) {
     printf("skipped: %s\n", flex_last_error());
@@ -454,6 +484,8 @@ int main(int argc, char **argv) {
     cg_tile_table(&n);
     tcase_add_loop_test(tc, tile_table_row, 0, n);
     tcase_add_loop_test(tc, tile_sweep_line, 0, 16);
+  } else if (on_sm90) {
+    tcase_add_loop_test(tc, sample_sm90, 0, NSAMPLES * 2 * (full ? NSHAPES_SM90 : 1));
   } else if (full) {
     tcase_add_loop_test(tc, sample_full, 0, NSAMPLES * 3 * NSHAPES);
   } else {

@@ -36,3 +36,11 @@ set_tests_properties(check_emu_sm90_bwd_full PROPERTIES LABELS slow TIMEOUT 3600
 add_test(NAME check_emu_sm90_fwd_gpu COMMAND check_emu_sm90_fwd --cuda)
 set_tests_properties(check_emu_sm90_fwd_gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
   ENVIRONMENT "FLEXC_CUDA_SM90_FWD=1;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+# Every sample on the sm_90a kernels (fp16 / bf16; head dims 64, 128, 256 and
+# padded ones): the default spread, and the cross product (slow).
+add_test(NAME check_emu_kernels_sm90 COMMAND check_emu_kernels --sm90)
+set_tests_properties(check_emu_kernels_sm90 PROPERTIES TIMEOUT 1500
+  ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+add_test(NAME check_emu_kernels_sm90_full COMMAND check_emu_kernels --sm90 --full)
+set_tests_properties(check_emu_kernels_sm90_full PROPERTIES LABELS slow TIMEOUT 3600
+  ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
