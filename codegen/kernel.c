@@ -92,11 +92,16 @@ bool cg_fwd_sm90_ok(const CgOptions *o) {
 
 /* The one place that decides the backward's body: the sm_90a one for what
  * it supports, flex_bwd_tc / flex_bwd_main for the rest. Dropout, paged
- * K/V and the deterministic variant are not in the sm_90a body. */
+ * K/V and the deterministic variant are not in the sm_90a body, nor head
+ * dims above 128 under an implicit mask with more than two integer
+ * divisions: the two consumers leave the producer 48 registers for the
+ * walk, and ptxas spilled there (natten_gym 88, natten_tiled 492 bytes of
+ * spill stores at E = 256), as in the forward (sm90_consumers). */
 bool cg_bwd_sm90_ok(const CgOptions *o) {
+  bool wide = cg_fwd_sm90_dim(o->head_dim) > 128 || cg_fwd_sm90_dim(o->head_dim_v) > 128;
   return o->arch == CG_SM90A && o->backward && o->dtype != CG_FP32 && !o->paged && !o->dropout &&
          !o->no_tma && !o->deterministic && cg_fwd_sm90_dim(o->head_dim) <= 256 &&
-         cg_fwd_sm90_dim(o->head_dim_v) <= 256;
+         cg_fwd_sm90_dim(o->head_dim_v) <= 256 && !(wide && o->mask_divisions > 2);
 }
 
 /* Consumer warpgroups of the sm_90a backward: one up to head dims 128

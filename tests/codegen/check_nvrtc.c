@@ -55,9 +55,8 @@ static const struct KnownSpill {
 } known_spills[] = {
     /* exp(temp[h]) per element at 128 x 32, E = 128 */
     {"head_temperature.score", "flex_fwd", CG_SM80, 128, 20, 36},
-    /* the sm_90a classifier of tiled NATTEN */
-    {"natten_tiled.score", "flex_fwd", CG_SM90A, 64, 0, 4},
-    {"natten_tiled.score", "flex_fwd", CG_SM90A, 128, 0, 4},
+    /* tiled NATTEN's classifier (15 integer divisions) on 64-bit intervals */
+    {"natten_tiled.score", "flex_fwd", CG_SM80, 128, 8, 40},
     /* a score function reading a buffer, K/V through the page table, 128 x 32 */
     {"paged_forward_compiles", "flex_fwd", CG_SM80, 128, 12, 28},
 };

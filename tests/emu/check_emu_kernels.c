@@ -262,8 +262,13 @@ static void run_shape(int si, int di, const Shape *s) {
       ck_assert_msg(rt_run_last_stats().fwd_sm90, "%s: the sm_90a forward did not run", samples[si]);
     flex_status b = gpu ? tl_cuda_call(k, &r.a[i], true) : flex_backward(k, &r.a[i]);
     ck_assert_msg(b == FLEX_OK, "%s backward: %s", who, flex_last_error());
+    /* ... and the sm_90a backward, except above head dim 128 under a mask
+     * with more than two divisions (cg_bwd_sm90_ok: the sm_80 body) */
+    bool heavy = !strncmp(samples[si], "natten", 6); /* 4, 6 and 15 divisions */
+    bool want_bwd = !(heavy && (s->E > 128 || s->EV > 128));
     if (on_sm90 && !i)
-      ck_assert_msg(rt_run_last_stats().bwd_sm90, "%s: the sm_90a backward did not run", samples[si]);
+      ck_assert_msg(rt_run_last_stats().bwd_sm90 == want_bwd, "%s: the sm_90a backward %s",
+                    samples[si], want_bwd ? "did not run" : "ran");
   }
   double eo = tl_rel_err(&r.out[0].a, &r.out[1].a), el = tl_rel_err(&r.lse[0].a, &r.lse[1].a);
   double eq = tl_rel_err(&r.dq[0].a, &r.dq[1].a), ek = tl_rel_err(&r.dk[0].a, &r.dk[1].a);
