@@ -178,11 +178,32 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
 #pragma unroll
   for (int i = 0; i < EVPT / 2; i++) o[i] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-  const float scale_log2 = p.scale * FLEX_LOG2E;
   /* The turns (NC = 2): barrier 1 + cw is this consumer's, of 256 threads
    * (its own wait and the other's hand-over). */
   if (NC > 1 && cw == 0) flex_bar_arrive<1, 256>();
   flex_mbar_wait(qbar, 0);
+  /* An identity score keeps S unscaled, as flex_fwd_tc does: the running
+   * max is taken on Q K^T and s = scale log2 e goes into the exponent's
+   * FMA (x s - m s), one instruction per element instead of a multiply and
+   * a subtract. That needs s positive and finite; any other scale is folded
+   * into this consumer's Q in shared memory once (times -1 for a negative
+   * one, exact; else times the scale, whose log2-domain value underflows or
+   * overflows, s = log2 e): generic-proxy writes, then the proxy fence and
+   * a barrier of every consumer thread before the first wgmma reads Q (one
+   * barrier id for all: a branch on cw around the barrier cost 150
+   * instructions a tile, as the turns' register ids did). A score
+   * function returns log2-domain logits (s = 1). */
+  float sl = SCORE_ID ? p.scale * FLEX_LOG2E : 1.0f;
+  if (SCORE_ID && !(sl > 0.0f && sl < INFINITY)) {
+    const bool neg = sl < 0.0f && sl > -INFINITY;
+    const float f = neg ? -1.0f : p.scale;
+    typename El::T *q = (typename El::T *)(sQ + cw * QBYTES);
+    for (int e = ct % 128; e < (int)(QBYTES / 2); e += 128) q[e] = El::mul(q[e], f);
+    flex_fence_proxy_async();
+    flex_bar_sync<3, 128 * NC>(); /* every consumer thread: NC is all of them */
+    sl = neg ? -sl : FLEX_LOG2E;
+  }
+  const float scale_log2 = sl;
 
   /* Tile i's S wgmma is issued before tile i - 1's P V, and the softmax of
    * tile i runs while that P V still computes, so the tensor cores work
@@ -240,7 +261,7 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
         const bool ok = live[0] >> (4 * j + c) & 1;
         float &x = sacc[4 * j + c];
         if (SCORE_ID) {
-          x = ok ? x * scale_log2 : -INFINITY;
+          x = ok ? x : -INFINITY;
         } else {
           const int qi = r0 + 16 * w + g + (c >> 1) * 8, kj = n0 + j * 8 + 2 * t4 + (c & 1);
           /* user code never sees an element that is out of range or masked */
@@ -259,9 +280,11 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
       tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
       const float m_new = flex_max_nan(row_max[r], tile_max[r]);
-      /* A row that has seen only -inf keeps max -inf; use 0 so exp2 gives 0, not NaN. */
+      /* A row that has seen only -inf keeps max -inf; use 0 so exp2 gives 0,
+       * not NaN. m_use is in S's units; times scale_log2 in log2 units. */
       m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-      corr[r] = flex_ex2(row_max[r] - m_use[r]);
+      corr[r] = flex_ex2((row_max[r] - m_use[r]) * scale_log2);
+      m_use[r] *= scale_log2;
       row_max[r] = m_new;
       row_sum[r] *= corr[r];
     }
@@ -269,7 +292,7 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
     for (int j = 0; j < BN / 8; j++)
 #pragma unroll
       for (int c = 0; c < 4; c++) {
-        sacc[4 * j + c] = flex_ex2(sacc[4 * j + c] - m_use[c >> 1]);
+        sacc[4 * j + c] = flex_ex2(fmaf(sacc[4 * j + c], scale_log2, -m_use[c >> 1]));
         row_sum[c >> 1] += sacc[4 * j + c];
       }
 
@@ -320,7 +343,7 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
     float lse;
-    const float inv = flex_finish_row(row_max[r], row_sum[r], &lse);
+    const float inv = flex_finish_row(row_max[r] * scale_log2, row_sum[r], &lse);
     const int qi = r0 + 16 * w + g + r * 8;
     if (qi >= p.q_len) continue;
     if (t4 == 0) flex_gstore(p.lse + b * p.lse_b + h * p.lse_h + qi, lse);

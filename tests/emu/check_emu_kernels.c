@@ -350,7 +350,7 @@ END_TEST
  * and bf16. */
 START_TEST(odd_scales) {
   const int si = _i / 4 % 2 ? 0 : 1, di = _i % 2 ? 1 : 2;
-  const Shape *s = &shapes[_i % 2];
+  const Shape *s = on_sm90 ? &shapes_sm90[_i % 2] : &shapes[_i % 2];
   call_scale = _i / 2 % 2 ? 1e-46 : -0.3;
   fprintf(stderr, "  scale %g\n", call_scale);
   if (call_scale < 0) {
@@ -364,6 +364,7 @@ START_TEST(odd_scales) {
     run_init(&r, s, rt_dtype(d->code, d->bits), samples[si]);
     for (int i = 1; i >= 0; i--)
       ck_assert_msg(flex_forward(k, &r.a[i]) == FLEX_OK, "%s", flex_last_error());
+    ck_assert(!on_sm90 || rt_run_last_stats().fwd_sm90);
     double eo = tl_rel_err(&r.out[0].a, &r.out[1].a), el = tl_rel_err(&r.lse[0].a, &r.lse[1].a);
     fprintf(stderr, "  %s %s forward: out %.2g lse %.2g\n", samples[si], d->name, eo, el);
     ck_assert_msg(eo < d->tol && el < d->tol, "out %g lse %g", eo, el);
@@ -491,6 +492,7 @@ int main(int argc, char **argv) {
     tcase_add_loop_test(tc, tile_sweep_line, 0, 16);
   } else if (on_sm90) {
     tcase_add_loop_test(tc, sample_sm90, 0, NSAMPLES * 2 * (full ? NSHAPES_SM90 : 1));
+    tcase_add_loop_test(tc, odd_scales, 0, 8);
   } else if (full) {
     tcase_add_loop_test(tc, sample_full, 0, NSAMPLES * 3 * NSHAPES);
   } else {
