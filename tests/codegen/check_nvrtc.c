@@ -461,47 +461,47 @@ START_TEST(sm90_wgmma_pipelined) {
 }
 END_TEST
 
+/* One entry's figures from a log: ptxas's own form, NVRTC's properties
+ * line, and an entry followed by the functions it calls (whose lines must
+ * not overwrite its own). */
 START_TEST(ptxas_parser) {
-  const char *log = "ptxas info    : 0 bytes gmem\n"
-                    "ptxas info    : Compiling entry function 'flex_fwd' for 'sm_80'\n"
-                    "ptxas info    : Function properties for flex_fwd\n"
-                    "    8 bytes stack frame, 12 bytes spill stores, 16 bytes spill loads\n"
-                    "ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]\n";
+  static const struct {
+    const char *log;
+    int regs, stack, stores, loads, smem;
+  } cases[] = {
+      {"ptxas info    : 0 bytes gmem\n"
+       "ptxas info    : Compiling entry function 'flex_fwd' for 'sm_80'\n"
+       "ptxas info    : Function properties for flex_fwd\n"
+       "    8 bytes stack frame, 12 bytes spill stores, 16 bytes spill loads\n"
+       "ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]\n",
+       168, 8, 12, 16, 1024},
+      {"ptxas info    : Compiling entry function 'flex_fwd' for 'sm_80'\n"
+       "ptxas info    : Function properties for flex_fwd\n"
+       "ptxas         .     232 bytes stack frame, 248 bytes spill stores, 424 bytes spill loads\n"
+       "ptxas info    : Used 255 registers, used 1 barriers\n",
+       255, 232, 248, 424, 0},
+      {"ptxas info    : Compiling entry function 'flex_fwd' for 'sm_90a'\n"
+       "ptxas info    : Function properties for flex_fwd\n"
+       "    240 bytes stack frame, 644 bytes spill stores, 824 bytes spill loads\n"
+       "ptxas info    : Used 168 registers, used 3 barriers, 240 bytes cumulative stack size\n"
+       "ptxas info    : Compile time = 276.007 ms\n"
+       "ptxas info    : Function properties for _Z11flex_iv_div7FlexIvIS_\n"
+       "    0 bytes stack frame, 14 bytes spill stores, 12 bytes spill loads\n"
+       "ptxas info    : Function properties for _Z14flex_iv_div_nz7FlexIvIxx\n"
+       "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 4 bytes spill loads\n",
+       168, 240, 644, 824, 0},
+  };
   RtPtxasInfo info[2];
-  ck_assert_int_eq(rt_ptxas_parse(log, info, 2), 1);
-  ck_assert_str_eq(info[0].name, "flex_fwd");
-  ck_assert_int_eq(info[0].registers, 168);
-  ck_assert_int_eq(info[0].stack, 8);
-  ck_assert_int_eq(info[0].spill_stores, 12);
-  ck_assert_int_eq(info[0].spill_loads, 16);
-  ck_assert_int_eq(info[0].smem, 1024);
-  ck_assert(!info[0].wgmma_serial);
-  /* NVRTC's form of the properties line */
-  const char *lognv = "ptxas info    : Compiling entry function 'flex_bwd' for 'sm_80'\n"
-                      "ptxas info    : Function properties for flex_bwd\n"
-                      "ptxas         .     232 bytes stack frame, 248 bytes spill stores, 424 bytes "
-                      "spill loads\n"
-                      "ptxas info    : Used 255 registers, used 1 barriers\n";
-  ck_assert_int_eq(rt_ptxas_parse(lognv, info, 2), 1);
-  ck_assert_int_eq(info[0].stack, 232);
-  ck_assert_int_eq(info[0].spill_stores, 248);
-  ck_assert_int_eq(info[0].spill_loads, 424);
-  ck_assert_int_eq(info[0].registers, 255);
-  /* the functions an entry calls have properties of their own, after it */
-  const char *logcall = "ptxas info    : Compiling entry function 'flex_fwd' for 'sm_90a'\n"
-                        "ptxas info    : Function properties for flex_fwd\n"
-                        "    240 bytes stack frame, 644 bytes spill stores, 824 bytes spill loads\n"
-                        "ptxas info    : Used 168 registers, used 3 barriers, 240 bytes cumulative stack size\n"
-                        "ptxas info    : Compile time = 276.007 ms\n"
-                        "ptxas info    : Function properties for _Z11flex_iv_div7FlexIvIS_\n"
-                        "    0 bytes stack frame, 14 bytes spill stores, 12 bytes spill loads\n"
-                        "ptxas info    : Function properties for _Z14flex_iv_div_nz7FlexIvIxx\n"
-                        "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 4 bytes spill loads\n";
-  ck_assert_int_eq(rt_ptxas_parse(logcall, info, 2), 1);
-  ck_assert_int_eq(info[0].stack, 240);
-  ck_assert_int_eq(info[0].spill_stores, 644);
-  ck_assert_int_eq(info[0].spill_loads, 824);
-  ck_assert_int_eq(info[0].registers, 168);
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    ck_assert_int_eq(rt_ptxas_parse(cases[i].log, info, 2), 1);
+    ck_assert_str_eq(info[0].name, "flex_fwd");
+    ck_assert_int_eq(info[0].registers, cases[i].regs);
+    ck_assert_int_eq(info[0].stack, cases[i].stack);
+    ck_assert_int_eq(info[0].spill_stores, cases[i].stores);
+    ck_assert_int_eq(info[0].spill_loads, cases[i].loads);
+    ck_assert_int_eq(info[0].smem, cases[i].smem);
+    ck_assert(!info[0].wgmma_serial);
+  }
   /* sm_90a advisories come before the entries they name */
   const char *log90 =
       "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are "
