@@ -11,6 +11,12 @@
 #      call time) beside PyTorch's compiled flex_attention and SDPA
 #      (../shared/tools/torch_flex_bench.py, when torch imports), joined
 #      into one side-by-side table
+#   3b. on a compute capability 9.0 device (H100, H200): the sm_90a kernels
+#      (TMA + wgmma, opt-in on the CUDA backend until they have run here:
+#      FLEXC_CUDA_SM90_FWD=1 FLEXC_CUDA_SM90_BWD=1): check_emu_sm90_fwd_gpu
+#      and check_emu_kernels_gpu against the reference (a failure is
+#      reported and skips their table, the rest goes on), then the same
+#      table (flexc_sm90.md)
 #   4. the tile sweep: every line of bench/tile_sweep.txt (FLEXC_TILES) at
 #      L=8192, E=128 and E=64, noop and causal; the best forward and
 #      backward shape per head dim written in the table's format
@@ -86,6 +92,24 @@ awk -F'|' '
     }
   }' "$out/flexc.md" "$torch_md" | tee "$out/side_by_side.md"
 
+sm90_rc=0
+cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)
+if [ "$cc" = "9.0" ]; then
+  echo "== 3b. sm_90a kernels: correctness ($(elapsed) s)"
+  (cd "$build" && FLEXC_CUDA_SM90_FWD=1 FLEXC_CUDA_SM90_BWD=1 \
+    ctest -R '^(check_emu_sm90_fwd_gpu|check_emu_kernels_gpu)$' --output-on-failure) \
+    >"$out/correctness_sm90.log" 2>&1
+  sm90_rc=$?
+  tail -5 "$out/correctness_sm90.log"
+  if [ "$sm90_rc" -eq 0 ]; then
+    echo "== 3b. sm_90a kernels: table ($(elapsed) s)"
+    FLEXC_CUDA_SM90_FWD=1 FLEXC_CUDA_SM90_BWD=1 "$build/bench_attention" $quick >"$out/flexc_sm90.md"
+    cat "$out/flexc_sm90.md"
+  else
+    echo "sm_90a kernels failed on this GPU: see $out/correctness_sm90.log (no sm_90a table)"
+  fi
+fi
+
 echo "== 4. tile sweep ($(elapsed) s)"
 budget=${SWEEP_BUDGET:-600}
 sweep_start=$(date +%s)
@@ -124,3 +148,4 @@ awk -F'|' '
     }
   }' "$out/sweep.md" | sort | tee "$out/tiles_best.txt"
 echo "== done in $(elapsed) s; results in $out"
+[ "$sm90_rc" -eq 0 ] || exit 1
