@@ -55,8 +55,13 @@ static const struct KnownSpill {
 } known_spills[] = {
     /* exp(temp[h]) per element at 128 x 32, E = 128 */
     {"head_temperature.score", "flex_fwd", CG_SM80, 128, 20, 36},
-    /* tiled NATTEN's classifier (15 integer divisions) on 64-bit intervals */
+    /* the NATTEN masks' classifiers (6 and 15 integer divisions on 64-bit
+     * intervals), inlined in every thread of the sm_80 bodies; hidden until
+     * rt_ptxas_parse read the kernel's own properties line */
     {"natten_tiled.score", "flex_fwd", CG_SM80, 128, 8, 40},
+    {"natten_tiled.score", "flex_fwd", CG_SM80, 72, 32, 48},
+    {"natten_tiled.score", "flex_bwd", CG_SM80, 16, 40, 68},
+    {"natten_gym.score", "flex_fwd", CG_SM80, 72, 48, 64},
     /* a score function reading a buffer, K/V through the page table, 128 x 32 */
     {"paged_forward_compiles", "flex_fwd", CG_SM80, 128, 12, 28},
 };
