@@ -36,7 +36,8 @@ if(FLEXC_PYTHON3)
   # The sm_90a kernels (wgmma): the steady-state loop found, no spills, no
   # stack, and the wgmma not serialised by ptxas (a serialised kernel waits
   # for each wgmma before issuing the next). Measured on causal, bf16,
-  # E=128: forward 6.21 instructions per 4096 FLOP (99 per HGMMA).
+  # E=128: forward 6.21 instructions per 4096 FLOP (99 per HGMMA), 6.10
+  # after the ping-pong turns and the scale fold (2026-11-24).
   add_test(NAME kernel_model_sm90 COMMAND ${FLEXC_PYTHON3} ${PROJECT_SOURCE_DIR}/bench/kernel_model.py
     samples/causal.score --arch sm_90a --dtype bf16 --head-dim 128 --install
     --flexc $<TARGET_FILE:flexc>
