@@ -53,6 +53,12 @@ static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 int cg_fwd_sm90_dim(int head_dim) { return round_up(head_dim, 64); }
 
+/* A head dim past 128 once padded to 64-column panels: the sm_90a kernels'
+ * accumulators no longer fit one consumer's registers beside the scores. */
+static bool sm90_wide(const CgOptions *o) {
+  return cg_fwd_sm90_dim(o->head_dim) > 128 || cg_fwd_sm90_dim(o->head_dim_v) > 128;
+}
+
 /* Integer divisions and remainders in the mask: each is an interval
  * division (flex_iv_div, flex_iv_mod: 64-bit bounds) when the walk
  * classifies a tile. */
@@ -82,8 +88,7 @@ static int sm90_consumers(const CgOptions *o) {
  * (above, O alone takes 128 registers, and gemma2 spilled 4 bytes with the
  * overlap in 232). */
 bool cg_fwd_sm90_overlap(const CgOptions *o) {
-  return o->score_identity ||
-         (cg_fwd_sm90_dim(o->head_dim) <= 128 && cg_fwd_sm90_dim(o->head_dim_v) <= 128);
+  return o->score_identity || !sm90_wide(o);
 }
 
 bool cg_fwd_sm90_ok(const CgOptions *o) {
@@ -98,10 +103,9 @@ bool cg_fwd_sm90_ok(const CgOptions *o) {
  * walk, and ptxas spilled there (natten_gym 88, natten_tiled 492 bytes of
  * spill stores at E = 256), as in the forward (sm90_consumers). */
 bool cg_bwd_sm90_ok(const CgOptions *o) {
-  bool wide = cg_fwd_sm90_dim(o->head_dim) > 128 || cg_fwd_sm90_dim(o->head_dim_v) > 128;
   return o->arch == CG_SM90A && o->backward && o->dtype != CG_FP32 && !o->paged && !o->dropout &&
          !o->no_tma && !o->deterministic && cg_fwd_sm90_dim(o->head_dim) <= 256 &&
-         cg_fwd_sm90_dim(o->head_dim_v) <= 256 && !(wide && o->mask_divisions > 2);
+         cg_fwd_sm90_dim(o->head_dim_v) <= 256 && !(sm90_wide(o) && o->mask_divisions > 2);
 }
 
 /* Consumer warpgroups of the sm_90a backward: one up to head dims 128
@@ -109,7 +113,7 @@ bool cg_bwd_sm90_ok(const CgOptions *o) {
  * per thread); above, two, each holding the dK, dV and dQ of half the
  * columns (FlashAttention-3's split) and both computing S^T and dP^T. */
 int cg_bwd_sm90_consumers(const CgOptions *o) {
-  return cg_fwd_sm90_dim(o->head_dim) > 128 || cg_fwd_sm90_dim(o->head_dim_v) > 128 ? 2 : 1;
+  return sm90_wide(o) ? 2 : 1;
 }
 
 /* The sm_90a backward's padded head dim: whole 64-column panels per
@@ -199,15 +203,15 @@ static void pick_tiles(CgOptions *o) {
   int big = o->head_dim_pad > o->head_dim_v_pad ? o->head_dim_pad : o->head_dim_v_pad;
   o->fwd = tile_row(o, o->dtype == CG_FP32 ? big : o->head_dim_v_pad)->fwd;
   o->bwd = tile_row(o, big)->bwd;
-  /* sm_90a forward: a producer warpgroup and two consumer warpgroups of 64
+  /* sm_90a forward: a producer warpgroup and two consumer warpgroups (one
+   * for masks with many divisions: sm90_consumers) of 64
    * query rows each (128 rows share every K/V tile); 128 keys per tile up
    * to head dim 128 (S and O take 64 accumulator registers each), 64 above
    * (O alone takes 128). */
   o->fwd_sm90 = cg_fwd_sm90_ok(o);
   if (o->fwd_sm90) {
-    int wide = cg_fwd_sm90_dim(o->head_dim) > 128 || cg_fwd_sm90_dim(o->head_dim_v) > 128;
     int nc = sm90_consumers(o);
-    o->fwd = (CgTiles){64 * nc, wide ? 64 : 128, 128 * (1 + nc)};
+    o->fwd = (CgTiles){64 * nc, sm90_wide(o) ? 64 : 128, 128 * (1 + nc)};
   }
   /* sm_90a backward: a producer warpgroup and one or two consumer
    * warpgroups of the same 64 keys (16 per warp), query tiles of 64 rows. */
