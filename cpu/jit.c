@@ -191,10 +191,16 @@ static flex_status emit_object(const IrModule *m, const CpuJitOpts *o, const cha
   return st;
 }
 
-/* The version of the code cpu_lower emits: part of the disk cache's key, so
- * raised with every change of ir_llvm.c's output (the printed IR it is keyed
- * by is flexc's IR, which does not change with the lowering). */
-#define CPU_LOWERING_VERSION "flexc cpu object 5"
+/* The version of the code cpu_lower emits: part of the disk cache's key (the
+ * printed IR it is keyed by is flexc's IR, which does not change with the
+ * lowering). The build defines it as the hash of ir_llvm.c and this file
+ * (CMakeLists.txt), so that no change to either can be served an object
+ * an older build wrote; the number is for builds without it. */
+#ifdef FLEXC_CPU_SOURCE_HASH
+#define CPU_LOWERING_VERSION "flexc cpu object 6 " FLEXC_CPU_SOURCE_HASH
+#else
+#define CPU_LOWERING_VERSION "flexc cpu object 6"
+#endif
 
 /* The disk cache's key: the object format, LLVM, the host and our key. */
 static void disk_key(uint8_t out[RT_SHA256_BYTES], const Buf *key) {
