@@ -145,9 +145,10 @@ static void pack_kv_bf16(void *ctx, int64_t item, int worker) {
 
 /* Dropout on keys kv0 .. kv0 + n - 1 of row qi of (b, h) (b as the call
  * indexes it; the bits see b + b0): x[j] zeroed where dropped, or with
- * `mult`, set to M = keep / (1 - p). One Philox call per four keys. */
+ * `mult`, set to M = keep / (1 - p); xb instead of x (not NULL): a bf16
+ * row, zeroed where dropped. One Philox call per four keys. */
 static void drop_row(const FlexParams *p, int b, int h, int qi, int kv0, int n, float *x,
-                     bool mult) {
+                     uint16_t *xb, bool mult) {
   uint32_t bh = (uint32_t)((b + p->b0) * p->H + h), w[4] = {0, 0, 0, 0};
   for (int j = 0; j < n; j++) {
     uint32_t kj = (uint32_t)(kv0 + j);
@@ -155,7 +156,9 @@ static void drop_row(const FlexParams *p, int b, int h, int qi, int kv0, int n, 
       flex_dropout_words(w, p->drop_seed[0], p->drop_seed[1], p->drop_ctr3, bh, (uint32_t)qi,
                          kj >> 2);
     bool keep = flex_dropout_keep(w[kj & 3], p->drop_p);
-    if (mult) x[j] = keep ? p->drop_scale : 0.0f;
+    if (xb) {
+      if (!keep) xb[j] = 0;
+    } else if (mult) x[j] = keep ? p->drop_scale : 0.0f;
     else if (!keep) x[j] = 0.0f;
   }
 }
@@ -204,31 +207,27 @@ static void fwd_item(void *ctx, int64_t item, int worker) {
     if (a->bf16) K->gemm_bf16(m, bnp, E2, Qb, E2, ktb + kv0, a->ldk, S, bnp, p->scale, false);
     else K->gemm(m, bnp, E, Q, E, 1, kt + kv0, a->ldk, S, bnp, false);
     scores(a, S, bnp, m, n, b, h, q0, kv0, cls);
-    /* bf16 without dropout: P straight to bf16 (exp_sum_bf16), no fp32 P */
-    bool fused = a->bf16 && p->drop_p == 0.0f;
+    /* bf16: P straight to bf16 (exp_sum_bf16), no fp32 P */
     int n2 = n + (n & 1); /* bf16: an odd last tile's pad key has P = 0 */
     for (int i = 0; i < m; i++) {
       float *t = S + (size_t)i * bnp, mt = K->row_max(t, n), mo = mrow[i];
       float mn = isnan(mt) || isnan(mo) ? NAN : mt > mo ? mt : mo;
       if (mn == -INFINITY) { /* nothing kept so far: P = 0 */
-        if (fused) memset(Pb + (size_t)i * bnp, 0, sizeof(uint16_t) * (size_t)n2);
+        if (a->bf16) memset(Pb + (size_t)i * bnp, 0, sizeof(uint16_t) * (size_t)n2);
         else memset(t, 0, sizeof(float) * (size_t)n);
         continue;
       }
       float alpha = mo == -INFINITY ? 0.0f : mo == mn ? 1.0f : expf(mo - mn);
-      float sum = fused ? K->exp_sum_bf16(Pb + (size_t)i * bnp, t, n, mn) : K->exp_sum(t, n, mn);
+      float sum = a->bf16 ? K->exp_sum_bf16(Pb + (size_t)i * bnp, t, n, mn) : K->exp_sum(t, n, mn);
       lrow[i] = lrow[i] * alpha + sum;
       if (alpha != 1.0f) K->scale(O + (size_t)i * EVp, EVp, alpha);
       mrow[i] = mn;
     }
     if (p->drop_p > 0.0f) /* after the row sums, before P V; 1 / (1 - p) scales O at the end */
-      for (int i = 0; i < m; i++) drop_row(p, b, h, q0 + i, kv0, n, S + (size_t)i * bnp, false);
-    if (a->bf16) { /* P to bf16, as FlashAttention does before P V (l summed the fp32 P) */
-      for (int i = 0; i < m && !fused; i++) {
-        float *t = S + (size_t)i * bnp;
-        if (n & 1) t[n] = 0.0f;
-        K->to_bf16(Pb + (size_t)i * bnp, t, n2);
-      }
+      for (int i = 0; i < m; i++)
+        drop_row(p, b, h, q0 + i, kv0, n, S + (size_t)i * bnp, a->bf16 ? Pb + (size_t)i * bnp : NULL,
+                 false);
+    if (a->bf16) { /* P in bf16, as FlashAttention rounds it before P V (l summed the fp32 P) */
       K->gemm_bf16(m, EVp, n2 / 2, (const uint32_t *)Pb, bnp / 2, vpb + (int64_t)(kv0 / 2) * EVp,
                    EVp, O, EVp, 1.0f, true);
     } else {
@@ -396,7 +395,7 @@ static void bwd_tile(CpuAttn *a, BwdScratch *s, int b, int h, int q0, int kv0, i
     for (int i = 0; i < m; i++) {
       float *mk = s->mk + (size_t)i * bnp, *pm = s->dp + (size_t)i * bnp;
       const float *t = s->t + (size_t)i * bnp;
-      drop_row(p, b, h, q0 + i, kv0, n, mk, true);
+      drop_row(p, b, h, q0 + i, kv0, n, mk, NULL, true);
       for (int j = 0; j < n; j++) pm[j] = t[j] * mk[j];
       for (int j = n; j < bnp; j++) pm[j] = 0.0f;
     }

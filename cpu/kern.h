@@ -378,29 +378,49 @@ static void gemm_bf16(int m, int n, int k2, const uint32_t *A, int64_t lda, cons
   }
 }
 
-/* n floats to bf16, rounded to nearest even (vcvtne2ps2bf16; NaN stays NaN). */
-static void to_bf16(uint16_t *dst, const float *x, int n) {
-  int j = 0;
-  for (; j + 32 <= n; j += 32) {
-    __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + j + 16), _mm512_loadu_ps(x + j));
-    _mm512_storeu_si512(dst + j, (__m512i)h);
-  }
-  if (j < n) {
-    __mmask16 lo = (__mmask16)(n - j >= 16 ? 0xffff : (1u << (n - j)) - 1);
-    __mmask16 hi = (__mmask16)(n - j <= 16 ? 0 : (1u << (n - j - 16)) - 1);
-    __m512bh h = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, x + j + 16), _mm512_maskz_loadu_ps(lo, x + j));
-    _mm512_mask_storeu_epi16(dst + j, (__mmask32)lo | (__mmask32)hi << 16, (__m512i)h);
-  }
+/* e^(x - mx) for a bf16 P, from t = x log2(e) - mx log2(e) (one FMA; mxl is
+ * mx log2(e)): 2^t = 2^f 2^n with n = round(t), f = t - n in [-1/2, 1/2]
+ * (exact), 2^f a degree-5 polynomial (Chebyshev interpolation, float
+ * coefficients: 1.6e-7 relative) and 2^n by vscalefps. The rounding of
+ * mxl shifts every t of a row alike (by at most |mx| 2^-24 log2(e)), a
+ * common factor that P V / l cancels; the caller keeps |mx| < 2^16, so
+ * the shift is below 3e-3 and the LSE's error below 2e-3 of 2^16. P is
+ * rounded to bf16 (2^-9) right after, so this costs P nothing that bf16
+ * does not. t is clamped below at -151 (2^-151 rounds to 0) so that a
+ * -inf key gives 0, not inf - inf; a NaN passes (vmaxps keeps its second
+ * operand). x - mx <= 0 here (mx is the row's max), so there is no upper
+ * clamp: mx = +inf gives 0 for finite x and NaN for x = +inf, as vexp. */
+static inline vf vexp2_p(vf x, __m512 mxl) {
+  __m512 t = _mm512_fmsub_ps((__m512)x, _mm512_set1_ps(1.44269504088896341f), mxl);
+  t = _mm512_max_ps(_mm512_set1_ps(-151.0f), t);
+  __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_sub_ps(t, n);
+  __m512 y = _mm512_set1_ps(1.3390863314270973e-3f);
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.676031768321991e-3f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5503569543361664e-2f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.402210682630539e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.931471824645996e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0000001192092896f));
+  return (vf)_mm512_scalef_ps(y, n);
 }
-/* exp_sum then to_bf16 without the fp32 P in between (the forward's bf16
- * P V needs only the bf16 P and the fp32 sum): the same vexp and the same
- * order of the adds as exp_sum, so l is the same bits. A part row of 32
- * reads -inf where there is no key (e^-inf = 0, which is also the pad). */
+
+/* e^(x - mx) for a row: vexp2_p where |mx| < 2^16, else vexp (a row max
+ * past 2^16, or infinite: accurate, and rare). */
+static inline vf p_exp(vf x, float mx, __m512 mxl, bool fast) {
+  return fast ? vexp2_p(x, mxl) : vexp(x - mx);
+}
+
+/* The forward's bf16 P straight from S: e^(x - mx) by p_exp rounded to
+ * bf16 into dst (no fp32 P), and the sum of the unrounded values (l). A
+ * part row of 32 reads -inf where there is no key (e^-inf = 0, which is
+ * also the pad). */
 static float exp_sum_bf16(uint16_t *dst, const float *x, int n, float mx) {
+  bool fast = fabsf(mx) < 0x1p16f;
+  __m512 mxl = _mm512_set1_ps(fast ? mx * 1.44269504088896341f : 0.0f);
   vf s = splat(0);
   int j = 0;
   for (; j + 32 <= n; j += 32) {
-    vf e0 = vexp(LD(x + j) - mx), e1 = vexp(LD(x + j + 16) - mx);
+    vf e0 = p_exp(LD(x + j), mx, mxl, fast), e1 = p_exp(LD(x + j + 16), mx, mxl, fast);
     s += e0;
     s += e1;
     _mm512_storeu_si512(dst + j, (__m512i)_mm512_cvtne2ps_pbh((__m512)e1, (__m512)e0));
@@ -410,8 +430,8 @@ static float exp_sum_bf16(uint16_t *dst, const float *x, int n, float mx) {
     __mmask16 lo = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
     __mmask16 hi = (__mmask16)(left <= 16 ? 0 : (1u << (left - 16)) - 1);
     __m512 ninf = _mm512_set1_ps(-INFINITY);
-    vf e0 = vexp((vf)_mm512_mask_loadu_ps(ninf, lo, x + j) - mx);
-    vf e1 = vexp((vf)_mm512_mask_loadu_ps(ninf, hi, x + j + 16) - mx);
+    vf e0 = p_exp((vf)_mm512_mask_loadu_ps(ninf, lo, x + j), mx, mxl, fast);
+    vf e1 = p_exp((vf)_mm512_mask_loadu_ps(ninf, hi, x + j + 16), mx, mxl, fast);
     s += e0;
     if (left > 16) s += e1;
     __mmask32 st = pad >= 32 ? 0xffffffffu : (__mmask32)((1u << pad) - 1);
@@ -419,9 +439,9 @@ static float exp_sum_bf16(uint16_t *dst, const float *x, int n, float mx) {
   }
   return hsum(s);
 }
-#define KERN_BF16_FNS gemm_bf16, to_bf16, exp_sum_bf16
+#define KERN_BF16_FNS gemm_bf16, exp_sum_bf16
 #else
-#define KERN_BF16_FNS NULL, NULL, NULL
+#define KERN_BF16_FNS NULL, NULL
 #endif
 
 const CpuKern KERN_TABLE = {KERN_NAME, NR,     gemm, exp_sum, exp_sub, row_max, scale,
