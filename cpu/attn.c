@@ -99,9 +99,13 @@ static void pack_kv(void *ctx, int64_t item, int worker) {
     for (int e = 0; e < a->E; e++)
       for (int jj = 0; jj < jn; jj++) kt[(int64_t)e * a->ldk + j0 + jj] = rows[jj][e];
   }
-  for (int j = 0; j < p->kv_len; j++)
-    load_row(vp + (int64_t)j * a->EVp, p->v, b * p->sv.b + kvh * p->sv.h + j * p->sv.row, a->EV,
-             a->dtype);
+  for (int e = 0; e < a->E; e++) /* the last tile's columns past the keys */
+    memset(kt + (int64_t)e * a->ldk + p->kv_len, 0, sizeof(float) * (size_t)(a->ldk - p->kv_len));
+  for (int j = 0; j < p->kv_len; j++) {
+    float *d = vp + (int64_t)j * a->EVp;
+    load_row(d, p->v, b * p->sv.b + kvh * p->sv.h + j * p->sv.row, a->EV, a->dtype);
+    memset(d + a->EV, 0, sizeof(float) * (size_t)(a->EVp - a->EV));
+  }
 }
 
 /* The same for the bf16 products (a->bf16): K^T as E2 rows of 32-bit words,
@@ -140,7 +144,10 @@ static void pack_kv_bf16(void *ctx, int64_t item, int worker) {
       for (int e = 0; e < a->EV; e++) d[e] = r0[e] | (uint32_t)r1[e] << 16;
     else
       for (int e = 0; e < a->EV; e++) d[e] = r0[e];
+    memset(d + a->EV, 0, sizeof(uint32_t) * (size_t)(a->EVp - a->EV));
   }
+  for (int e2 = 0; e2 < E2; e2++) /* the last tile's columns past the keys */
+    memset(kt + (int64_t)e2 * a->ldk + p->kv_len, 0, sizeof(uint32_t) * (size_t)(a->ldk - p->kv_len));
 }
 
 /* Dropout on keys kv0 .. kv0 + n - 1 of row qi of (b, h) (b as the call
@@ -163,91 +170,146 @@ static void drop_row(const FlexParams *p, int b, int h, int qi, int kv0, int n, 
   }
 }
 
-static void fwd_item(void *ctx, int64_t item, int worker) {
-  CpuAttn *a = ctx;
+/* One query tile's running state in a forward item. */
+typedef struct FwdTile {
+  int q0, m;          /* first row and rows */
+  float *Q;           /* Q * scale (fp32), or Q's rows as bf16 pairs (E2 words a row) */
+  float *O;           /* unnormalised O, EVp a row */
+  float *mrow, *lrow; /* running max and sum */
+} FwdTile;
+
+/* Loads the tile's Q and clears its state. */
+static void fwd_begin(const CpuAttn *a, FwdTile *t, int b, int h) {
   const FlexParams *p = a->p;
-  const CpuKern *K = a->K;
-  int64_t local = item / ((int64_t)p->G * a->nqt), head = a->chunk0 + local;
-  /* the last query tiles first: under a causal mask they have the most
-   * keys, and the pool hands items out in order, so the long items start
-   * early and the short ones fill in at the end */
-  int qt = a->nqt - 1 - (int)(item % a->nqt), g = (int)(item / a->nqt % p->G);
-  int b = (int)(head / p->HKV), kvh = (int)(head % p->HKV), h = kvh * p->G + g;
-  int q0 = qt * a->bm, m = imin(a->bm, p->q_len - q0);
-  int E = a->E, EVp = a->EVp, bnp = a->bnp;
-  float *Q = a->scratch + (size_t)worker * a->scratch_per;
-  float *S = Q + (size_t)a->bm * E, *O = S + (size_t)a->bm * bnp;
-  float *mrow = O + (size_t)a->bm * EVp, *lrow = mrow + a->bm;
-  /* bf16: Q's rows as pairs (E2 words, in Q's place) and P rounded to bf16 */
-  int E2 = (E + 1) / 2;
-  uint32_t *Qb = (uint32_t *)Q;
-  uint16_t *Pb = (uint16_t *)(lrow + a->bm);
-  for (int i = 0; i < m; i++) {
-    int64_t off = b * p->sq.b + h * p->sq.h + (int64_t)(q0 + i) * p->sq.row;
+  int E = a->E, E2 = (E + 1) / 2;
+  for (int i = 0; i < t->m; i++) {
+    int64_t off = b * p->sq.b + h * p->sq.h + (int64_t)(t->q0 + i) * p->sq.row;
     if (a->bf16) { /* the scale is applied to S by the product */
-      uint16_t *d = (uint16_t *)(Qb + (size_t)i * E2);
+      uint16_t *d = (uint16_t *)((uint32_t *)t->Q + (size_t)i * E2);
       memcpy(d, (const uint16_t *)p->q + off, sizeof(uint16_t) * (size_t)E);
       if (E & 1) d[E] = 0;
     } else { /* Q * scale, so that S = Q K^T needs no pass of its own */
-      load_row(Q + (size_t)i * E, p->q, off, E, a->dtype);
-      K->scale(Q + (size_t)i * E, E, p->scale);
+      load_row(t->Q + (size_t)i * E, p->q, off, E, a->dtype);
+      a->K->scale(t->Q + (size_t)i * E, E, p->scale);
     }
-    mrow[i] = -INFINITY, lrow[i] = 0;
+    t->mrow[i] = -INFINITY, t->lrow[i] = 0;
   }
-  memset(O, 0, sizeof(float) * (size_t)m * (size_t)EVp);
-  const float *kt = a->kt + local * E * a->ldk;
-  const float *vp = a->vp + local * p->kv_len * EVp;
-  const uint32_t *ktb = (const uint32_t *)a->kt + local * E2 * a->ldk;
-  const uint32_t *vpb = (const uint32_t *)a->vp + local * ((p->kv_len + 1) / 2) * EVp;
-  uint64_t tiles = 0;
-  for (int kv0 = 0; kv0 < p->kv_len; kv0 += a->bn) {
-    int n = imin(a->bn, p->kv_len - kv0), cls = tile_cls(a, b, h, q0, kv0);
-    if (cls == CPU_EMPTY) continue;
-    tiles++;
-    if (a->bf16) K->gemm_bf16(m, bnp, E2, Qb, E2, ktb + kv0, a->ldk, S, bnp, p->scale, false);
-    else K->gemm(m, bnp, E, Q, E, 1, kt + kv0, a->ldk, S, bnp, false);
-    scores(a, S, bnp, m, n, b, h, q0, kv0, cls);
-    /* bf16: P straight to bf16 (exp_sum_bf16), no fp32 P */
-    int n2 = n + (n & 1); /* bf16: an odd last tile's pad key has P = 0 */
-    for (int i = 0; i < m; i++) {
-      float *t = S + (size_t)i * bnp, mt = K->row_max(t, n), mo = mrow[i];
-      float mn = isnan(mt) || isnan(mo) ? NAN : mt > mo ? mt : mo;
-      if (mn == -INFINITY) { /* nothing kept so far: P = 0 */
-        if (a->bf16) memset(Pb + (size_t)i * bnp, 0, sizeof(uint16_t) * (size_t)n2);
-        else memset(t, 0, sizeof(float) * (size_t)n);
-        continue;
-      }
-      float alpha = mo == -INFINITY ? 0.0f : mo == mn ? 1.0f : expf(mo - mn);
-      float sum = a->bf16 ? K->exp_sum_bf16(Pb + (size_t)i * bnp, t, n, mn) : K->exp_sum(t, n, mn);
-      lrow[i] = lrow[i] * alpha + sum;
-      if (alpha != 1.0f) K->scale(O + (size_t)i * EVp, EVp, alpha);
-      mrow[i] = mn;
-    }
-    if (p->drop_p > 0.0f) /* after the row sums, before P V; 1 / (1 - p) scales O at the end */
-      for (int i = 0; i < m; i++)
-        drop_row(p, b, h, q0 + i, kv0, n, S + (size_t)i * bnp, a->bf16 ? Pb + (size_t)i * bnp : NULL,
-                 false);
-    if (a->bf16) { /* P in bf16, as FlashAttention rounds it before P V (l summed the fp32 P) */
-      K->gemm_bf16(m, EVp, n2 / 2, (const uint32_t *)Pb, bnp / 2, vpb + (int64_t)(kv0 / 2) * EVp,
-                   EVp, O, EVp, 1.0f, true);
-    } else {
-      K->gemm(m, EVp, n, S, bnp, 1, vp + (int64_t)kv0 * EVp, EVp, O, EVp, true);
-    }
+  memset(t->O, 0, sizeof(float) * (size_t)t->m * (size_t)a->EVp);
+}
+
+/* Key tile kv0 of key/value head `local` (in kt, vp) into t's state: S =
+ * Q K^T, the score (and mask), the online softmax, O += P V. S and Pb
+ * (P as bf16) are the worker's. */
+static void fwd_tile(const CpuAttn *a, FwdTile *t, int64_t local, int b, int h, int kv0, int cls,
+                     float *S, uint16_t *Pb) {
+  const FlexParams *p = a->p;
+  const CpuKern *K = a->K;
+  int E = a->E, E2 = (E + 1) / 2, EVp = a->EVp, bnp = a->bnp, m = t->m;
+  int n = imin(a->bn, p->kv_len - kv0);
+  float *O = t->O, *mrow = t->mrow, *lrow = t->lrow;
+  if (a->bf16) {
+    const uint32_t *ktb = (const uint32_t *)a->kt + local * E2 * a->ldk;
+    K->gemm_bf16(m, bnp, E2, (const uint32_t *)t->Q, E2, ktb + kv0, a->ldk, S, bnp, p->scale, false);
+  } else {
+    K->gemm(m, bnp, E, t->Q, E, 1, a->kt + local * E * a->ldk + kv0, a->ldk, S, bnp, false);
   }
+  scores(a, S, bnp, m, n, b, h, t->q0, kv0, cls);
+  /* bf16: P straight to bf16 (exp_sum_bf16), no fp32 P */
+  int n2 = n + (n & 1); /* bf16: an odd last tile's pad key has P = 0 */
   for (int i = 0; i < m; i++) {
-    float *o = O + (size_t)i * EVp, lse;
-    if (mrow[i] == -INFINITY) { /* fully masked row */
+    float *r = S + (size_t)i * bnp, mt = K->row_max(r, n), mo = mrow[i];
+    float mn = isnan(mt) || isnan(mo) ? NAN : mt > mo ? mt : mo;
+    if (mn == -INFINITY) { /* nothing kept so far: P = 0 */
+      if (a->bf16) memset(Pb + (size_t)i * bnp, 0, sizeof(uint16_t) * (size_t)n2);
+      else memset(r, 0, sizeof(float) * (size_t)n);
+      continue;
+    }
+    float alpha = mo == -INFINITY ? 0.0f : mo == mn ? 1.0f : expf(mo - mn);
+    float sum = a->bf16 ? K->exp_sum_bf16(Pb + (size_t)i * bnp, r, n, mn) : K->exp_sum(r, n, mn);
+    lrow[i] = lrow[i] * alpha + sum;
+    if (alpha != 1.0f) K->scale(O + (size_t)i * EVp, EVp, alpha);
+    mrow[i] = mn;
+  }
+  if (p->drop_p > 0.0f) /* after the row sums, before P V; 1 / (1 - p) scales O at the end */
+    for (int i = 0; i < m; i++)
+      drop_row(p, b, h, t->q0 + i, kv0, n, S + (size_t)i * bnp, a->bf16 ? Pb + (size_t)i * bnp : NULL,
+               false);
+  if (a->bf16) { /* P in bf16, as FlashAttention rounds it before P V (l summed the fp32 P) */
+    const uint32_t *vpb = (const uint32_t *)a->vp + local * ((p->kv_len + 1) / 2) * EVp;
+    K->gemm_bf16(m, EVp, n2 / 2, (const uint32_t *)Pb, bnp / 2, vpb + (int64_t)(kv0 / 2) * EVp, EVp,
+                 O, EVp, 1.0f, true);
+  } else {
+    const float *vp = a->vp + local * p->kv_len * EVp;
+    K->gemm(m, EVp, n, S, bnp, 1, vp + (int64_t)kv0 * EVp, EVp, O, EVp, true);
+  }
+}
+
+/* O = O / l and the LSE, stored. */
+static void fwd_end(const CpuAttn *a, const FwdTile *t, int b, int h) {
+  const FlexParams *p = a->p;
+  for (int i = 0; i < t->m; i++) {
+    float *o = t->O + (size_t)i * a->EVp, lse, mi = t->mrow[i];
+    if (mi == -INFINITY) { /* fully masked row */
       memset(o, 0, sizeof(float) * (size_t)a->EV);
       lse = -INFINITY;
     } else {
-      lse = mrow[i] == INFINITY ? INFINITY : mrow[i] + logf(lrow[i]);
+      lse = mi == INFINITY ? INFINITY : mi + logf(t->lrow[i]);
     }
-    float inv = mrow[i] == -INFINITY ? 1.0f : 1.0f / lrow[i];
+    float inv = mi == -INFINITY ? 1.0f : 1.0f / t->lrow[i];
     if (p->drop_p > 0.0f) inv *= p->drop_scale;
-    store_row(p->out, b * p->so.b + h * p->so.h + (int64_t)(q0 + i) * p->so.row, o, a->EV, inv,
+    store_row(p->out, b * p->so.b + h * p->so.h + (int64_t)(t->q0 + i) * p->so.row, o, a->EV, inv,
               a->out_dtype);
-    p->lse[b * p->lse_b + h * p->lse_h + q0 + i] = lse;
+    p->lse[b * p->lse_b + h * p->lse_h + t->q0 + i] = lse;
   }
+}
+
+/* Floats of scratch one forward worker needs: S and P (bf16) for a tile,
+ * then Q, O, m and l for each of the qgroup query tiles. */
+size_t cpu_attn_fwd_scratch(const CpuAttn *a) {
+  size_t bm = (size_t)a->bm, bnp = (size_t)a->bnp;
+  return bm * bnp + bm * bnp / 2 + (size_t)a->qgroup * bm * (size_t)(a->E + a->EVp + 2) + 64;
+}
+
+/* Item: qgroup consecutive query tiles of one query head, which walk the
+ * keys a chunk of kvchunk tiles at a time, every tile of the group through
+ * the chunk before the next: the chunk's K and V stay in this core's cache
+ * while the group reuses them, where one query tile at a time would stream
+ * the whole head's K and V from memory for each tile (at 4096 keys and
+ * E = 64 that is 1 MB in bf16, more than the core's L2). Each tile still
+ * sees the keys in ascending order, so the result is the same bits. */
+static void fwd_item(void *ctx, int64_t item, int worker) {
+  CpuAttn *a = ctx;
+  const FlexParams *p = a->p;
+  int ngr = (a->nqt + a->qgroup - 1) / a->qgroup;
+  int64_t local = item / ((int64_t)p->G * ngr), head = a->chunk0 + local;
+  /* the last query tiles first: under a causal mask they have the most
+   * keys, and the pool hands items out in order, so the long items start
+   * early and the short ones fill in at the end */
+  int grp = ngr - 1 - (int)(item % ngr), g = (int)(item / ngr % p->G);
+  int b = (int)(head / p->HKV), kvh = (int)(head % p->HKV), h = kvh * p->G + g;
+  float *S = a->scratch + (size_t)worker * a->scratch_per;
+  uint16_t *Pb = (uint16_t *)(S + (size_t)a->bm * a->bnp);
+  float *f = S + (size_t)a->bm * a->bnp * 3 / 2;
+  FwdTile t[CPU_FWD_QGROUP_MAX];
+  int nt = 0;
+  for (int qt = grp * a->qgroup; qt < a->nqt && nt < a->qgroup; qt++, nt++) {
+    FwdTile *u = &t[nt];
+    u->q0 = qt * a->bm, u->m = imin(a->bm, p->q_len - u->q0);
+    u->Q = f, u->O = u->Q + (size_t)a->bm * a->E;
+    u->mrow = u->O + (size_t)a->bm * a->EVp, u->lrow = u->mrow + a->bm;
+    f = u->lrow + a->bm;
+    fwd_begin(a, u, b, h);
+  }
+  uint64_t tiles = 0;
+  for (int c0 = 0; c0 < a->nkt; c0 += a->kvchunk)
+    for (int i = 0; i < nt; i++)
+      for (int kt = c0; kt < a->nkt && kt < c0 + a->kvchunk; kt++) {
+        int kv0 = kt * a->bn, cls = tile_cls(a, b, h, t[i].q0, kv0);
+        if (cls == CPU_EMPTY) continue;
+        tiles++;
+        fwd_tile(a, &t[i], local, b, h, kv0, cls, S, Pb);
+      }
+  for (int i = 0; i < nt; i++) fwd_end(a, &t[i], b, h);
   atomic_fetch_add(&a->tiles, tiles);
 }
 
@@ -257,18 +319,24 @@ static void fwd_item(void *ctx, int64_t item, int worker) {
 void cpu_attn_fwd(CpuAttn *a) {
   const FlexParams *p = a->p;
   int64_t kvheads = (int64_t)p->B * p->HKV;
-  int64_t per = (a->E * a->ldk + (int64_t)p->kv_len * a->EVp) * (int64_t)sizeof(float);
+  /* words a head: bf16 packs pairs (E2 rows of K^T, key pairs of V) */
+  int64_t ktw = (a->bf16 ? (a->E + 1) / 2 : a->E) * a->ldk;
+  int64_t vpw = (a->bf16 ? (p->kv_len + 1) / 2 : p->kv_len) * (int64_t)a->EVp;
+  int64_t per = (ktw + vpw) * (int64_t)sizeof(float);
   const char *env = getenv("FLEXC_CPU_PACK_MB");
   int64_t budget = (env && *env ? strtol(env, NULL, 10) : 64) << 20;
   int64_t chunk = budget / (per ? per : 1);
   if (chunk < 1) chunk = 1;
   if (chunk > kvheads) chunk = kvheads;
-  a->kt = base_alloc(sizeof(float) * (size_t)(chunk * a->E * a->ldk) + 64);
-  a->vp = base_alloc(sizeof(float) * (size_t)(chunk * p->kv_len * a->EVp) + 64);
+  /* not zeroed here: the packers write every word the products read, pads
+   * included (zeroing 2 x 64 MB on the calling thread cost more than the
+   * packing) */
+  a->kt = base_realloc(NULL, sizeof(float) * (size_t)(chunk * ktw) + 64);
+  a->vp = base_realloc(NULL, sizeof(float) * (size_t)(chunk * vpw) + 64);
   for (a->chunk0 = 0; a->chunk0 < kvheads; a->chunk0 += chunk) {
     int64_t n = kvheads - a->chunk0 < chunk ? kvheads - a->chunk0 : chunk;
     cpu_pool_run(n, a->bf16 ? pack_kv_bf16 : pack_kv, a);
-    cpu_pool_run(n * p->G * a->nqt, fwd_item, a);
+    cpu_pool_run(n * p->G * ((a->nqt + a->qgroup - 1) / a->qgroup), fwd_item, a);
   }
   base_free(a->kt);
   base_free(a->vp);

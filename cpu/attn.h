@@ -11,6 +11,9 @@
 /* Tile classes, numbered as the BlockMask builder's class bytes. */
 enum { CPU_EMPTY = 0, CPU_FULL = 1, CPU_PARTIAL = 2 };
 
+/* The most query tiles one forward item runs together (CpuAttn.qgroup). */
+enum { CPU_FWD_QGROUP_MAX = 8 };
+
 /* Which tiles a call visits and which need the mask. */
 typedef struct CpuWalk {
   uint8_t *cls;          /* class per [Bm][Hm][nq][nkv] block (NULL: every tile full) */
@@ -31,6 +34,7 @@ typedef struct CpuAttn {
   int E, EV, Ep, EVp;     /* head dims and their padding to K->nr */
   int bm, bn, bnp;        /* query rows and keys per tile; bn padded to K->nr */
   int nqt, nkt;           /* query and key tiles */
+  int qgroup, kvchunk;    /* forward: query tiles an item runs together, key tiles they walk at a time */
   float *kt, *vp;         /* forward: K^T [heads][E][ldk] and V [heads][KL][EVp] in fp32, for a chunk of heads */
   int64_t ldk;            /* row stride of kt */
   int64_t chunk0;         /* forward: the first key/value head (b * HKV + kvh) packed in kt, vp */
@@ -48,7 +52,8 @@ void cpu_attn_fwd(CpuAttn *a);
 void cpu_attn_bwd_pre(CpuAttn *a);
 void cpu_attn_bwd(CpuAttn *a);
 void cpu_attn_bwd_dq(CpuAttn *a);
-/* Floats of scratch one backward worker needs. */
+/* Floats of scratch one forward (backward) worker needs. */
+size_t cpu_attn_fwd_scratch(const CpuAttn *a);
 size_t cpu_attn_bwd_scratch(const CpuAttn *a);
 
 #endif

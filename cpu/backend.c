@@ -16,6 +16,7 @@
  * host with ir_interval_mask (the IMPLICIT mode, for any mask: what the
  * analysis cannot decide stays partial and is masked per element).
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu/attn.h"
@@ -259,11 +260,37 @@ static void attn_free(CpuAttn *a) {
   base_free(a->scratch);
 }
 
+/* The forward's grouping (attn.c fwd_item): key chunks of about 256 KB of
+ * packed K and V, which stay in a core's L2 while a group of query tiles
+ * reuses them; groups of up to 4 tiles, fewer where that would leave fewer
+ * than 4 items a worker. FLEXC_CPU_QGROUP (1 to 8) and FLEXC_CPU_KVCHUNK
+ * (key tiles) override them, for tests and measurements: the result is the
+ * same bits whatever they are. */
+static void fwd_groups(CpuAttn *a) {
+  const FlexParams *p = a->p;
+  int64_t tile_bytes = a->bf16 ? (int64_t)a->bn * (((a->E + 1) / 2) * 4 + a->EVp * 2)
+                               : (int64_t)a->bn * (a->E + a->EVp) * 4;
+  int64_t chunk = (256 << 10) / (tile_bytes ? tile_bytes : 1);
+  a->kvchunk = chunk < 1 ? 1 : chunk > a->nkt ? a->nkt : (int)chunk;
+  int64_t heads = (int64_t)p->B * p->H, want = 4 * (int64_t)cpu_pool_size();
+  int g = 4;
+  while (g > 1 && heads * ((a->nqt + g - 1) / g) < want) g--;
+  const char *env = getenv("FLEXC_CPU_QGROUP");
+  if (env && *env) {
+    long v = strtol(env, NULL, 10);
+    g = v < 1 ? 1 : v > CPU_FWD_QGROUP_MAX ? CPU_FWD_QGROUP_MAX : (int)v;
+  }
+  a->qgroup = g;
+  env = getenv("FLEXC_CPU_KVCHUNK");
+  if (env && *env) a->kvchunk = (int)strtol(env, NULL, 10);
+  if (a->kvchunk < 1) a->kvchunk = 1;
+}
+
 static flex_status run_fwd(RtRun *r, const FlexParams *p) {
   CpuAttn a;
   attn_init(r, p, &a, false);
-  /* Q, S, O, m and l; then P in bf16 for the bf16 products */
-  a.scratch_per = (size_t)a.bm * (size_t)(a.E + a.bnp + a.EVp + 2) + (size_t)a.bm * (size_t)a.bnp / 2 + 64;
+  fwd_groups(&a);
+  a.scratch_per = cpu_attn_fwd_scratch(&a);
   a.scratch = base_alloc(sizeof(float) * a.scratch_per * (size_t)cpu_pool_size());
   cpu_attn_fwd(&a);
   r->tiles = a.tiles;

@@ -7,6 +7,8 @@
  *   ints       integer and conversion rules (wrapping, x/0, x%0, INT_MIN/-1,
  *              saturating int(), NaN compares, fminf/fmaxf) exactly as the
  *              float64 interpreter (ir_eval) gives them
+ *   fwd_groups the forward's grouping of query tiles and key chunks
+ *              (FLEXC_CPU_QGROUP, FLEXC_CPU_KVCHUNK) changes no bit of out, lse
  *   nonfinite  a NaN in Q makes that row's LSE and O NaN; a +inf score
  *              makes LSE +inf and O NaN; other rows stay finite
  *   blockmask  a caller's BlockMask (lists) and a built one (a mask over an
@@ -335,6 +337,41 @@ START_TEST(nonfinite) {
       }
     }
   call_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* The forward's grouping (FLEXC_CPU_QGROUP query tiles walking
+ * FLEXC_CPU_KVCHUNK key tiles at a time) changes the order in which a
+ * worker visits tiles, never a tile's own order of keys: out and lse are
+ * the same bits under every grouping, for fp32 and bf16, causal with odd
+ * lengths (a part last group and a part last chunk) and GQA-free heads. */
+START_TEST(fwd_groups) {
+  flex_kernel *k = load("score f(s, b, h, q, kv) { return s * 0.5 + float(kv % 3); }\n"
+                        "mask m(b, h, q, kv) { return kv <= q + 37; }\n");
+  static const char *const groups[][2] = {{"1", "1"}, {"3", "2"}, {"8", "1"}, {"2", "1000"}};
+  for (int bf = 0; bf < 2; bf++) {
+    Call c;
+    call_init_as(&c, bf ? rt_dtype(kDLBfloat, 16) : rt_dtype(kDLFloat, 32), 2, 3, 461, 589, 40);
+    unsetenv("FLEXC_CPU_QGROUP"), unsetenv("FLEXC_CPU_KVCHUNK");
+    ck_assert_msg(flex_forward(k, &c.a[0]) == FLEX_OK, "%s", flex_last_error());
+    size_t no = (size_t)rt_array_count(&c.out[0].a) * rt_dtype_size(c.out[0].t.dtype);
+    size_t nl = (size_t)rt_array_count(&c.lse[0].a) * sizeof(float);
+    void *out0 = malloc(no), *lse0 = malloc(nl);
+    memcpy(out0, c.out[0].t.data, no), memcpy(lse0, c.lse[0].t.data, nl);
+    for (int g = 0; g < 4; g++) {
+      setenv("FLEXC_CPU_QGROUP", groups[g][0], 1), setenv("FLEXC_CPU_KVCHUNK", groups[g][1], 1);
+      tl_arr_poison(&c.out[0]), tl_arr_poison(&c.lse[0]);
+      ck_assert_msg(flex_forward(k, &c.a[0]) == FLEX_OK, "%s", flex_last_error());
+      ck_assert_msg(memcmp(out0, c.out[0].t.data, no) == 0 && memcmp(lse0, c.lse[0].t.data, nl) == 0,
+                    "%s: group %s chunk %s differs from the default grouping", bf ? "bf16" : "fp32",
+                    groups[g][0], groups[g][1]);
+    }
+    unsetenv("FLEXC_CPU_QGROUP"), unsetenv("FLEXC_CPU_KVCHUNK");
+    free(out0), free(lse0);
+    call_free(&c);
+  }
+  fprintf(stderr, "  forward groupings: fp32 and bf16 the same bits under 4 groupings\n");
   flex_kernel_free(k);
 }
 END_TEST
@@ -829,6 +866,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, tanh_dense);
   tcase_add_loop_test(tc, ints, 0, NINT);
   tcase_add_test(tc, nonfinite);
+  tcase_add_test(tc, fwd_groups);
   tcase_add_test(tc, user_blockmask);
   tcase_add_test(tc, built_blockmask);
   tcase_add_test(tc, custom_scale);
