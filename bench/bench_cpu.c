@@ -70,31 +70,45 @@ static DLTensor *tensor(int64_t d0, int64_t d1, int64_t d2, int64_t d3, int nd, 
 }
 
 /* The sgemm roofline: S = Q K^T (64 x 128 tiles, k = E) and O += P V
- * (k = 128) per (head, query tile, key tile), on the pool. */
+ * (k = 128) per (head, query tile, key tile), on the pool, in the order the
+ * forward runs them (cpu/attn.c): items of four query tiles that walk the
+ * keys four tiles at a time, K^T rows padded as the forward pads them (a
+ * row stride of a power of two would put a tile's rows in the same cache
+ * sets and measure that instead of the products). */
+enum { ROOF_GROUP = 4, ROOF_CHUNK = 4 };
 typedef struct Roof {
   int L, E, H;                 /* the shape measured */
+  int64_t ldk;                 /* row stride of kt */
   float *q, *kt, *v, *scratch; /* operands (zeros: only the time matters) and per-worker tiles */
 } Roof;
+
+static size_t roof_scratch(int E) { return 64 * 128 + ROOF_GROUP * 64 * (size_t)E; }
 
 static void roof_item(void *ctx, int64_t item, int worker) {
   Roof *r = ctx;
   const CpuKern *K = cpu_kern();
-  int qt = (int)(item % (r->L / 64));
-  float *S = r->scratch + (size_t)worker * (64 * 128 + 64 * r->E), *O = S + 64 * 128;
-  for (int kv0 = 0; kv0 < r->L; kv0 += 128) {
-    K->gemm(64, 128, r->E, r->q + (size_t)qt * 64 * r->E, r->E, 1, r->kt + kv0, r->L, S, 128, false);
-    K->gemm(64, r->E, 128, S, 128, 1, r->v + (size_t)kv0 * r->E, r->E, O, r->E, true);
-  }
+  int nqt = r->L / 64, ngr = nqt / ROOF_GROUP, nkt = r->L / 128;
+  int qt0 = (int)(item % ngr) * ROOF_GROUP;
+  float *S = r->scratch + (size_t)worker * roof_scratch(r->E), *O = S + 64 * 128;
+  for (int c0 = 0; c0 < nkt; c0 += ROOF_CHUNK)
+    for (int i = 0; i < ROOF_GROUP; i++)
+      for (int kt = c0; kt < c0 + ROOF_CHUNK && kt < nkt; kt++) {
+        int kv0 = kt * 128;
+        K->gemm(64, 128, r->E, r->q + (size_t)(qt0 + i) * 64 * r->E, r->E, 1, r->kt + kv0, r->ldk, S,
+                128, false);
+        K->gemm(64, r->E, 128, S, 128, 1, r->v + (size_t)kv0 * r->E, r->E, O + (size_t)i * 64 * r->E,
+                r->E, true);
+      }
 }
 
 static double roofline(int H, int L, int E) {
-  Roof r = {L, E, H, NULL, NULL, NULL, NULL};
-  r.q = calloc((size_t)L * E, 4), r.kt = calloc((size_t)L * E, 4), r.v = calloc((size_t)L * E, 4);
-  r.scratch = calloc((size_t)cpu_pool_size() * (64 * 128 + 64 * (size_t)E), 4);
+  Roof r = {L, E, H, L + 144, NULL, NULL, NULL, NULL};
+  r.q = calloc((size_t)L * E, 4), r.kt = calloc((size_t)r.ldk * E, 4), r.v = calloc((size_t)L * E, 4);
+  r.scratch = calloc((size_t)cpu_pool_size() * roof_scratch(E), 4);
   double best = 1e9;
   for (int rep = 0; rep < 3; rep++) {
     double t0 = now();
-    cpu_pool_run((int64_t)H * (L / 64), roof_item, &r);
+    cpu_pool_run((int64_t)H * (L / 64 / ROOF_GROUP), roof_item, &r);
     double t = now() - t0;
     if (t < best) best = t;
   }
