@@ -262,10 +262,11 @@ static void attn_free(CpuAttn *a) {
 
 /* The forward's grouping (attn.c fwd_item): key chunks of about 256 KB of
  * packed K and V, which stay in a core's L2 while a group of query tiles
- * reuses them; groups of up to 4 tiles, fewer where that would leave fewer
- * than 4 items a worker. FLEXC_CPU_QGROUP (1 to 8) and FLEXC_CPU_KVCHUNK
- * (key tiles) override them, for tests and measurements: the result is the
- * same bits whatever they are. */
+ * reuses them; groups of 4 tiles past 2048 keys (16 key tiles), fewer
+ * where that would leave fewer than 4 items a worker, none up to 2048 keys,
+ * where groups measured 5 to 20% slower (docs/cpu.md). FLEXC_CPU_QGROUP (1
+ * to 8) and FLEXC_CPU_KVCHUNK (key tiles) override them, for tests and
+ * measurements: the result is the same bits whatever they are. */
 static void fwd_groups(CpuAttn *a) {
   const FlexParams *p = a->p;
   int64_t tile_bytes = a->bf16 ? (int64_t)a->bn * (((a->E + 1) / 2) * 4 + a->EVp * 2)
@@ -273,7 +274,7 @@ static void fwd_groups(CpuAttn *a) {
   int64_t chunk = (256 << 10) / (tile_bytes ? tile_bytes : 1);
   a->kvchunk = chunk < 1 ? 1 : chunk > a->nkt ? a->nkt : (int)chunk;
   int64_t heads = (int64_t)p->B * p->H, want = 4 * (int64_t)cpu_pool_size();
-  int g = 4;
+  int g = a->nkt * a->bn > 2048 ? 4 : 1;
   while (g > 1 && heads * ((a->nqt + g - 1) / g) < want) g--;
   const char *env = getenv("FLEXC_CPU_QGROUP");
   if (env && *env) {
