@@ -126,6 +126,14 @@ typedef struct CpuKern {
   float (*exp_sum_bf16)(uint16_t *dst, const float *x, int n, float mx);
 } CpuKern;
 
+/* The JIT's tanh (kern.h): the scalar function cpu_lower's calls name,
+ * and the addresses of its vector variants of 4, 8 and 16 lanes (the last
+ * two in x86-64 builds) for the JIT's symbols. */
+float cpu_tanhf(float x);
+extern void (*const cpu_tanh_v4_fn)(void), (*const cpu_tanh_v8_fn)(void), (*const cpu_tanh_v16_fn)(void);
+/* The widest of those the host's JIT code may call: 16, 8 or 4 (jit.c). */
+int cpu_jit_tanh_lanes(void);
+
 /* The best table for this CPU. */
 const CpuKern *cpu_kern(void);
 extern const CpuKern cpu_kern_avx512bf16, cpu_kern_avx512, cpu_kern_avx2, cpu_kern_generic;

@@ -14,13 +14,14 @@
  *   min.f / max.f             llvm.minnum / llvm.maxnum (fminf / fmaxf)
  *   abs.f sqrt floor ceil     llvm.fabs / llvm.sqrt / llvm.floor / llvm.ceil
  *   mod.f                     frem (fmodf)
- *   exp exp2 log log2 tanh sigmoid (as e^-|x| / (1 + e^-|x|) below 0;
- *                             tanh with its own exp for 2|x| >= 1.25)
+ *   exp exp2 log log2 sigmoid (as e^-|x| / (1 + e^-|x|) below 0)
  *                             inline polynomials (lower_math below: Cephes-style,
  *                             1-2 ulp, special values handled by selects), so
  *                             that rows vectorise; checked by check_cpu_math
  *   sin cos pow               llvm.sin / llvm.cos / llvm.pow (libm sinf, cosf, powf)
  *   erf                       a pure call of libm's erff (no LLVM intrinsic)
+ *   tanh                      a pure call of cpu_tanhf naming its vector variants
+ *                             (cpu/kern.h), which the loop vectoriser calls
  *   bnot band bor bxor        not / and / or / xor
  *   shl / shr                 shl / ashr behind a select: a count outside 0..31 acts as 32
  *   floordiv / floormod       div.i / mod.i, then one step toward minus infinity
@@ -181,47 +182,6 @@ static LLVMValueRef lower_log(Lw *w, LLVMValueRef x, bool base2) {
   r = sel(w, fcmp(w, LLVMRealOEQ, x, cf(w, 0.0)), cf(w, -INFINITY), r);
   r = sel(w, fcmp(w, LLVMRealOLT, x, cf(w, 0.0)), cf(w, NAN), r);
   return sel(w, fcmp(w, LLVMRealUNO, x, x), x, r);
-}
-
-/* tanh: Cephes tanhf's odd polynomial below |x| 0.625, 1 - 2 / (e^2|x| + 1)
- * above, sign restored by copysign. The e^2|x| is lower_exp less what its
- * argument range (2|x| >= 1.25, or NaN) does not need: the argument is
- * clamped to 88 (e^88 is finite and 2 / (e^88 + 1) already rounds 1 - it
- * to 1), so 2^n is one exponent insertion and neither overflow nor
- * underflow needs a select; a NaN passes through the arithmetic. It is
- * about half the instructions of the general exp, and the whole function
- * is what a softcap score costs per element (the divide is not the
- * expensive part: one vdivps costs fewer cycles than the three
- * instructions that would replace it). */
-static LLVMValueRef lower_tanh(Lw *w, LLVMValueRef x) {
-  static const double P[] = {-5.70498872745E-3, 2.06390887954E-2, -5.37397155531E-2,
-                             1.33314422036E-1, -3.33332819422E-1};
-  /* e^r = 1 + r + r^2 p(r) on |r| <= ln2 / 2: p of degree 4 (Chebyshev
-   * interpolation, float coefficients; 1.1e-8 relative, 0.18 ulp: one
-   * degree less than exp's, as tanh's error is at most 0.62 of e's here) */
-  static const double E[] = {1.3926932588219643E-3, 8.363778702914715E-3, 4.166654869914055E-2,
-                             1.6666573286056519E-1, 0.5};
-  LLVMValueRef ax = intr1(w, "llvm.fabs", x);
-  LLVMValueRef z = fmul(w, x, x);
-  LLVMValueRef small = fma3(w, fmul(w, x, z), horner(w, z, P, 5), x);
-  LLVMValueRef y = fadd(w, ax, ax);
-  y = sel(w, fcmp(w, LLVMRealOGT, y, cf(w, 88.0)), cf(w, 88.0), y);
-  /* n = round(y log2 e) by adding 1.5 * 2^23: the sum's low mantissa bits
-   * are n, so 2^n is those bits shifted into the exponent (0 <= n <= 127) */
-  LLVMValueRef mg = fma3(w, y, cf(w, 1.44269504088896341), cf(w, 12582912.0));
-  LLVMValueRef nf = fsub(w, mg, cf(w, 12582912.0));
-  LLVMValueRef r = fma3(w, nf, cf(w, -0.693359375), y);
-  r = fma3(w, nf, cf(w, 2.12194440e-4), r);
-  LLVMValueRef q = fma3(w, horner(w, r, E, 5), fmul(w, r, r), r); /* e^r - 1 */
-  LLVMValueRef p2 = LLVMBuildShl(w->b, LLVMBuildBitCast(w->b, mg, w->i32, ""), ci32(w, 23), "");
-  p2 = LLVMBuildBitCast(w->b, LLVMBuildAdd(w->b, p2, ci32(w, 0x3f800000), ""), w->f32, "");
-  /* e^y + 1 = q 2^n + (2^n + 1), one rounding (2^n + 1 is exact for n <= 23;
-   * above, the 1 is below an ulp of the result anyway) */
-  LLVMValueRef e1 = fma3(w, q, p2, fadd(w, p2, cf(w, 1.0)));
-  LLVMValueRef big = fsub(w, cf(w, 1.0), LLVMBuildFDiv(w->b, cf(w, 2.0), e1, ""));
-  /* the sign last, for both sides: the polynomial's x + x z P(z) makes -0 +0 */
-  LLVMValueRef t = sel(w, fcmp(w, LLVMRealOLT, ax, cf(w, 0.625)), small, big);
-  return intr(w, "llvm.copysign", w->f32, (LLVMValueRef[]){t, x}, 2);
 }
 
 /* 1 / (1 + e^-x), as e / (1 + e) with e = e^x below 0 so that it never
@@ -407,6 +367,37 @@ static LLVMValueRef libm1(Lw *w, const char *name, LLVMValueRef x) {
   }
   return LLVMBuildCall2(w->b, fty, fn, &x, 1, "");
 }
+
+/* tanh: a call of cpu_tanhf (cpu/kern.h, where the function is written
+ * once) that names its vector variants for the loop vectoriser (LLVM's
+ * vector function ABI: _ZGV_LLVM_N<lanes>v_), up to the host's width; the
+ * variants are declared here and kept by llvm.compiler.used, as LLVM's own
+ * library mappings are. A variant decides per vector: all lanes below
+ * 0.625, the usual case of a softcap, skip the exp branch that a select
+ * between two inline expressions always paid for. */
+static LLVMValueRef lower_tanh(Lw *w, LLVMValueRef x) {
+  LLVMValueRef call = libm1(w, "cpu_tanhf", x);
+  static const int lanes[] = {4, 8, 16};
+  int top = cpu_jit_tanh_lanes();
+  char names[256] = "";
+  size_t at = 0;
+  for (int i = 0; i < 3 && lanes[i] <= top; i++) {
+    char vname[32];
+    snprintf(vname, sizeof vname, "cpu_tanh_v%d", lanes[i]);
+    if (!LLVMGetNamedFunction(w->mod, vname)) {
+      LLVMTypeRef vt = LLVMVectorType(w->f32, (unsigned)lanes[i]);
+      LLVMAddFunction(w->mod, vname, LLVMFunctionType(vt, &vt, 1, 0));
+    }
+    at += (size_t)snprintf(names + at, sizeof names - at, "%s_ZGV_LLVM_N%dv_cpu_tanhf(%s)",
+                           at ? "," : "", lanes[i], vname);
+  }
+  const char *key = "vector-function-abi-variant";
+  LLVMAddCallSiteAttribute(call, LLVMAttributeFunctionIndex,
+                           LLVMCreateStringAttribute(w->ctx, key, (unsigned)strlen(key), names,
+                                                     (unsigned)at));
+  return call;
+}
+
 
 static LLVMValueRef minmax_i(Lw *w, LLVMValueRef a, LLVMValueRef b, bool mx) {
   return sel(w, LLVMBuildICmp(w->b, mx ? LLVMIntSGT : LLVMIntSLT, a, b, ""), a, b);
@@ -621,6 +612,26 @@ static bool build_tile(Lw *w, int kind, const char *name) {
   return true;
 }
 
+/* The vector variants lower_tanh declared, in llvm.compiler.used: nothing
+ * calls them until the loop vectoriser does, and the passes before it
+ * would drop an unused declaration. */
+static void keep_variants(Lw *w) {
+  LLVMValueRef keep[3];
+  unsigned n = 0;
+  for (int lanes = 4; lanes <= 16; lanes *= 2) {
+    char vname[32];
+    snprintf(vname, sizeof vname, "cpu_tanh_v%d", lanes);
+    LLVMValueRef f = LLVMGetNamedFunction(w->mod, vname);
+    if (f) keep[n++] = LLVMConstBitCast(f, w->pi8);
+  }
+  if (!n) return;
+  LLVMTypeRef at = LLVMArrayType(w->pi8, n);
+  LLVMValueRef g = LLVMAddGlobal(w->mod, at, "llvm.compiler.used");
+  LLVMSetLinkage(g, LLVMAppendingLinkage);
+  LLVMSetSection(g, "llvm.metadata");
+  LLVMSetInitializer(g, LLVMConstArray(w->pi8, keep, n));
+}
+
 bool cpu_lower(void *llvm_module, const IrModule *m, const CpuJitOpts *o, const char *prefix,
                char *err, size_t errlen) {
   Lw w;
@@ -658,6 +669,7 @@ bool cpu_lower(void *llvm_module, const IrModule *m, const CpuJitOpts *o, const 
     snprintf(name, sizeof name, "%s_joint", prefix);
     ok = build_tile(&w, TF_JOINT, name);
   }
+  if (ok) keep_variants(&w);
   base_free(w.v);
   LLVMDisposeBuilder(w.b);
   return ok;

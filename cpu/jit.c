@@ -101,12 +101,23 @@ static void jit_create(void) {
                                                            NULL, NULL);
   if (e) { take_error(e, J.why, sizeof J.why); return; }
   LLVMOrcJITDylibAddGenerator(jd, gen);
-  LLVMJITCSymbolMapPair sym[2] = {
-      {LLVMOrcLLJITMangleAndIntern(J.jit, "cpu_bounds_fail"),
-       {(LLVMOrcExecutorAddress)(uintptr_t)&cpu_bounds_fail, {LLVMJITSymbolGenericFlagsExported, 0}}},
-      {LLVMOrcLLJITMangleAndIntern(J.jit, "cpu_exact_add"),
-       {(LLVMOrcExecutorAddress)(uintptr_t)&cpu_exact_add, {LLVMJITSymbolGenericFlagsExported, 0}}}};
-  if ((e = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(sym, 2))))
+  const struct { const char *name; uintptr_t addr; } ours[] = {
+      {"cpu_bounds_fail", (uintptr_t)&cpu_bounds_fail},
+      {"cpu_exact_add", (uintptr_t)&cpu_exact_add},
+      {"cpu_tanhf", (uintptr_t)&cpu_tanhf},
+      {"cpu_tanh_v4", (uintptr_t)cpu_tanh_v4_fn},
+#if defined(__x86_64__)
+      {"cpu_tanh_v8", (uintptr_t)cpu_tanh_v8_fn},
+      {"cpu_tanh_v16", (uintptr_t)cpu_tanh_v16_fn},
+#endif
+  };
+  enum { NOURS = sizeof ours / sizeof *ours };
+  LLVMJITCSymbolMapPair sym[NOURS];
+  for (int i = 0; i < NOURS; i++)
+    sym[i] = (LLVMJITCSymbolMapPair){LLVMOrcLLJITMangleAndIntern(J.jit, ours[i].name),
+                                     {(LLVMOrcExecutorAddress)ours[i].addr,
+                                      {LLVMJITSymbolGenericFlagsExported, 0}}};
+  if ((e = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(sym, NOURS))))
     { take_error(e, J.why, sizeof J.why); return; }
   char *triple = LLVMGetDefaultTargetTriple(), *msg = NULL;
   LLVMTargetRef t;
@@ -122,6 +133,14 @@ static void jit_create(void) {
   J.tm = LLVMCreateTargetMachine(t, triple, J.cpu, J.features, LLVMCodeGenLevelAggressive,
                                  LLVMRelocPIC, LLVMCodeModelSmall);
   LLVMDisposeMessage(triple);
+}
+
+int cpu_jit_tanh_lanes(void) {
+#if defined(__x86_64__)
+  if (J.features && strstr(J.features, "+avx512f")) return 16;
+  if (J.features && strstr(J.features, "+avx2") && strstr(J.features, "+fma")) return 8;
+#endif
+  return 4;
 }
 
 static double now_s(void) {

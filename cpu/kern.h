@@ -317,6 +317,85 @@ static void to16(uint16_t *dst, const float *src, int n, float mul, bool bf16) {
   for (; j < n; j++) dst[j] = rt_half_from_double((double)(src[j] * mul));
 }
 
+/* ---- tanh, the JIT's ----------------------------------------------------------------
+ *
+ * The JIT lowers tanh to a call of cpu_tanhf (kern_generic.c) that names
+ * these as its vector variants (cpu/ir_llvm.c), so the loop vectoriser
+ * calls KERN_TANH on VW lanes at a time: the one place the function is
+ * written. Below |x| 0.625 Cephes tanhf's odd polynomial; above it
+ * 1 - 2 / (e^2|x| + 1), e^y built from y = n ln2 + r as q 2^n + (2^n + 1)
+ * with q = e^r - 1 a degree-4 polynomial in r plus r + r^2 (Chebyshev
+ * interpolation, float coefficients: 0.18 ulp of e^r; tanh's error is at
+ * most 0.62 of e's there). y is clamped to 88 (e^88 is finite and 2 /
+ * (e^88 + 1) already rounds 1 - it to 1), so 2^n is one exponent insertion
+ * (0 <= n <= 127) and a NaN passes through the arithmetic; the sign is
+ * restored last (tanh(-0) = -0). A vector whose lanes are all below 0.625
+ * (a softcap's usual scores) takes the polynomial alone. Every multiply-add
+ * is one rounding (vfma), so each width and the scalar function give the
+ * same bits. */
+#if VW == 16
+static inline vf vfma(vf a, vf b, vf c) { return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
+static inline bool all_lt(vf a, float b) {
+  return _mm512_cmp_ps_mask((__m512)a, _mm512_set1_ps(b), _CMP_LT_OQ) == 0xffff;
+}
+#elif VW == 8
+static inline vf vfma(vf a, vf b, vf c) { return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+static inline bool all_lt(vf a, float b) {
+  return _mm256_movemask_ps(_mm256_cmp_ps((__m256)a, _mm256_set1_ps(b), _CMP_LT_OQ)) == 0xff;
+}
+#else
+static inline vf vfma(vf a, vf b, vf c) {
+  for (int i = 0; i < VW; i++) a[i] = fmaf(a[i], b[i], c[i]);
+  return a;
+}
+static inline bool all_lt(vf a, float b) {
+  for (int i = 0; i < VW; i++)
+    if (!(a[i] < b)) return false;
+  return true;
+}
+#endif
+
+static inline vf vhorner(vf x, const float *c, int n) {
+  vf y = splat(c[0]);
+  for (int i = 1; i < n; i++) y = vfma(y, x, splat(c[i]));
+  return y;
+}
+
+static inline vf vtanh(vf x) {
+  static const float P[] = {-5.70498872745E-3f, 2.06390887954E-2f, -5.37397155531E-2f,
+                            1.33314422036E-1f, -3.33332819422E-1f};
+  static const float E[] = {1.3926932588219643E-3f, 8.363778702914715E-3f, 4.166654869914055E-2f,
+                            1.6666573286056519E-1f, 0.5f};
+  const vi sign = (vi)splat(-0.0f);
+  vf ax = (vf)((vi)x & ~sign);
+  vf z = x * x;
+  vf t = vfma(x * z, vhorner(z, P, 5), x);
+  if (!all_lt(ax, 0.625f)) {
+    vf y = ax + ax;
+    y = vsel(y > splat(88.0f), splat(88.0f), y);
+    /* n = round(y log2 e) by adding 1.5 * 2^23: the sum's low mantissa bits
+     * are n, so 2^n is those bits shifted into the exponent */
+    vf mg = vfma(y, splat(1.44269504088896341f), splat(12582912.0f));
+    vf nf = mg - 12582912.0f;
+    vf r = vfma(nf, splat(-0.693359375f), y);
+    r = vfma(nf, splat(2.12194440e-4f), r);
+    vf q = vfma(vhorner(r, E, 5), r * r, r); /* e^r - 1 */
+    vf p2 = (vf)(((vi)mg << 23) + 0x3f800000);
+    /* e^y + 1 = q 2^n + (2^n + 1), one rounding (2^n + 1 is exact for
+     * n <= 23; above, the 1 is below an ulp of the result anyway) */
+    vf e1 = vfma(q, p2, p2 + 1.0f);
+    t = vsel(ax < splat(0.625f), t, 1.0f - 2.0f / e1);
+  }
+  /* the sign last, for both sides: the polynomial's x + x z P(z) makes -0 +0 */
+  return (vf)(((vi)t & ~sign) | ((vi)x & sign));
+}
+
+#ifdef KERN_TANH /* the one definition of each width (kern_generic.c, _avx2.c, _avx512.c) */
+vf KERN_TANH(vf x);
+vf KERN_TANH(vf x) { return vtanh(x); }
+void (*const KERN_TANH_FN)(void) = (void (*)(void))KERN_TANH;
+#endif
+
 #ifdef KERN_BF16
 /* ---- bf16 products (AVX512-BF16) ---------------------------------------------------
  *
