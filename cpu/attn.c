@@ -1,11 +1,13 @@
 /* attn.c: the CPU attention entries, tiled FlashAttention over FlexParams.
  *
- * Forward (cpu_attn_fwd): one work item per (batch, head, query tile). K is
- * packed once per call as fp32 K^T per key/value head (so S = Q K^T needs
- * no per-tile packing) and V as padded fp32 rows, a chunk of heads at a time; each item walks its key
- * tiles, skips empty ones, runs the JIT's score (full tiles) or score+mask
- * (partial tiles) over S, and keeps the online softmax (running max m and
- * sum l per row) with O accumulated in fp32.
+ * Forward (cpu_attn_fwd): one work item per (batch, head, group of
+ * a->qgroup query tiles). K is packed once per call as fp32 K^T per
+ * key/value head (so S = Q K^T needs no per-tile packing) and V as padded
+ * fp32 rows, a chunk of heads at a time (bf16: pairs, pack_kv_bf16); each
+ * tile walks its key tiles a->kvchunk at a time, skips empty ones, runs
+ * the JIT's score (full tiles) or score+mask (partial tiles) over S, and
+ * keeps the online softmax (running max m and sum l per row) with O
+ * accumulated in fp32.
  *
  * Backward (cpu_attn_bwd): one work item per (batch, key/value head, key
  * tile), looping over the heads of its group and the query tiles its walk

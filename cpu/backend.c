@@ -283,7 +283,10 @@ static void fwd_groups(CpuAttn *a) {
   }
   a->qgroup = g;
   env = getenv("FLEXC_CPU_KVCHUNK");
-  if (env && *env) a->kvchunk = (int)strtol(env, NULL, 10);
+  if (env && *env) {
+    long v = strtol(env, NULL, 10);
+    a->kvchunk = v < 1 ? 1 : v > a->nkt ? a->nkt : (int)v;
+  }
   if (a->kvchunk < 1) a->kvchunk = 1;
 }
 
