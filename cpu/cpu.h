@@ -126,13 +126,22 @@ typedef struct CpuKern {
   float (*exp_sum_bf16)(uint16_t *dst, const float *x, int n, float mx);
 } CpuKern;
 
-/* The JIT's tanh (kern.h): the scalar function cpu_lower's calls name,
- * and the addresses of its vector variants of 4, 8 and 16 lanes (the last
- * two in x86-64 builds) for the JIT's symbols. */
+/* The JIT's vector math (kern.h), one set per width: the addresses of
+ * tanh, sin and cos on `lanes` floats (the vector ABI's argument and
+ * result), and the scalar sin and cos that give those lanes' bits; the
+ * 8- and 16-lane sets in x86-64 builds only. cpu_tanhf is the scalar tanh
+ * (every width's lanes give its bits). */
+typedef struct CpuVmath {
+  int lanes;
+  void (*tanh)(void), (*sin)(void), (*cos)(void); /* vector functions, by address */
+  float (*sinf)(float), (*cosf)(float);
+} CpuVmath;
+extern const CpuVmath cpu_vmath_4, cpu_vmath_8, cpu_vmath_16;
 float cpu_tanhf(float x);
-extern void (*const cpu_tanh_v4_fn)(void), (*const cpu_tanh_v8_fn)(void), (*const cpu_tanh_v16_fn)(void);
-/* The widest of those the host's JIT code may call: 16, 8 or 4 (jit.c). */
-int cpu_jit_tanh_lanes(void);
+/* The widest vector the host's JIT code may pass a variant: 16, 8 or 4
+ * lanes; and whether glibc's libmvec is loaded (jit.c). */
+int cpu_jit_lanes(void);
+bool cpu_jit_mvec(void);
 
 /* The best table for this CPU. */
 const CpuKern *cpu_kern(void);

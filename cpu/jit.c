@@ -22,6 +22,7 @@
 #include <llvm-c/Transforms/PassBuilder.h>
 #include <llvm/Config/llvm-config.h>
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -50,6 +51,7 @@ static struct {
   LLVMOrcLLJITRef jit;      /* the JIT */
   LLVMTargetMachineRef tm;  /* the host target machine for the optimiser */
   char *cpu, *features;     /* host CPU name and features */
+  bool mvec;                /* glibc's libmvec loaded (vector powf) */
   Entry *cache;             /* compiled modules */
   int count;                /* how many */
 } J = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -101,23 +103,40 @@ static void jit_create(void) {
                                                            NULL, NULL);
   if (e) { take_error(e, J.why, sizeof J.why); return; }
   LLVMOrcJITDylibAddGenerator(jd, gen);
-  const struct { const char *name; uintptr_t addr; } ours[] = {
-      {"cpu_bounds_fail", (uintptr_t)&cpu_bounds_fail},
-      {"cpu_exact_add", (uintptr_t)&cpu_exact_add},
-      {"cpu_tanhf", (uintptr_t)&cpu_tanhf},
-      {"cpu_tanh_v4", (uintptr_t)cpu_tanh_v4_fn},
-#if defined(__x86_64__)
-      {"cpu_tanh_v8", (uintptr_t)cpu_tanh_v8_fn},
-      {"cpu_tanh_v16", (uintptr_t)cpu_tanh_v16_fn},
+#if defined(__x86_64__) && defined(__GLIBC__)
+  /* glibc's vector math (libmvec): powf on 4, 8 and 16 lanes for the loop
+   * vectoriser (ir_llvm.c vector_call); loaded globally so that the
+   * process search above finds its symbols. Without it pow stays a scalar
+   * call. */
+  J.mvec = dlopen("libmvec.so.1", RTLD_NOW | RTLD_GLOBAL) != NULL;
 #endif
-  };
-  enum { NOURS = sizeof ours / sizeof *ours };
-  LLVMJITCSymbolMapPair sym[NOURS];
-  for (int i = 0; i < NOURS; i++)
+  /* ours: the helpers, and the vector math of kern.h (ir_llvm.c
+   * vector_call names cpu_<f>_v<lanes> and cpu_<f>f_<lanes>) */
+  struct { char name[32]; uintptr_t addr; } ours[3 + 5 * 3];
+  int nours = 0;
+  ours[nours++] = (__typeof__(ours[0])){"cpu_bounds_fail", (uintptr_t)&cpu_bounds_fail};
+  ours[nours++] = (__typeof__(ours[0])){"cpu_exact_add", (uintptr_t)&cpu_exact_add};
+  ours[nours++] = (__typeof__(ours[0])){"cpu_tanhf", (uintptr_t)&cpu_tanhf};
+#if defined(__x86_64__)
+  const CpuVmath *vm[3] = {&cpu_vmath_4, &cpu_vmath_8, &cpu_vmath_16};
+#else
+  const CpuVmath *vm[1] = {&cpu_vmath_4};
+#endif
+  for (size_t i = 0; i < sizeof vm / sizeof *vm; i++) {
+    const char *fn[5] = {"cpu_tanh_v", "cpu_sin_v", "cpu_cos_v", "cpu_sinf_", "cpu_cosf_"};
+    uintptr_t at[5] = {(uintptr_t)vm[i]->tanh, (uintptr_t)vm[i]->sin, (uintptr_t)vm[i]->cos,
+                       (uintptr_t)vm[i]->sinf, (uintptr_t)vm[i]->cosf};
+    for (int f = 0; f < 5; f++, nours++) {
+      snprintf(ours[nours].name, sizeof ours[nours].name, "%s%d", fn[f], vm[i]->lanes);
+      ours[nours].addr = at[f];
+    }
+  }
+  LLVMJITCSymbolMapPair sym[sizeof ours / sizeof *ours];
+  for (int i = 0; i < nours; i++)
     sym[i] = (LLVMJITCSymbolMapPair){LLVMOrcLLJITMangleAndIntern(J.jit, ours[i].name),
                                      {(LLVMOrcExecutorAddress)ours[i].addr,
                                       {LLVMJITSymbolGenericFlagsExported, 0}}};
-  if ((e = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(sym, NOURS))))
+  if ((e = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(sym, (size_t)nours))))
     { take_error(e, J.why, sizeof J.why); return; }
   char *triple = LLVMGetDefaultTargetTriple(), *msg = NULL;
   LLVMTargetRef t;
@@ -135,13 +154,15 @@ static void jit_create(void) {
   LLVMDisposeMessage(triple);
 }
 
-int cpu_jit_tanh_lanes(void) {
+int cpu_jit_lanes(void) {
 #if defined(__x86_64__)
   if (J.features && strstr(J.features, "+avx512f")) return 16;
   if (J.features && strstr(J.features, "+avx2") && strstr(J.features, "+fma")) return 8;
 #endif
   return 4;
 }
+
+bool cpu_jit_mvec(void) { return J.mvec; }
 
 static double now_s(void) {
   struct timespec ts;
@@ -225,8 +246,10 @@ static flex_status emit_object(const IrModule *m, const CpuJitOpts *o, const cha
 static void disk_key(uint8_t out[RT_SHA256_BYTES], const Buf *key) {
   RtSha256 h;
   rt_sha256_init(&h);
-  const char *parts[4] = {CPU_LOWERING_VERSION, LLVM_VERSION_STRING, J.cpu, J.features};
-  for (int i = 0; i < 4; i++) rt_sha256_update(&h, parts[i], strlen(parts[i]) + 1);
+  /* libmvec or not: an object may name its variants */
+  const char *parts[5] = {CPU_LOWERING_VERSION, LLVM_VERSION_STRING, J.cpu, J.features,
+                          J.mvec ? "libmvec" : "no libmvec"};
+  for (int i = 0; i < 5; i++) rt_sha256_update(&h, parts[i], strlen(parts[i]) + 1);
   /* The object code reads FlexParams at fixed offsets: a new layout must
    * never be served an old object. */
   const uint64_t layout[6] = {sizeof(FlexParams), offsetof(FlexParams, sizes),

@@ -390,10 +390,66 @@ static inline vf vtanh(vf x) {
   return (vf)(((vi)t & ~sign) | ((vi)x & sign));
 }
 
-#ifdef KERN_TANH /* the one definition of each width (kern_generic.c, _avx2.c, _avx512.c) */
-vf KERN_TANH(vf x);
-vf KERN_TANH(vf x) { return vtanh(x); }
-void (*const KERN_TANH_FN)(void) = (void (*)(void))KERN_TANH;
+/* ---- sin and cos, the JIT's ----------------------------------------------------------
+ *
+ * In double precision, rounded to float once: x is exact as a double; n =
+ * round(x 2/pi) by adding and subtracting 1.5 * 2^52 (the sum's low bits
+ * are n's, which give the quadrant); r = x - n pi/2 with
+ * pi/2 in two doubles (fdlibm's split: n times the first is exact for |n| <
+ * 2^20); sin r and cos r by their Taylor polynomials on |r| <= pi/4 (to
+ * r^13 and r^12: 3e-14 and 6e-13 relative), the quadrant from n (cos x is
+ * sin of quadrant n + 1). So the float result is within 0.5 ulp and a hair
+ * of the truth, where libmvec's sinf reached 2.1 ulp. A lane with |x| >=
+ * 2^20, or infinite, or NaN goes to libm's sinf / cosf on its own. */
+typedef double vdd __attribute__((vector_size(VW * 8)));
+typedef uint64_t vull __attribute__((vector_size(VW * 8)));
+
+/* The lanes of x at or past 2^20, infinite or NaN, by libm's sinf / cosf
+ * one at a time (kept out of line: the vector path has no room for it). */
+static __attribute__((noinline, cold)) vf sincos_libm(vf x, vf y, bool cosine) {
+  for (int i = 0; i < VW; i++)
+    if (!(fabsf(x[i]) < 1048576.0f)) y[i] = cosine ? cosf(x[i]) : sinf(x[i]);
+  return y;
+}
+
+static inline __attribute__((always_inline)) vf vsincos(vf x, bool cosine) {
+  vdd d = __builtin_convertvector(x, vdd);
+  /* nm's low mantissa bits are n (two's complement, n mod 4 is all we use) */
+  vdd nm = d * 0.63661977236758134308 + 0x1.8p52, nd = nm - 0x1.8p52;
+  vdd r = (d - nd * 1.57079632673412561417e+00) - nd * 6.07710050650619224932e-11;
+  vdd z = r * r;
+  vdd sn = r + r * z * (-1.0 / 6 + z * (1.0 / 120 + z * (-1.0 / 5040 + z * (1.0 / 362880 +
+                        z * (-1.0 / 39916800 + z * (1.0 / 6227020800.0))))));
+  vdd cs = 1.0 - 0.5 * z + z * z * (1.0 / 24 + z * (-1.0 / 720 + z * (1.0 / 40320 +
+                                    z * (-1.0 / 3628800 + z * (1.0 / 479001600)))));
+  /* masks by arithmetic, not comparisons (GCC takes a compare of 16 int64
+   * lanes apart lane by lane) */
+  vull uq = (vull)nm + (cosine ? 1 : 0), odd = -(uq & 1);
+  vdd v = (vdd)((odd & (vull)cs) | (~odd & (vull)sn));
+  v = (vdd)((vull)v ^ ((uq & 2) << 62)); /* the sign flipped in quadrants 2, 3 */
+  vf y = __builtin_convertvector(v, vf);
+  if (!cosine) y = vsel(x == splat(0.0f), x, y); /* sin(-0) = -0 */
+  vf ax = (vf)((vi)x & ~(vi)splat(-0.0f));
+  return all_lt(ax, 1048576.0f) ? y : sincos_libm(x, y, cosine); /* also inf, NaN */
+}
+
+#ifdef KERN_VMATH_W /* the one definition of each width (kern_generic.c, _avx2.c, _avx512.c) */
+#define KERN_CAT_(a, b) a##b
+#define KERN_CAT(a, b) KERN_CAT_(a, b)
+vf KERN_CAT(cpu_tanh_v, KERN_VMATH_W)(vf x);
+vf KERN_CAT(cpu_tanh_v, KERN_VMATH_W)(vf x) { return vtanh(x); }
+vf KERN_CAT(cpu_sin_v, KERN_VMATH_W)(vf x);
+vf KERN_CAT(cpu_sin_v, KERN_VMATH_W)(vf x) { return vsincos(x, false); }
+vf KERN_CAT(cpu_cos_v, KERN_VMATH_W)(vf x);
+vf KERN_CAT(cpu_cos_v, KERN_VMATH_W)(vf x) { return vsincos(x, true); }
+/* the scalar sin and cos of a JIT whose widest vector is VW: lane 0 of
+ * that width, so that a row's remainder gets its vector lanes' bits */
+static float scalar_sin(float x) { return vsincos(splat(x), false)[0]; }
+static float scalar_cos(float x) { return vsincos(splat(x), true)[0]; }
+const CpuVmath KERN_CAT(cpu_vmath_, KERN_VMATH_W) = {
+    VW, (void (*)(void))KERN_CAT(cpu_tanh_v, KERN_VMATH_W),
+    (void (*)(void))KERN_CAT(cpu_sin_v, KERN_VMATH_W), (void (*)(void))KERN_CAT(cpu_cos_v, KERN_VMATH_W),
+    scalar_sin, scalar_cos};
 #endif
 
 #ifdef KERN_BF16

@@ -4,6 +4,5 @@
 #define MR 6
 #define KERN_NAME "avx2"
 #define KERN_TABLE cpu_kern_avx2
-#define KERN_TANH cpu_tanh_v8
-#define KERN_TANH_FN cpu_tanh_v8_fn
+#define KERN_VMATH_W 8
 #include "cpu/kern.h"

@@ -4,6 +4,5 @@
 #define MR 8
 #define KERN_NAME "avx512"
 #define KERN_TABLE cpu_kern_avx512
-#define KERN_TANH cpu_tanh_v16
-#define KERN_TANH_FN cpu_tanh_v16_fn
+#define KERN_VMATH_W 16
 #include "cpu/kern.h"

@@ -5,8 +5,7 @@
 #define MR 6
 #define KERN_NAME "generic"
 #define KERN_TABLE cpu_kern_generic
-#define KERN_TANH cpu_tanh_v4
-#define KERN_TANH_FN cpu_tanh_v4_fn
+#define KERN_VMATH_W 4
 #include "cpu/kern.h"
 
 #include <stdatomic.h>
@@ -15,7 +14,7 @@
 /* The scalar tanh the JIT calls (its remainder loops, code it does not
  * vectorise): lane 0 of the 4-lane variant, so the same bits as every
  * vector lane. */
-float cpu_tanhf(float x) { return cpu_tanh_v4(splat(x))[0]; }
+float cpu_tanhf(float x) { return vtanh(splat(x))[0]; }
 
 const CpuKern *cpu_kern(void) {
   static _Atomic(const CpuKern *) best; /* every thread computes the same answer */
