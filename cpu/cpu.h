@@ -127,14 +127,14 @@ typedef struct CpuKern {
 } CpuKern;
 
 /* The JIT's vector math (kern.h), one set per width: the addresses of
- * tanh, sin and cos on `lanes` floats (the vector ABI's argument and
- * result), and the scalar sin and cos that give those lanes' bits; the
+ * tanh, sin, cos and erf on `lanes` floats (the vector ABI's argument and
+ * result), and the scalar sin, cos and erf that give those lanes' bits; the
  * 8- and 16-lane sets in x86-64 builds only. cpu_tanhf is the scalar tanh
  * (every width's lanes give its bits). */
 typedef struct CpuVmath {
   int lanes;
-  void (*tanh)(void), (*sin)(void), (*cos)(void); /* vector functions, by address */
-  float (*sinf)(float), (*cosf)(float);
+  void (*tanh)(void), (*sin)(void), (*cos)(void), (*erf)(void); /* vector functions, by address */
+  float (*sinf)(float), (*cosf)(float), (*erff)(float);
 } CpuVmath;
 extern const CpuVmath cpu_vmath_4, cpu_vmath_8, cpu_vmath_16;
 float cpu_tanhf(float x);

@@ -18,10 +18,9 @@
  *                             inline polynomials (lower_math below: Cephes-style,
  *                             1-2 ulp, special values handled by selects), so
  *                             that rows vectorise; checked by check_cpu_math
- *   sin cos                   pure calls of ours naming vector variants (cpu/kern.h)
+ *   sin cos erf               pure calls of ours naming vector variants (cpu/kern.h)
  *   pow                       a pure call of libm's powf naming glibc's libmvec
  *                             variants where the JIT found it (vector_call)
- *   erf                       a pure call of libm's erff (libmvec's is not accurate enough)
  *   tanh                      a pure call of cpu_tanhf naming its vector variants
  *                             (cpu/kern.h), which the loop vectoriser calls
  *   bnot band bor bxor        not / and / or / xor
@@ -360,7 +359,7 @@ static LLVMValueRef floordiv(Lw *w, LLVMValueRef a, LLVMValueRef d, bool mod) {
 }
 
 /* A pure call of the float function `name` of n float arguments (libm's
- * erff, sinf, cosf, powf; our cpu_tanhf). */
+ * powf; our cpu_tanhf, cpu_sinf_16, ...). */
 static LLVMValueRef pure_call(Lw *w, const char *name, LLVMValueRef *x, unsigned n) {
   LLVMTypeRef args[2] = {w->f32, w->f32};
   LLVMTypeRef fty = LLVMFunctionType(w->f32, args, n, 0);
@@ -426,12 +425,18 @@ static bool cos_variant(int lanes, char *out, size_t cap) {
   return true;
 }
 
+/* erf: ours too (cpu/kern.h: double inside), cpu_erf_v4/v8/v16 and the
+ * scalar cpu_erff_<widest>. */
+static bool erf_variant(int lanes, char *out, size_t cap) {
+  snprintf(out, cap, "cpu_erf_v%d", lanes);
+  return true;
+}
+
 /* pow: libm's powf, with glibc's libmvec variants where the JIT found the
  * library (_ZGV<isa>N<lanes>vv_powf: isa b for 4 lanes (SSE), d for 8
  * (AVX2), e for 16 (AVX-512)); measured 0.62 ulp at worst over 13M
  * arguments. libmvec's sinf (2.1 ulp) and erff (2.3 to 4.0) are less
- * accurate than check_cpu's 2 ulp, so sin and cos are ours and erf stays a
- * scalar call of libm's erff (about 7 ns an element). */
+ * accurate than check_cpu's 2 ulp, so sin, cos and erf are ours. */
 static bool pow_variant(int lanes, char *out, size_t cap) {
   if (!cpu_jit_mvec()) return false;
   snprintf(out, cap, "_ZGV%cN%dvv_powf", lanes == 4 ? 'b' : lanes == 8 ? 'd' : 'e', lanes);
@@ -523,7 +528,11 @@ static LLVMValueRef lower_op(Lw *w, int i) {
     return LLVMBuildAShr(B, a, sel(w, LLVMBuildICmp(B, LLVMIntULT, c, ci32(w, 32), ""), c, ci32(w, 31)), "");
   case IR_FLOORDIV: return floordiv(w, a, c, false);
   case IR_FLOORMOD: return floordiv(w, a, c, true);
-  case IR_ERF: return pure_call(w, "erff", &a, 1);
+  case IR_ERF: {
+    char name[32];
+    snprintf(name, sizeof name, "cpu_erff_%d", cpu_jit_lanes());
+    return vector_call(w, name, &a, 1, erf_variant);
+  }
   default: break;
   }
   snprintf(w->err, w->errlen, "the cpu backend has no lowering for IR op '%s'", in->op < IR_NOPS ? ir_ops[in->op].name : "?");

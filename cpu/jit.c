@@ -112,7 +112,7 @@ static void jit_create(void) {
 #endif
   /* ours: the helpers, and the vector math of kern.h (ir_llvm.c
    * vector_call names cpu_<f>_v<lanes> and cpu_<f>f_<lanes>) */
-  struct { char name[32]; uintptr_t addr; } ours[3 + 5 * 3];
+  struct { char name[32]; uintptr_t addr; } ours[3 + 7 * 3];
   int nours = 0;
   ours[nours++] = (__typeof__(ours[0])){"cpu_bounds_fail", (uintptr_t)&cpu_bounds_fail};
   ours[nours++] = (__typeof__(ours[0])){"cpu_exact_add", (uintptr_t)&cpu_exact_add};
@@ -123,10 +123,12 @@ static void jit_create(void) {
   const CpuVmath *vm[1] = {&cpu_vmath_4};
 #endif
   for (size_t i = 0; i < sizeof vm / sizeof *vm; i++) {
-    const char *fn[5] = {"cpu_tanh_v", "cpu_sin_v", "cpu_cos_v", "cpu_sinf_", "cpu_cosf_"};
-    uintptr_t at[5] = {(uintptr_t)vm[i]->tanh, (uintptr_t)vm[i]->sin, (uintptr_t)vm[i]->cos,
-                       (uintptr_t)vm[i]->sinf, (uintptr_t)vm[i]->cosf};
-    for (int f = 0; f < 5; f++, nours++) {
+    const char *fn[7] = {"cpu_tanh_v", "cpu_sin_v", "cpu_cos_v", "cpu_erf_v",
+                         "cpu_sinf_", "cpu_cosf_", "cpu_erff_"};
+    uintptr_t at[7] = {(uintptr_t)vm[i]->tanh, (uintptr_t)vm[i]->sin, (uintptr_t)vm[i]->cos,
+                       (uintptr_t)vm[i]->erf, (uintptr_t)vm[i]->sinf, (uintptr_t)vm[i]->cosf,
+                       (uintptr_t)vm[i]->erff};
+    for (int f = 0; f < 7; f++, nours++) {
       snprintf(ours[nours].name, sizeof ours[nours].name, "%s%d", fn[f], vm[i]->lanes);
       ours[nours].addr = at[f];
     }

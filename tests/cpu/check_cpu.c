@@ -5,8 +5,9 @@
  *   tanh_dense tanh over every 251st float below 10 and a sparse sweep
  *              above, both signs, special values exactly (2 ulp, as CUDA's);
  *              the scalar cpu_tanhf gives the vector variants' bits
- *   sincos_dense sin and cos (ours) over every 509th float below 2^21, both
- *              signs, within 1 ulp, special values as libm, scalar = lanes
+ *   vmath_dense sin, cos (every 509th float below 2^21) and erf (every 127th
+ *              below 4.5), ours, both signs, within 1 ulp, special values as
+ *              libm, scalar = lanes
  *   ints       integer and conversion rules (wrapping, x/0, x%0, INT_MIN/-1,
  *              saturating int(), NaN compares, fminf/fmaxf) exactly as the
  *              float64 interpreter (ir_eval) gives them
@@ -204,68 +205,78 @@ START_TEST(tanh_dense) {
 }
 END_TEST
 
-/* sin and cos (ours, cpu/kern.h): every 509th float below 2^21 (past the
- * 2^20 where lanes go to libm) and both signs against binary64 within 1
- * ulp (they are built for 0.5 and a hair), special values exactly, and the
- * scalar function of the JIT's width against its vector lanes. */
-START_TEST(sincos_dense) {
-  for (int c = 0; c < 2; c++) {
-    flex_kernel *k = load(c ? "score f(s, b, h, q, kv) { return cos(s); }\n"
-                            : "score f(s, b, h, q, kv) { return sin(s); }\n");
-    float (*scalar)(float) = NULL;
-    int lanes = cpu_jit_lanes();
-    const CpuVmath *vm = &cpu_vmath_4;
+/* sin, cos and erf (ours, cpu/kern.h): a sweep of floats and both signs
+ * against binary64 within 1 ulp (they are built for 0.5 and a hair),
+ * special values as libm gives them, and the scalar function of the JIT's
+ * width against its vector lanes. sin and cos: every 509th float below
+ * 2^21, past the 2^20 where lanes go to libm; erf: every 127th below 4.5,
+ * past the 3.9 where it is 1. */
+static const struct {
+  const char *name, *src;
+  double (*ref)(double);
+  uint32_t step, end; /* float bit patterns */
+} vmath_cases[] = {
+    {"sin", "score f(s, b, h, q, kv) { return sin(s); }\n", sin, 509, 0x4a000000u},
+    {"cos", "score f(s, b, h, q, kv) { return cos(s); }\n", cos, 509, 0x4a000000u},
+    {"erf", "score f(s, b, h, q, kv) { return erf(s); }\n", erf, 127, 0x40900000u},
+};
+
+START_TEST(vmath_dense) {
+  flex_kernel *k = load(vmath_cases[_i].src);
+  const CpuVmath *vm = &cpu_vmath_4;
 #if defined(__x86_64__)
-    if (lanes == 16) vm = &cpu_vmath_16;
-    if (lanes == 8) vm = &cpu_vmath_8;
+  if (cpu_jit_lanes() == 16) vm = &cpu_vmath_16;
+  if (cpu_jit_lanes() == 8) vm = &cpu_vmath_8;
 #endif
-    scalar = c ? vm->cosf : vm->sinf;
-    enum { N = 1 << 20 };
-    float *x = malloc(sizeof(float) * N), *t = malloc(sizeof(float) * N);
-    FlexParams p;
-    memset(&p, 0, sizeof p);
-    double worst = 0;
-    float at = 0;
-    long count = 0;
-    uint32_t bits = 0;
-    bool done = false;
-    while (!done) {
-      int n = 0;
-      for (; n < N && !done; n++) {
-        float v;
-        memcpy(&v, &bits, sizeof v);
-        x[n] = n & 1 ? -v : v;
-        bits += 509;
-        done = bits >= 0x4a000000u; /* 2^21 */
-      }
-      for (int i = n; i < N; i++) x[i] = 0.5f;
-      jit_score(k, x, t, N, &p);
-      for (int i = 0; i < n; i++) {
-        double r = c ? cos((double)x[i]) : sin((double)x[i]);
-        double ulp = fmax(ldexp(1.0, ilogb(fmax(fabs(r), 1.17549435e-38)) - 23), ldexp(1.0, -149));
-        double e = fabs((double)t[i] - r) / ulp;
-        if (e > worst) worst = e, at = x[i];
-        float sc = i % 61 == 0 ? scalar(x[i]) : t[i];
-        if (memcmp(&sc, &t[i], sizeof sc) != 0) /* ck_abort_msg: see tanh_dense */
-          ck_abort_msg("%s: scalar(%a) = %a, lanes %a", c ? "cos" : "sin", (double)x[i], (double)sc,
-                       (double)t[i]);
-      }
-      count += n;
+  float (*scalar)(float) = _i == 0 ? vm->sinf : _i == 1 ? vm->cosf : vm->erff;
+  float (*libm)(float) = _i == 0 ? sinf : _i == 1 ? cosf : erff;
+  enum { N = 1 << 20 };
+  float *x = malloc(sizeof(float) * N), *t = malloc(sizeof(float) * N);
+  FlexParams p;
+  memset(&p, 0, sizeof p);
+  double worst = 0;
+  float at = 0;
+  long count = 0;
+  uint32_t bits = 0;
+  bool done = false;
+  while (!done) {
+    int n = 0;
+    for (; n < N && !done; n++) {
+      float v;
+      memcpy(&v, &bits, sizeof v);
+      x[n] = n & 1 ? -v : v;
+      bits += vmath_cases[_i].step;
+      done = bits >= vmath_cases[_i].end;
     }
-    static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e30f, -3e38f};
-    int ns = (int)(sizeof special / sizeof *special);
-    for (int i = 0; i < N; i++) x[i] = special[i % ns];
+    for (int i = n; i < N; i++) x[i] = 0.5f;
     jit_score(k, x, t, N, &p);
-    for (int i = 0; i < ns; i++) {
-      float want = c ? cosf(special[i]) : sinf(special[i]);
-      ck_assert_msg(isnan(want) ? isnan(t[i]) : memcmp(&t[i], &want, sizeof want) == 0,
-                    "%s(%a) = %a, want %a", c ? "cos" : "sin", (double)special[i], (double)t[i], (double)want);
+    for (int i = 0; i < n; i++) {
+      double r = vmath_cases[_i].ref((double)x[i]);
+      double ulp = fmax(ldexp(1.0, ilogb(fmax(fabs(r), 1.17549435e-38)) - 23), ldexp(1.0, -149));
+      double e = fabs((double)t[i] - r) / ulp;
+      if (e > worst) worst = e, at = x[i];
+      float sc = i % 61 == 0 ? scalar(x[i]) : t[i];
+      if (memcmp(&sc, &t[i], sizeof sc) != 0) /* ck_abort_msg: see tanh_dense */
+        ck_abort_msg("%s: scalar(%a) = %a, lanes %a", vmath_cases[_i].name, (double)x[i], (double)sc,
+                     (double)t[i]);
     }
-    fprintf(stderr, "  %s dense    %ld inputs: worst %.2f ulp at %a\n", c ? "cos" : "sin", count, worst, (double)at);
-    ck_assert_msg(worst <= 1.0, "%s: %.2f ulp at %a", c ? "cos" : "sin", worst, (double)at);
-    free(x), free(t);
-    flex_kernel_free(k);
+    count += n;
   }
+  static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e30f, -3e38f, 1e-45f};
+  int ns = (int)(sizeof special / sizeof *special);
+  for (int i = 0; i < N; i++) x[i] = special[i % ns];
+  jit_score(k, x, t, N, &p);
+  for (int i = 0; i < ns; i++) {
+    float want = libm(special[i]);
+    ck_assert_msg(isnan(want) ? isnan(t[i]) : memcmp(&t[i], &want, sizeof want) == 0,
+                  "%s(%a) = %a, want %a", vmath_cases[_i].name, (double)special[i], (double)t[i],
+                  (double)want);
+  }
+  fprintf(stderr, "  %s dense    %ld inputs: worst %.2f ulp at %a\n", vmath_cases[_i].name, count, worst,
+          (double)at);
+  ck_assert_msg(worst <= 1.0, "%s: %.2f ulp at %a", vmath_cases[_i].name, worst, (double)at);
+  free(x), free(t);
+  flex_kernel_free(k);
 }
 END_TEST
 
@@ -939,7 +950,7 @@ int main(int argc, char **argv) {
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, math, 0, NMATH);
   tcase_add_test(tc, tanh_dense);
-  tcase_add_test(tc, sincos_dense);
+  tcase_add_loop_test(tc, vmath_dense, 0, 3);
   tcase_add_loop_test(tc, ints, 0, NINT);
   tcase_add_test(tc, nonfinite);
   tcase_add_test(tc, fwd_groups);
