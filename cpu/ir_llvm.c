@@ -373,20 +373,45 @@ static LLVMValueRef pure_call(Lw *w, const char *name, LLVMValueRef *x, unsigned
   return LLVMBuildCall2(w->b, fty, fn, x, n, "");
 }
 
-/* The same call naming vector variants for the loop vectoriser (LLVM's
- * vector function ABI: _ZGV_LLVM_N<lanes><v per argument>_name), so that a
- * row of keys calls one on 4, 8 or 16 scores at a time. vname(lanes)
- * gives each variant's symbol up to the host's width (cpu_jit_lanes), or
- * false for none; the variants are declared here and kept by
- * keep_variants, as LLVM's own library mappings are. */
+/* The vector variant of the float function `base` on `lanes` lanes, in
+ * out: ours (cpu_<base>_v<lanes>, cpu/kern.h), or with `mvec` glibc's
+ * libmvec one (_ZGV<isa>N<lanes><v per argument>_<base>f, isa b for 4
+ * lanes (SSE), d for 8 (AVX2), e for 16 (AVX-512)), false where the JIT
+ * did not find the library. */
+static bool variant_name(const char *base, bool mvec, unsigned nargs, int lanes, char *out,
+                         size_t cap) {
+  if (!mvec) {
+    snprintf(out, cap, "cpu_%s_v%d", base, lanes);
+    return true;
+  }
+  if (!cpu_jit_mvec()) return false;
+  snprintf(out, cap, "_ZGV%cN%d%s_%sf", lanes == 4 ? 'b' : lanes == 8 ? 'd' : 'e', lanes,
+           nargs == 2 ? "vv" : "v", base);
+  return true;
+}
+
+/* A pure call of `name` naming the vector variants of `base` for the loop
+ * vectoriser (LLVM's vector function ABI: _ZGV_LLVM_N<lanes><v per
+ * argument>_name), up to the host's width (cpu_jit_lanes), so that a row
+ * of keys calls one on 4, 8 or 16 scores at a time; the variants are
+ * declared here and kept by keep_variants, as LLVM's own library mappings
+ * are. Which functions go where (lower_op):
+ *   tanh, sin, cos, erf  ours (cpu/kern.h: written once, every width and
+ *                        the scalar cpu_<f>f_<widest> giving the same
+ *                        bits); tanh skips its exp branch for a vector
+ *                        below 0.625, the others compute in double
+ *   pow                  libm's powf and libmvec's variants (0.62 ulp at
+ *                        worst over 13M arguments); libmvec's sinf (2.1
+ *                        ulp) and erff (2.3 to 4.0) are less accurate than
+ *                        check_cpu's 2 ulp, hence ours. */
 static LLVMValueRef vector_call(Lw *w, const char *name, LLVMValueRef *x, unsigned n,
-                                bool (*vname)(int lanes, char *out, size_t cap)) {
+                                const char *base, bool mvec) {
   LLVMValueRef call = pure_call(w, name, x, n);
   char names[512] = "";
   size_t at = 0;
   for (int lanes = 4; lanes <= cpu_jit_lanes(); lanes *= 2) {
     char vn[64];
-    if (!vname(lanes, vn, sizeof vn)) continue;
+    if (!variant_name(base, mvec, n, lanes, vn, sizeof vn)) continue;
     if (!LLVMGetNamedFunction(w->mod, vn)) {
       LLVMTypeRef vt = LLVMVectorType(w->f32, (unsigned)lanes), vargs[2] = {vt, vt};
       LLVMValueRef f = LLVMAddFunction(w->mod, vn, LLVMFunctionType(vt, vargs, n, 0));
@@ -404,43 +429,13 @@ static LLVMValueRef vector_call(Lw *w, const char *name, LLVMValueRef *x, unsign
   return call;
 }
 
-/* tanh: cpu_tanhf (cpu/kern.h, where the function is written once) and its
- * variants cpu_tanh_v4/v8/v16. A variant decides per vector: all lanes
- * below 0.625, the usual case of a softcap, skip the exp branch that a
- * select between two inline expressions always paid for. */
-static bool tanh_variant(int lanes, char *out, size_t cap) {
-  snprintf(out, cap, "cpu_tanh_v%d", lanes);
-  return true;
-}
-
-/* sin and cos: ours (cpu/kern.h: double precision inside, 0.5 ulp and a
- * hair), cpu_sin_v4/v8/v16 and the scalar cpu_sinf_<widest> that gives
- * the widest variant's bits; cos the same. */
-static bool sin_variant(int lanes, char *out, size_t cap) {
-  snprintf(out, cap, "cpu_sin_v%d", lanes);
-  return true;
-}
-static bool cos_variant(int lanes, char *out, size_t cap) {
-  snprintf(out, cap, "cpu_cos_v%d", lanes);
-  return true;
-}
-
-/* erf: ours too (cpu/kern.h: double inside), cpu_erf_v4/v8/v16 and the
- * scalar cpu_erff_<widest>. */
-static bool erf_variant(int lanes, char *out, size_t cap) {
-  snprintf(out, cap, "cpu_erf_v%d", lanes);
-  return true;
-}
-
-/* pow: libm's powf, with glibc's libmvec variants where the JIT found the
- * library (_ZGV<isa>N<lanes>vv_powf: isa b for 4 lanes (SSE), d for 8
- * (AVX2), e for 16 (AVX-512)); measured 0.62 ulp at worst over 13M
- * arguments. libmvec's sinf (2.1 ulp) and erff (2.3 to 4.0) are less
- * accurate than check_cpu's 2 ulp, so sin, cos and erf are ours. */
-static bool pow_variant(int lanes, char *out, size_t cap) {
-  if (!cpu_jit_mvec()) return false;
-  snprintf(out, cap, "_ZGV%cN%dvv_powf", lanes == 4 ? 'b' : lanes == 8 ? 'd' : 'e', lanes);
-  return true;
+/* Ours: the scalar function of the JIT's width (sin, cos, erf; tanh has
+ * one for every width) and its variants. */
+static LLVMValueRef our_call(Lw *w, const char *base, LLVMValueRef x) {
+  char name[32];
+  if (!strcmp(base, "tanh")) snprintf(name, sizeof name, "cpu_tanhf");
+  else snprintf(name, sizeof name, "cpu_%sf_%d", base, cpu_jit_lanes());
+  return vector_call(w, name, &x, 1, base, false);
 }
 
 static LLVMValueRef minmax_i(Lw *w, LLVMValueRef a, LLVMValueRef b, bool mx) {
@@ -480,13 +475,10 @@ static LLVMValueRef lower_op(Lw *w, int i) {
   case IR_LOG2: return lower_log(w, a, true);
   case IR_SQRT: return intr1(w, "llvm.sqrt", a);
   case IR_RSQRT: return LLVMBuildFDiv(B, cf(w, 1.0), intr1(w, "llvm.sqrt", a), "");
-  case IR_TANH: return vector_call(w, "cpu_tanhf", &a, 1, tanh_variant);
+  case IR_TANH: return our_call(w, "tanh", a);
   case IR_SIGMOID: return lower_sigmoid(w, a);
-  case IR_SIN: case IR_COS: {
-    char name[32];
-    snprintf(name, sizeof name, "cpu_%sf_%d", in->op == IR_SIN ? "sin" : "cos", cpu_jit_lanes());
-    return vector_call(w, name, &a, 1, in->op == IR_SIN ? sin_variant : cos_variant);
-  }
+  case IR_SIN: return our_call(w, "sin", a);
+  case IR_COS: return our_call(w, "cos", a);
   case IR_FLOOR: return intr1(w, "llvm.floor", a);
   case IR_CEIL: return intr1(w, "llvm.ceil", a);
   case IR_ADD_I: return LLVMBuildAdd(B, a, c, "");
@@ -503,7 +495,7 @@ static LLVMValueRef lower_op(Lw *w, int i) {
   case IR_MOD_F: return LLVMBuildFRem(B, a, c, "");
   case IR_MIN_F: return intr(w, "llvm.minnum", w->f32, (LLVMValueRef[]){a, c}, 2);
   case IR_MAX_F: return intr(w, "llvm.maxnum", w->f32, (LLVMValueRef[]){a, c}, 2);
-  case IR_POW: return vector_call(w, "powf", (LLVMValueRef[]){a, c}, 2, pow_variant);
+  case IR_POW: return vector_call(w, "powf", (LLVMValueRef[]){a, c}, 2, "pow", true);
   case IR_LT_I: return LLVMBuildICmp(B, LLVMIntSLT, a, c, "");
   case IR_LE_I: return LLVMBuildICmp(B, LLVMIntSLE, a, c, "");
   case IR_EQ_I: return LLVMBuildICmp(B, LLVMIntEQ, a, c, "");
@@ -528,11 +520,7 @@ static LLVMValueRef lower_op(Lw *w, int i) {
     return LLVMBuildAShr(B, a, sel(w, LLVMBuildICmp(B, LLVMIntULT, c, ci32(w, 32), ""), c, ci32(w, 31)), "");
   case IR_FLOORDIV: return floordiv(w, a, c, false);
   case IR_FLOORMOD: return floordiv(w, a, c, true);
-  case IR_ERF: {
-    char name[32];
-    snprintf(name, sizeof name, "cpu_erff_%d", cpu_jit_lanes());
-    return vector_call(w, name, &a, 1, erf_variant);
-  }
+  case IR_ERF: return our_call(w, "erf", a);
   default: break;
   }
   snprintf(w->err, w->errlen, "the cpu backend has no lowering for IR op '%s'", in->op < IR_NOPS ? ir_ops[in->op].name : "?");
