@@ -126,18 +126,19 @@ typedef struct CpuKern {
   float (*exp_sum_bf16)(uint16_t *dst, const float *x, int n, float mx);
 } CpuKern;
 
-/* The JIT's vector math (kern.h), one set per width: the addresses of
- * tanh, sin, cos and erf on `lanes` floats (the vector ABI's argument and
- * result), and the scalar sin, cos and erf that give those lanes' bits; the
- * 8- and 16-lane sets in x86-64 builds only. cpu_tanhf is the scalar tanh
- * (every width's lanes give its bits). */
+/* The JIT's vector math (kern.h), one set per width (the 8- and 16-lane
+ * sets in x86-64 builds only): by function (CPU_VM_*, named "tanh", "sin",
+ * "cos", "erf" in cpu_vm_names), the address of cpu_<f>_v<lanes> on `lanes`
+ * floats (the vector ABI's argument and result), and cpu_<f>f_<lanes>,
+ * the scalar function that gives those lanes' bits. */
+enum { CPU_VM_TANH, CPU_VM_SIN, CPU_VM_COS, CPU_VM_ERF, CPU_VM_COUNT };
+extern const char *const cpu_vm_names[CPU_VM_COUNT];
 typedef struct CpuVmath {
   int lanes;
-  void (*tanh)(void), (*sin)(void), (*cos)(void), (*erf)(void); /* vector functions, by address */
-  float (*sinf)(float), (*cosf)(float), (*erff)(float);
+  void (*vec[CPU_VM_COUNT])(void);      /* vector functions, by address */
+  float (*scalar[CPU_VM_COUNT])(float); /* their lane 0 */
 } CpuVmath;
 extern const CpuVmath cpu_vmath_4, cpu_vmath_8, cpu_vmath_16;
-float cpu_tanhf(float x);
 /* The widest vector the host's JIT code may pass a variant: 16, 8 or 4
  * lanes; and whether glibc's libmvec is loaded (jit.c). */
 int cpu_jit_lanes(void);

@@ -18,11 +18,10 @@
  *                             inline polynomials (lower_math below: Cephes-style,
  *                             1-2 ulp, special values handled by selects), so
  *                             that rows vectorise; checked by check_cpu_math
- *   sin cos erf               pure calls of ours naming vector variants (cpu/kern.h)
+ *   tanh sin cos erf          pure calls of ours naming vector variants (cpu/kern.h),
+ *                             which the loop vectoriser calls
  *   pow                       a pure call of libm's powf naming glibc's libmvec
  *                             variants where the JIT found it (vector_call)
- *   tanh                      a pure call of cpu_tanhf naming its vector variants
- *                             (cpu/kern.h), which the loop vectoriser calls
  *   bnot band bor bxor        not / and / or / xor
  *   shl / shr                 shl / ashr behind a select: a count outside 0..31 acts as 32
  *   floordiv / floormod       div.i / mod.i, then one step toward minus infinity
@@ -359,7 +358,7 @@ static LLVMValueRef floordiv(Lw *w, LLVMValueRef a, LLVMValueRef d, bool mod) {
 }
 
 /* A pure call of the float function `name` of n float arguments (libm's
- * powf; our cpu_tanhf, cpu_sinf_16, ...). */
+ * powf; our cpu_tanhf_16, ...). */
 static LLVMValueRef pure_call(Lw *w, const char *name, LLVMValueRef *x, unsigned n) {
   LLVMTypeRef args[2] = {w->f32, w->f32};
   LLVMTypeRef fty = LLVMFunctionType(w->f32, args, n, 0);
@@ -396,8 +395,8 @@ static bool variant_name(const char *base, bool mvec, unsigned nargs, int lanes,
  * of keys calls one on 4, 8 or 16 scores at a time; the variants are
  * declared here and kept by keep_variants, as LLVM's own library mappings
  * are. Which functions go where (lower_op):
- *   tanh, sin, cos, erf  ours (cpu/kern.h: written once, every width and
- *                        the scalar cpu_<f>f_<widest> giving the same
+ *   tanh, sin, cos, erf  ours (cpu/kern.h: written once, the scalar
+ *                        cpu_<f>f_<widest> giving the widest variant's
  *                        bits); tanh skips its exp branch for a vector
  *                        below 0.625, the others compute in double
  *   pow                  libm's powf and libmvec's variants (0.62 ulp at
@@ -429,12 +428,10 @@ static LLVMValueRef vector_call(Lw *w, const char *name, LLVMValueRef *x, unsign
   return call;
 }
 
-/* Ours: the scalar function of the JIT's width (sin, cos, erf; tanh has
- * one for every width) and its variants. */
+/* Ours: the scalar function of the JIT's width and its variants. */
 static LLVMValueRef our_call(Lw *w, const char *base, LLVMValueRef x) {
   char name[32];
-  if (!strcmp(base, "tanh")) snprintf(name, sizeof name, "cpu_tanhf");
-  else snprintf(name, sizeof name, "cpu_%sf_%d", base, cpu_jit_lanes());
+  snprintf(name, sizeof name, "cpu_%sf_%d", base, cpu_jit_lanes());
   return vector_call(w, name, &x, 1, base, false);
 }
 

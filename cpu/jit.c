@@ -112,27 +112,22 @@ static void jit_create(void) {
 #endif
   /* ours: the helpers, and the vector math of kern.h (ir_llvm.c
    * vector_call names cpu_<f>_v<lanes> and cpu_<f>f_<lanes>) */
-  struct { char name[32]; uintptr_t addr; } ours[3 + 7 * 3];
+  struct { char name[32]; uintptr_t addr; } ours[2 + 2 * CPU_VM_COUNT * 3];
   int nours = 0;
   ours[nours++] = (__typeof__(ours[0])){"cpu_bounds_fail", (uintptr_t)&cpu_bounds_fail};
   ours[nours++] = (__typeof__(ours[0])){"cpu_exact_add", (uintptr_t)&cpu_exact_add};
-  ours[nours++] = (__typeof__(ours[0])){"cpu_tanhf", (uintptr_t)&cpu_tanhf};
 #if defined(__x86_64__)
   const CpuVmath *vm[3] = {&cpu_vmath_4, &cpu_vmath_8, &cpu_vmath_16};
 #else
   const CpuVmath *vm[1] = {&cpu_vmath_4};
 #endif
-  for (size_t i = 0; i < sizeof vm / sizeof *vm; i++) {
-    const char *fn[7] = {"cpu_tanh_v", "cpu_sin_v", "cpu_cos_v", "cpu_erf_v",
-                         "cpu_sinf_", "cpu_cosf_", "cpu_erff_"};
-    uintptr_t at[7] = {(uintptr_t)vm[i]->tanh, (uintptr_t)vm[i]->sin, (uintptr_t)vm[i]->cos,
-                       (uintptr_t)vm[i]->erf, (uintptr_t)vm[i]->sinf, (uintptr_t)vm[i]->cosf,
-                       (uintptr_t)vm[i]->erff};
-    for (int f = 0; f < 7; f++, nours++) {
-      snprintf(ours[nours].name, sizeof ours[nours].name, "%s%d", fn[f], vm[i]->lanes);
-      ours[nours].addr = at[f];
+  for (size_t i = 0; i < sizeof vm / sizeof *vm; i++)
+    for (int f = 0; f < CPU_VM_COUNT; f++) {
+      snprintf(ours[nours].name, sizeof ours[nours].name, "cpu_%s_v%d", cpu_vm_names[f], vm[i]->lanes);
+      ours[nours++].addr = (uintptr_t)vm[i]->vec[f];
+      snprintf(ours[nours].name, sizeof ours[nours].name, "cpu_%sf_%d", cpu_vm_names[f], vm[i]->lanes);
+      ours[nours++].addr = (uintptr_t)vm[i]->scalar[f];
     }
-  }
   LLVMJITCSymbolMapPair sym[sizeof ours / sizeof *ours];
   for (int i = 0; i < nours; i++)
     sym[i] = (LLVMJITCSymbolMapPair){LLVMOrcLLJITMangleAndIntern(J.jit, ours[i].name),
@@ -155,6 +150,8 @@ static void jit_create(void) {
                                  LLVMRelocPIC, LLVMCodeModelSmall);
   LLVMDisposeMessage(triple);
 }
+
+const char *const cpu_vm_names[CPU_VM_COUNT] = {"tanh", "sin", "cos", "erf"};
 
 int cpu_jit_lanes(void) {
 #if defined(__x86_64__)

@@ -319,10 +319,10 @@ static void to16(uint16_t *dst, const float *src, int n, float mul, bool bf16) {
 
 /* ---- tanh, the JIT's ----------------------------------------------------------------
  *
- * The JIT lowers tanh to a call of cpu_tanhf (kern_generic.c) that names
- * these as its vector variants (cpu/ir_llvm.c), so the loop vectoriser
- * calls KERN_TANH on VW lanes at a time: the one place the function is
- * written. Below |x| 0.625 Cephes tanhf's odd polynomial; above it
+ * The JIT lowers tanh to a call of cpu_tanhf_<width> that names
+ * cpu_tanh_v4/v8/v16 (KERN_VMATH below) as its vector variants
+ * (cpu/ir_llvm.c), so the loop vectoriser calls one on VW lanes at a time:
+ * the one place the function is written. Below |x| 0.625 Cephes tanhf's odd polynomial; above it
  * 1 - 2 / (e^2|x| + 1), e^y built from y = n ln2 + r as q 2^n + (2^n + 1)
  * with q = e^r - 1 a degree-4 polynomial in r plus r + r^2 (Chebyshev
  * interpolation, float coefficients: 0.18 ulp of e^r; tanh's error is at
@@ -497,23 +497,23 @@ static inline __attribute__((always_inline)) vf verf(vf x) {
 #ifdef KERN_VMATH_W /* the one definition of each width (kern_generic.c, _avx2.c, _avx512.c) */
 #define KERN_CAT_(a, b) a##b
 #define KERN_CAT(a, b) KERN_CAT_(a, b)
-vf KERN_CAT(cpu_tanh_v, KERN_VMATH_W)(vf x);
-vf KERN_CAT(cpu_tanh_v, KERN_VMATH_W)(vf x) { return vtanh(x); }
-vf KERN_CAT(cpu_sin_v, KERN_VMATH_W)(vf x);
-vf KERN_CAT(cpu_sin_v, KERN_VMATH_W)(vf x) { return vsincos(x, false); }
-vf KERN_CAT(cpu_cos_v, KERN_VMATH_W)(vf x);
-vf KERN_CAT(cpu_cos_v, KERN_VMATH_W)(vf x) { return vsincos(x, true); }
-vf KERN_CAT(cpu_erf_v, KERN_VMATH_W)(vf x);
-vf KERN_CAT(cpu_erf_v, KERN_VMATH_W)(vf x) { return verf(x); }
-/* the scalar sin and cos of a JIT whose widest vector is VW: lane 0 of
- * that width, so that a row's remainder gets its vector lanes' bits */
-static float scalar_sin(float x) { return vsincos(splat(x), false)[0]; }
-static float scalar_cos(float x) { return vsincos(splat(x), true)[0]; }
-static float scalar_erf(float x) { return verf(splat(x))[0]; }
+/* cpu_<f>_v<VW>: the vector variants; cpu_<f>f_<VW>: the scalar function of
+ * a JIT whose widest vector is VW, lane 0 of that width, so that a row's
+ * remainder gets its vector lanes' bits */
+#define KERN_VMATH(f, body)                                                                   \
+  vf KERN_CAT(cpu_##f##_v, KERN_VMATH_W)(vf x);                                                \
+  vf KERN_CAT(cpu_##f##_v, KERN_VMATH_W)(vf x) { return body; }                                \
+  static float KERN_CAT(scalar_##f, KERN_VMATH_W)(float s) { return KERN_CAT(cpu_##f##_v, KERN_VMATH_W)(splat(s))[0]; }
+KERN_VMATH(tanh, vtanh(x))
+KERN_VMATH(sin, vsincos(x, false))
+KERN_VMATH(cos, vsincos(x, true))
+KERN_VMATH(erf, verf(x))
+#define KERN_VMATH_FNS(f) (void (*)(void))KERN_CAT(cpu_##f##_v, KERN_VMATH_W)
 const CpuVmath KERN_CAT(cpu_vmath_, KERN_VMATH_W) = {
-    VW, (void (*)(void))KERN_CAT(cpu_tanh_v, KERN_VMATH_W),
-    (void (*)(void))KERN_CAT(cpu_sin_v, KERN_VMATH_W), (void (*)(void))KERN_CAT(cpu_cos_v, KERN_VMATH_W),
-    (void (*)(void))KERN_CAT(cpu_erf_v, KERN_VMATH_W), scalar_sin, scalar_cos, scalar_erf};
+    VW,
+    {KERN_VMATH_FNS(tanh), KERN_VMATH_FNS(sin), KERN_VMATH_FNS(cos), KERN_VMATH_FNS(erf)},
+    {KERN_CAT(scalar_tanh, KERN_VMATH_W), KERN_CAT(scalar_sin, KERN_VMATH_W),
+     KERN_CAT(scalar_cos, KERN_VMATH_W), KERN_CAT(scalar_erf, KERN_VMATH_W)}};
 #endif
 
 #ifdef KERN_BF16

@@ -11,11 +11,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-/* The scalar tanh the JIT calls (its remainder loops, code it does not
- * vectorise): lane 0 of the 4-lane variant, so the same bits as every
- * vector lane. */
-float cpu_tanhf(float x) { return vtanh(splat(x))[0]; }
-
 const CpuKern *cpu_kern(void) {
   static _Atomic(const CpuKern *) best; /* every thread computes the same answer */
   const CpuKern *known = atomic_load(&best);

@@ -2,12 +2,10 @@
  *
  *   math       the JIT's float builtins (inline polynomials and libm calls)
  *              against binary64 libm over sweeps and special values
- *   tanh_dense tanh over every 251st float below 10 and a sparse sweep
- *              above, both signs, special values exactly (2 ulp, as CUDA's);
- *              the scalar cpu_tanhf gives the vector variants' bits
- *   vmath_dense sin, cos (every 509th float below 2^21) and erf (every 127th
- *              below 4.5), ours, both signs, within 1 ulp, special values as
- *              libm, scalar = lanes
+ *   vmath_dense tanh (every 251st float below 10, sparse above; 2 ulp, as
+ *              CUDA's), sin and cos (every 509th below 2^21) and erf (every
+ *              127th below 4.5) within 1 ulp, both signs (parity bit for
+ *              bit), special values as libm, the scalar function = lanes
  *   ints       integer and conversion rules (wrapping, x/0, x%0, INT_MIN/-1,
  *              saturating int(), NaN compares, fminf/fmaxf) exactly as the
  *              float64 interpreter (ir_eval) gives them
@@ -145,91 +143,46 @@ START_TEST(math) {
 }
 END_TEST
 
-/* tanh over a dense sweep: every 251st float in [0, 10) (tanh rounds to 1
- * from 9.02 up), every 8192nd above up to the largest float, both signs
- * (odd: t(-x) must be -t(x) bit for bit), and the special values, against
- * binary64 tanh. The limit is CUDA's for tanhf (2 ulp): the score must
- * not be less accurate on this backend than on a GPU. */
-START_TEST(tanh_dense) {
-  flex_kernel *k = load("score f(s, b, h, q, kv) { return tanh(s); }\n");
-  enum { N = 1 << 20 };
-  float *s = malloc(sizeof(float) * N), *t = malloc(sizeof(float) * N);
-  FlexParams p;
-  memset(&p, 0, sizeof p);
-  double worst = 0;
-  float at = 0;
-  long count = 0;
-  uint32_t bits = 0;
-  bool done = false;
-  while (!done) {
-    int n = 0;
-    for (; n < N / 2 && !done; n++) {
-      float x;
-      memcpy(&x, &bits, sizeof x);
-      s[2 * n] = x, s[2 * n + 1] = -x;
-      bits += bits < 0x41200000u ? 251u : 8192u;
-      done = bits >= 0x7f800000u;
-    }
-    for (int i = 2 * n; i < N; i++) s[i] = 0.5f; /* the rest of the last chunk */
-    jit_score(k, s, t, N, &p);
-    for (int i = 0; i < 2 * n; i += 2) {
-      double r = tanh((double)s[i]);
-      /* ck_abort_msg on failure only: every passing ck_assert in a forked
-       * test writes its location to the parent, millions of writes here */
-      if (!(!isnan(t[i]) && -t[i] == t[i + 1] && signbit(t[i]) == signbit(s[i])))
-        ck_abort_msg("tanh(%a) = %a, tanh(-x) = %a", (double)s[i], (double)t[i], (double)t[i + 1]);
-      if (s[i] >= 9.1f && t[i] != 1.0f) ck_abort_msg("tanh(%a) = %a, want 1", (double)s[i], (double)t[i]);
-      double ulp = fmax(ldexp(1.0, ilogb(fmax(fabs(r), 1.17549435e-38)) - 23), ldexp(1.0, -149));
-      double e = fabs((double)t[i] - r) / ulp;
-      if (e > worst) worst = e, at = s[i];
-      /* the scalar function (the JIT's remainder loops) gives the vector
-       * lanes' bits */
-      float c = i % 61 == 0 ? cpu_tanhf(s[i]) : t[i];
-      if (memcmp(&c, &t[i], sizeof c) != 0)
-        ck_abort_msg("cpu_tanhf(%a) = %a, the JIT's lanes %a", (double)s[i], (double)c, (double)t[i]);
-    }
-    count += 2 * n;
-  }
-  static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-45f, -1e-45f, 1e-40f, 3.4e38f};
-  static const float want[] = {0.0f, -0.0f, 1.0f, -1.0f, NAN, 1e-45f, -1e-45f, 1e-40f, 1.0f};
-  int ns = (int)(sizeof special / sizeof *special);
-  for (int i = 0; i < N; i++) s[i] = special[i % ns];
-  jit_score(k, s, t, N, &p);
-  for (int i = 0; i < ns; i++)
-    ck_assert_msg(isnan(want[i]) ? isnan(t[i]) : memcmp(&t[i], &want[i], sizeof(float)) == 0,
-                  "tanh(%a) = %a, want %a", (double)s[i], (double)t[i], (double)want[i]);
-  fprintf(stderr, "  tanh dense   %ld inputs: worst %.2f ulp at %a\n", count, worst, (double)at);
-  ck_assert_msg(worst <= 2.0, "tanh: %.2f ulp at %a", worst, (double)at);
-  free(s), free(t);
-  flex_kernel_free(k);
-}
-END_TEST
-
-/* sin, cos and erf (ours, cpu/kern.h): a sweep of floats and both signs
- * against binary64 within 1 ulp (they are built for 0.5 and a hair),
- * special values as libm gives them, and the scalar function of the JIT's
- * width against its vector lanes. sin and cos: every 509th float below
- * 2^21, past the 2^20 where lanes go to libm; erf: every 127th below 4.5,
- * past the 3.9 where it is 1. */
+/* tanh, sin, cos and erf (ours, cpu/kern.h) over dense sweeps of floats,
+ * both signs of each (parity bit for bit: t(-x) = -t(x), cos even), against
+ * binary64; the special values as libm gives them; and the scalar function
+ * of the JIT's width (its remainder loops) against its vector lanes.
+ * - tanh: every 251st float in [0, 10) (it rounds to 1 from 9.02 up), every
+ *   8192nd above to the largest float; within 2 ulp, CUDA's bound for
+ *   tanhf: the score must not be less accurate here than on a GPU.
+ * - sin, cos: every 509th float below 2^21, past the 2^20 where lanes go
+ *   to libm; erf: every 127th below 4.5, past the 3.9 where it is 1.
+ *   Within 1 ulp: they are built for 0.5 and a hair. */
 static const struct {
   const char *name, *src;
   double (*ref)(double);
-  uint32_t step, end; /* float bit patterns */
+  float (*libm)(float);
+  int fn;               /* CPU_VM_* */
+  uint32_t step, coarse; /* float bit patterns: step, 8192 from `coarse` on */
+  uint32_t end;
+  bool odd, sign_of_x;  /* t(-x) = -t(x) (else t(-x) = t(x)); t has x's sign */
+  float one_from;       /* t = 1 from here up */
+  double ulps;          /* the limit */
 } vmath_cases[] = {
-    {"sin", "score f(s, b, h, q, kv) { return sin(s); }\n", sin, 509, 0x4a000000u},
-    {"cos", "score f(s, b, h, q, kv) { return cos(s); }\n", cos, 509, 0x4a000000u},
-    {"erf", "score f(s, b, h, q, kv) { return erf(s); }\n", erf, 127, 0x40900000u},
+    {"tanh", "score f(s, b, h, q, kv) { return tanh(s); }\n", tanh, tanhf, CPU_VM_TANH, 251,
+     0x41200000u, 0x7f800000u, true, true, 9.1f, 2.0},
+    {"sin", "score f(s, b, h, q, kv) { return sin(s); }\n", sin, sinf, CPU_VM_SIN, 509, 0x4a000000u,
+     0x4a000000u, true, false, INFINITY, 1.0},
+    {"cos", "score f(s, b, h, q, kv) { return cos(s); }\n", cos, cosf, CPU_VM_COS, 509, 0x4a000000u,
+     0x4a000000u, false, false, INFINITY, 1.0},
+    {"erf", "score f(s, b, h, q, kv) { return erf(s); }\n", erf, erff, CPU_VM_ERF, 127, 0x40900000u,
+     0x40900000u, true, true, 3.9f, 1.0},
 };
 
 START_TEST(vmath_dense) {
-  flex_kernel *k = load(vmath_cases[_i].src);
+  const __typeof__(vmath_cases[0]) *c = &vmath_cases[_i];
+  flex_kernel *k = load(c->src);
   const CpuVmath *vm = &cpu_vmath_4;
 #if defined(__x86_64__)
   if (cpu_jit_lanes() == 16) vm = &cpu_vmath_16;
   if (cpu_jit_lanes() == 8) vm = &cpu_vmath_8;
 #endif
-  float (*scalar)(float) = _i == 0 ? vm->sinf : _i == 1 ? vm->cosf : vm->erff;
-  float (*libm)(float) = _i == 0 ? sinf : _i == 1 ? cosf : erff;
+  float (*scalar)(float) = vm->scalar[c->fn];
   enum { N = 1 << 20 };
   float *x = malloc(sizeof(float) * N), *t = malloc(sizeof(float) * N);
   FlexParams p;
@@ -241,40 +194,47 @@ START_TEST(vmath_dense) {
   bool done = false;
   while (!done) {
     int n = 0;
-    for (; n < N && !done; n++) {
+    for (; n < N / 2 && !done; n++) {
       float v;
       memcpy(&v, &bits, sizeof v);
-      x[n] = n & 1 ? -v : v;
-      bits += vmath_cases[_i].step;
-      done = bits >= vmath_cases[_i].end;
+      x[2 * n] = v, x[2 * n + 1] = -v;
+      bits += bits < c->coarse ? c->step : 8192u;
+      done = bits >= c->end;
     }
-    for (int i = n; i < N; i++) x[i] = 0.5f;
+    for (int i = 2 * n; i < N; i++) x[i] = 0.5f; /* the rest of the last chunk */
     jit_score(k, x, t, N, &p);
-    for (int i = 0; i < n; i++) {
-      double r = vmath_cases[_i].ref((double)x[i]);
+    for (int i = 0; i < 2 * n; i += 2) {
+      /* ck_abort_msg on failure only: every passing ck_assert in a forked
+       * test writes its location to the parent, millions of writes here */
+      float mirror = c->odd ? -t[i] : t[i];
+      if (isnan(t[i]) || memcmp(&mirror, &t[i + 1], sizeof mirror) != 0 ||
+          (c->sign_of_x && signbit(t[i]) != signbit(x[i])))
+        ck_abort_msg("%s(%a) = %a, %s(-x) = %a", c->name, (double)x[i], (double)t[i], c->name,
+                     (double)t[i + 1]);
+      if (x[i] >= c->one_from && t[i] != 1.0f)
+        ck_abort_msg("%s(%a) = %a, want 1", c->name, (double)x[i], (double)t[i]);
+      double r = c->ref((double)x[i]);
       double ulp = fmax(ldexp(1.0, ilogb(fmax(fabs(r), 1.17549435e-38)) - 23), ldexp(1.0, -149));
       double e = fabs((double)t[i] - r) / ulp;
       if (e > worst) worst = e, at = x[i];
       float sc = i % 61 == 0 ? scalar(x[i]) : t[i];
-      if (memcmp(&sc, &t[i], sizeof sc) != 0) /* ck_abort_msg: see tanh_dense */
-        ck_abort_msg("%s: scalar(%a) = %a, lanes %a", vmath_cases[_i].name, (double)x[i], (double)sc,
-                     (double)t[i]);
+      if (memcmp(&sc, &t[i], sizeof sc) != 0)
+        ck_abort_msg("%s: scalar(%a) = %a, lanes %a", c->name, (double)x[i], (double)sc, (double)t[i]);
     }
-    count += n;
+    count += 2 * n;
   }
-  static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e30f, -3e38f, 1e-45f};
+  static const float special[] = {0.0f,   -0.0f,  INFINITY, -INFINITY, NAN,    1e30f,
+                                  -3e38f, 1e-45f, -1e-45f,  1e-40f,    3.4e38f};
   int ns = (int)(sizeof special / sizeof *special);
   for (int i = 0; i < N; i++) x[i] = special[i % ns];
   jit_score(k, x, t, N, &p);
   for (int i = 0; i < ns; i++) {
-    float want = libm(special[i]);
+    float want = c->libm(special[i]);
     ck_assert_msg(isnan(want) ? isnan(t[i]) : memcmp(&t[i], &want, sizeof want) == 0,
-                  "%s(%a) = %a, want %a", vmath_cases[_i].name, (double)special[i], (double)t[i],
-                  (double)want);
+                  "%s(%a) = %a, want %a", c->name, (double)special[i], (double)t[i], (double)want);
   }
-  fprintf(stderr, "  %s dense    %ld inputs: worst %.2f ulp at %a\n", vmath_cases[_i].name, count, worst,
-          (double)at);
-  ck_assert_msg(worst <= 1.0, "%s: %.2f ulp at %a", vmath_cases[_i].name, worst, (double)at);
+  fprintf(stderr, "  %-4s dense   %ld inputs: worst %.2f ulp at %a\n", c->name, count, worst, (double)at);
+  ck_assert_msg(worst <= c->ulps, "%s: %.2f ulp at %a", c->name, worst, (double)at);
   free(x), free(t);
   flex_kernel_free(k);
 }
@@ -949,8 +909,7 @@ int main(int argc, char **argv) {
   TCase *tc = tcase_create("cpu");
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, math, 0, NMATH);
-  tcase_add_test(tc, tanh_dense);
-  tcase_add_loop_test(tc, vmath_dense, 0, 3);
+  tcase_add_loop_test(tc, vmath_dense, 0, 4);
   tcase_add_loop_test(tc, ints, 0, NINT);
   tcase_add_test(tc, nonfinite);
   tcase_add_test(tc, fwd_groups);
