@@ -107,7 +107,8 @@ bool cg_options_retile(CgOptions *o, char *err, size_t errlen);
 
 /* One row of the tile table (codegen/kernel.c): the first row that matches
  * (arch in [lo, hi], dtype, padded head dim up to max_dim, and for `plain`
- * rows an identity score) gives the
+ * rows an identity score, no dropout and an implicit mask of at most two
+ * integer divisions) gives the
  * forward and backward shapes. The forward's head dim is EV (its O
  * accumulators; fp32: the larger of E and EV), the backward's the larger
  * of E and EV (its dK/dV accumulators). */
@@ -115,7 +116,7 @@ typedef struct CgTileRow {
   CgArch lo, hi;     /* architectures */
   int dtype;         /* CgDtype, or -1 for fp16 and bf16 */
   int max_dim;       /* padded head dim at most this */
-  bool plain;        /* only kernels whose score is the identity (fewer live registers) */
+  bool plain;        /* only plain kernels (identity score...: fewer live registers) */
   CgTiles fwd, bwd;  /* block_m x block_n, threads */
 } CgTileRow;
 
@@ -180,9 +181,10 @@ CgLaunch cg_launch_sorted_check(const CgOptions *o, int64_t n);
 void cg_mask_blocks(const CgOptions *o, int *block_q, int *block_kv);
 /* Whether a BlockMask of these block sizes can be walked by the kernels of `o`. */
 bool cg_mask_blocks_ok(const CgOptions *o, int block_q, int block_kv);
-/* Halves the tensor-core backward's key tiles (and its warps) until they
- * divide a caller's BlockMask blocks of block_kv keys (64, say). */
-void cg_bwd_fit_mask_blocks(CgOptions *o, int block_kv);
+/* Halves the tensor-core forward's and backward's key tiles (the
+ * backward's warps follow) until they divide a caller's BlockMask blocks
+ * of block_kv keys (64, say). */
+void cg_fit_mask_blocks(CgOptions *o, int block_kv);
 
 /* Names and limits of the architectures. */
 const char *cg_arch_name(CgArch a);       /* "sm_80", ... */

@@ -133,7 +133,13 @@ static size_t smem_fwd(const CgOptions *o) {
   }
   if (o->dtype == CG_FP32)
     return 4u * (size_t)(BM * (EP + 1) + BN * (EP + 1) + BN * EVP + BM * (BN + 1));
-  return 2u * (size_t)(BM * (EP + 8) + 2 * BN * (EP + 8) + 2 * BN * (EVP + 8));
+  /* flex_fwd_tc: Q, two stages of K and V, rows padded by 8, then the walk;
+   * with one m16 tile per warp and EP <= 128 (QREG) Q goes to registers and
+   * its space holds V's second stage. */
+  size_t q = (size_t)BM * (EP + 8), v = (size_t)BN * (EVP + 8);
+  if (BM == 16 * (o->fwd.threads / 32) && EP <= 128)
+    return 2u * ((q > v ? q : v) + 2 * (size_t)BN * (EP + 8) + v) + FLEX_WALK_BYTES;
+  return 2u * (q + 2 * (size_t)BN * (EP + 8) + 2 * v) + FLEX_WALK_BYTES;
 }
 
 static size_t smem_bwd(const CgOptions *o) {
@@ -169,17 +175,17 @@ static const CgTileRow tile_table[] = {
     /* fp32 SIMT (128 threads, 128 / BM threads per row): fp32-accurate, no TF32. */
     {CG_SM80, CG_SM90A, CG_FP32, 128, false, {32, 32, 128}, {32, 32, 128}},
     {CG_SM80, CG_SM90A, CG_FP32, 256, false, {16, 16, 128}, {16, 16, 128}},
-    /* Tensor cores. Forward: 4 warps of 32 query rows (two m16 tiles, so
-     * each K/V fragment feeds two mma); O takes EV registers per thread and
-     * S BN / 2. At EV = 128, 128 x 64 fits 255 registers with an identity
-     * score (kernel_model: no local memory) but a score function spills,
-     * so those get 128 x 32, and so does dropout (its Philox rounds
-     * need registers too). Backward: 4 warps, 64 query rows, BN keys by
-     * (EP + EVP) * BN / 128 dK/dV accumulators per thread. */
-    {CG_SM80, CG_SM90A, -1, 32, false, {128, 64, 128}, {64, 128, 256}},
-    {CG_SM80, CG_SM90A, -1, 64, false, {128, 64, 128}, {64, 128, 256}},
-    {CG_SM80, CG_SM90A, -1, 128, true, {128, 64, 128}, {64, 128, 256}},
-    {CG_SM80, CG_SM90A, -1, 128, false, {128, 32, 128}, {64, 128, 256}},
+    /* Tensor cores. Forward (FlashAttention-3's sm80 shape): 8 warps of 16
+     * query rows and 128-key tiles, each warp's Q in registers (its shared
+     * space then holds V's second stage): O takes EV / 2 registers per
+     * thread, S 64, Q E / 4. With a score function, dropout or a mask of
+     * more than two integer divisions at EV = 128, 128-key tiles spilled
+     * (ptxas, bench/RESULTS.md), so those get 64-key ones. Backward: 64
+     * query rows, BN keys by (EP + EVP) * BN / 128 dK/dV accumulators per
+     * thread. */
+    {CG_SM80, CG_SM90A, -1, 64, false, {128, 128, 256}, {64, 128, 256}},
+    {CG_SM80, CG_SM90A, -1, 128, true, {128, 128, 256}, {64, 128, 256}},
+    {CG_SM80, CG_SM90A, -1, 128, false, {128, 64, 256}, {64, 128, 256}},
     {CG_SM80, CG_SM90A, -1, 256, false, {64, 32, 128}, {64, 32, 128}},
 };
 
@@ -193,7 +199,7 @@ static const CgTileRow *tile_row(const CgOptions *o, int dim) {
     const CgTileRow *r = &tile_table[i];
     bool dt = r->dtype < 0 ? o->dtype != CG_FP32 : (int)o->dtype == r->dtype;
     if (o->arch >= r->lo && o->arch <= r->hi && dt && dim <= r->max_dim &&
-        (!r->plain || (o->score_identity && !o->dropout)))
+        (!r->plain || (o->score_identity && !o->dropout && o->mask_divisions <= 2)))
       return r;
   }
   return &tile_table[sizeof tile_table / sizeof *tile_table - 1];
@@ -428,8 +434,9 @@ bool cg_mask_blocks_ok(const CgOptions *o, int block_q, int block_kv) {
                                                              block_kv % o->bwd.block_n == 0));
 }
 
-void cg_bwd_fit_mask_blocks(CgOptions *o, int block_kv) {
+void cg_fit_mask_blocks(CgOptions *o, int block_kv) {
   if (o->dtype == CG_FP32 || block_kv <= 0) return; /* fp32 tiles are square: 32 or 16 keys */
+  while (!o->fwd_sm90 && o->fwd.block_n > 16 && block_kv % o->fwd.block_n) o->fwd.block_n /= 2;
   while (o->bwd.block_n > 16 && block_kv % o->bwd.block_n) {
     o->bwd.block_n /= 2;
     o->bwd.threads = 32 * (o->bwd.block_n / 16 < 4 ? 4 : o->bwd.block_n / 16);

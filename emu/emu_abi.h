@@ -44,7 +44,7 @@ typedef struct EmuLaunch {
   uint64_t shuffle;               /* nonzero: blocks run in an order drawn from this seed */
   uint64_t stack_bytes;           /* per emulated thread */
   uint64_t blocks_run;            /* out: blocks that ran to completion */
-  uint64_t tiles;                 /* out: emu_count_tile() calls (tiles visited) */
+  uint64_t tiles;                 /* out: tiles visited (emu_count_tiles) */
   char error[EMU_ERR_LEN];        /* out: first error; "" on success */
 } EmuLaunch;
 

@@ -292,6 +292,9 @@ EMU_API static void flex_cp_async_16(void *smem, const void *gmem, bool pred) {
   if (emu_w->shadow) emu_shadow_access(f->tid, (size_t)(c.dst - emu_w->smem), 16, true);
   f->copies.push_back(c);
 }
+static inline void flex_cp_async_16_ap(uint32_t smem, const void *gmem, bool pred) {
+  flex_cp_async_16(emu_smem_at(smem), gmem, pred);
+}
 static inline void flex_cp_async_16_a(uint32_t smem, const void *gmem) {
   flex_cp_async_16(emu_smem_at(smem), gmem, true);
 }

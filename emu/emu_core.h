@@ -127,6 +127,8 @@ struct EmuNbar {
   uint32_t count;           /* n of the open phase (0: none open) */
   uint32_t arrived;         /* arrivals in it */
   uint16_t per_warp[32];    /* of which from warp w */
+  uint32_t red_or;          /* bar.red.or: the OR of the open phase's predicates */
+  uint32_t last_or;         /* ... and of the last completed phase (what its waiters get) */
 };
 
 /* A cp.async.bulk.tensor in flight: read at issue, lands when the
@@ -756,8 +758,8 @@ extern "C" __attribute__((visibility("default"))) EMU_NOSAN int emu_launch(EmuLa
   return rc;
 }
 
-/* Count one visited (q-block, kv-block) tile (kernels call it under FLEXC_EMU). */
-EMU_API static void emu_count_tile(void) { emu_w->tiles++; }
+/* Count n visited (q-block, kv-block) tiles (kernels call it under FLEXC_EMU). */
+EMU_API static void emu_count_tiles(int n) { emu_w->tiles += (uint64_t)n; }
 
 /* ---- race-check hooks ------------------------------------------------------- */
 #if EMU_HOOKED

@@ -1,7 +1,7 @@
 /* emu_cuda.h: the CUDA shim that lets generated kernels compile as host
  * C++17 (g++ -DFLEXC_EMU). It provides exactly what the kernel contract
  * allows: the function qualifiers, threadIdx/blockIdx/blockDim/gridDim,
- * __syncthreads, the full-mask shuffles, min/max/abs, the float math
+ * __syncthreads, the full-mask shuffles and votes, min/max/abs, the float math
  * functions (the host's, as the device's accurate versions), INFINITY, and
  * dynamic shared memory declared as
  *     extern __shared__ __align__(16) unsigned char flex_smem[];
@@ -106,6 +106,23 @@ template <class T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_
 template <class T> static inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
   return emu_shfl_t(EMU_SHFL_DOWN, "__shfl_down_sync", mask, v, (int)delta, width);
 }
+
+/* Warp votes (PTX vote.sync.any / .all): every lane of `mask` gets the
+ * OR (AND) of their predicates. */
+EMU_NOSAN static void emu_vote_fn(EmuReq **lanes, int n) {
+  uint64_t any = 0, all = 1;
+  for (int l = 0; l < n; l++) any |= lanes[l]->val != 0, all &= lanes[l]->val != 0;
+  for (int l = 0; l < n; l++) lanes[l]->result = (intptr_t)lanes[l]->a ? all : any;
+}
+EMU_API static int emu_vote(int all, const char *name, unsigned mask, int pred) {
+  EmuReq r = {};
+  r.fn = emu_vote_fn, r.name = name, r.mask = mask, r.val = pred != 0;
+  r.a = (const void *)(intptr_t)all;
+  emu_warp_op(&r);
+  return (int)r.result;
+}
+static inline int __any_sync(unsigned mask, int pred) { return emu_vote(0, "__any_sync", mask, pred); }
+static inline int __all_sync(unsigned mask, int pred) { return emu_vote(1, "__all_sync", mask, pred); }
 
 /* ---- integer helpers (CUDA's overloads) ------------------------------------- */
 static inline int min(int a, int b) { return a < b ? a : b; }

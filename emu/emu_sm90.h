@@ -168,7 +168,11 @@ EMU_API static bool emu_nbar_arrive(uint32_t id, uint32_t n, const char *op) {
     EmuFiber *f = &w->fibers[i];
     if (f->state == EMU_AT_NBAR && f->nbar_id == id) f->state = EMU_READY;
   }
+  /* A waiter reads the phase's OR after it wakes; the next phase cannot
+   * complete before then (it needs that waiter's arrival). */
+  const uint32_t red = b->red_or;
   memset(b, 0, sizeof *b);
+  b->last_or = red;
   w->epoch++;
   return true;
 }
@@ -183,6 +187,18 @@ template <int ID, int N> static inline void flex_bar_sync(void) { emu_bar_sync(I
 
 /* bar.arrive id, n */
 template <int ID, int N> static inline void flex_bar_arrive(void) { emu_nbar_arrive(ID, N, "bar.arrive"); }
+
+/* bar.red.or.pred id, n: bar.sync that also returns the OR of every
+ * participating thread's predicate. */
+EMU_API static bool emu_bar_red_or(uint32_t id, uint32_t n, bool pred) {
+  if (id >= 1 && id < EMU_NBARS) emu_w->nbar[id].red_or |= pred; /* a bad id fails in arrive */
+  if (!emu_nbar_arrive(id, n, "bar.red.or")) {
+    emu_cur->nbar_id = id;
+    emu_block_wait(EMU_AT_NBAR);
+  }
+  return emu_w->nbar[id].last_or != 0;
+}
+template <int ID, int N> static inline bool flex_bar_red_or(bool pred) { return emu_bar_red_or(ID, N, pred); }
 
 /* ---- elect.sync, fences, setmaxnreg ------------------------------------------- */
 

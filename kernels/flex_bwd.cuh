@@ -122,7 +122,7 @@ __device__ __forceinline__ void flex_bwd_main_tile(const FlexParams &p, int n0_d
     walk.init(p, true, MASK_MODE == FLEX_MASK_LISTS, b, h, n0, BM);
     int m0;
     bool full;
-    while (walk.next(m0, full)) {
+    while (walk.next(p, m0, full)) {
       __syncthreads(); /* the previous tile's readers are done */
       flex_tile_load_cvt<El, BM, EP>(sQ, KS, q, p.sq.row, m0, p.q_len, p.E);
       flex_tile_load_cvt<El, BM, EVP>(sO, VS, dout, p.sdo.row, m0, p.q_len, p.EV);
@@ -475,7 +475,7 @@ __device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0_det
     walk.init(p, true, MASK_MODE == FLEX_MASK_LISTS, b, h, n0, BM);
     int m0;
     bool full;
-    while (walk.next(m0, full)) {
+    while (walk.next(p, m0, full)) {
       __syncthreads(); /* the previous tile's readers are done */
       copyQ.load(sQ, 0, q, p.sq.row, m0, p.q_len, p.E, p.vec16);
       copyO.load(sO, 0, dout, p.sdo.row, m0, p.q_len, p.EV, p.vec16);

@@ -148,7 +148,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
       int m0;
       bool full;
 #pragma unroll 1
-      for (; walk.next(m0, full); i++) {
+      for (; walk.next(p, m0, full); i++) {
         const int s = i & 1;
         /* The consumer freed this stage (the tile two back) before it is refilled. */
         if (i >= 2) flex_mbar_wait(emptyb + s, (uint32_t)((i >> 1) - 1) & 1);

@@ -95,6 +95,208 @@ __device__ __forceinline__ void flex_fwd_sm90_hand_over(int cw) {
   else flex_bar_arrive<1, 256>();
 }
 
+/* A consumer warpgroup of flex_fwd_sm90: its O, row state and the tile
+ * steps its two loops share. Tile i's S wgmma is issued before tile
+ * i - 1's P V, and the softmax of tile i runs while that P V still
+ * computes, so the tensor cores work through the softmax (FlashAttention-3's
+ * intra-warpgroup overlap). P of tile i - 1 stays in `a` (the RS operand
+ * registers) until the wait that retires its P V; O is rescaled only after
+ * that wait, since the wgmma owns it until then. */
+template <class El, class OutEl, int EPT, int EVPT, int BN, int NC, bool OVERLAP, int MASK_MODE,
+          bool SCORE_ID>
+struct FlexFwdSm90Consumer {
+  typedef FlexWgmma<El> W;
+  static constexpr uint32_t PANEL_Q = 64 * 128, PANEL_KV = BN * 128; /* bytes of one 64-column panel */
+  static constexpr uint32_t KBYTES = EPT / 64 * PANEL_KV, VBYTES = EVPT / 64 * PANEL_KV;
+  const FlexParams &p;
+  uint64_t *emptyb;
+  uint32_t aQ, aK, aV;
+  int cw, w, g, t4, r0, b, h;
+  float scale_log2;
+  float o[EVPT / 2];
+  float row_max[2], row_sum[2], corr[2]; /* per row (flex_row_step) */
+  float sacc[BN / 2];     /* the tile's S, then P */
+  uint32_t a[BN / 16][4]; /* P of the previous tile: the A fragments of its k16 steps */
+  int ps;                 /* the previous tile's stage */
+  bool prev;              /* a previous tile's P V is still to be issued */
+
+  __device__ __forceinline__ FlexFwdSm90Consumer(const FlexParams &p_) : p(p_), ps(0), prev(false) {
+#pragma unroll
+    for (int i = 0; i < EVPT / 2; i++) o[i] = 0.0f;
+#pragma unroll
+    for (int r = 0; r < 2; r++) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
+  }
+
+  /* The tile in stage s (keys n0..): its S and, behind it, the previous
+   * tile's P V on the tensor cores; the scores and the rows' online-softmax
+   * step. GEN: the tile may be at a sequence end or partial under the
+   * mask (live bits, -inf for dead elements). Not GEN: returns whether a
+   * row of the warpgroup takes flex_row_step's second form. */
+  template <bool GEN>
+  __device__ __forceinline__ bool front(int s, int n0, bool full) {
+    /* S = Q K^T: EPT / 16 wgmma of k16, both operands K-major with the
+     * 128-byte swizzle (a k16 step is 32 bytes into the row; SBO: 8 rows). */
+    if (NC > 1) flex_fwd_sm90_turn(cw);
+    flex_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < EPT / 16; kk++) {
+      const uint32_t off = (kk % 4) * 32;
+      const uint64_t dq = flex_wgmma_desc(aQ + (kk / 4) * PANEL_Q + off, 16, 1024, 128);
+      const uint64_t dk = flex_wgmma_desc(aK + s * KBYTES + (kk / 4) * PANEL_KV + off, 16, 1024, 128);
+      W::template ss<BN, 0>(sacc, dq, dk, kk > 0);
+    }
+    flex_wgmma_commit();
+    if (prev) { /* the previous tile's P V behind it; wait for S only */
+      flex_wgmma_fence(); /* ptxas injects this one otherwise (C7519): the RS operands are registers */
+      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + ps * VBYTES);
+      flex_wgmma_commit();
+      if (NC > 1) flex_fwd_sm90_hand_over(cw);
+      flex_wgmma_wait<1>();
+    } else {
+      if (NC > 1) flex_fwd_sm90_hand_over(cw);
+      flex_wgmma_wait<0>();
+    }
+
+    /* Scale and score; out-of-range or masked elements are -inf. Only the
+     * general loop's tiles test elements. */
+    typename FlexBits<BN / 2>::T live[1];
+    live[0] = ~(typename FlexBits<BN / 2>::T)0;
+    if (GEN && (n0 + BN > p.kv_len || r0 + 64 > p.q_len || (MASK_MODE != FLEX_MASK_NONE && !full)))
+      flex_live_bits<MASK_MODE, 1, BN / 8, false>(live, p, b, h, r0 + 16 * w + g, n0 + 2 * t4, full);
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const bool ok = !GEN || (live[0] >> (4 * j + c) & 1);
+        float &x = sacc[4 * j + c];
+        if (SCORE_ID) {
+          if (GEN) x = ok ? x : -INFINITY;
+        } else {
+          const int qi = r0 + 16 * w + g + (c >> 1) * 8, kj = n0 + j * 8 + 2 * t4 + (c & 1);
+          /* user code never sees an element that is out of range or masked */
+          x = ok ? flex_score(p, x * p.scale, b, h, qi, kj) * FLEX_LOG2E : -INFINITY;
+        }
+      }
+
+    return step<GEN>();
+  }
+
+  /* Online softmax of rows g and g + 8 (the four lanes t4 share a row):
+   * max, rescale factor (applied to O in back(), once the wgmma that owns
+   * O has retired) and sums. GEN: rows in either form of flex_row_step.
+   * Not GEN: only when every row of the warpgroup stays in the first form;
+   * else nothing changes and it returns true (a decision of the whole
+   * warpgroup, bar.red.or over its 128 threads), step<true> taking the
+   * tile from here. */
+  template <bool GEN>
+  __device__ __forceinline__ bool step() {
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) tile_max[c >> 1] = flex_max_nan(tile_max[c >> 1], sacc[4 * j + c]);
+    bool big = false;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      big |= !GEN && flex_row_big_step<SCORE_ID>(row_max[r], tile_max[r], scale_log2);
+    }
+    if (!GEN && SCORE_ID) {
+      if (NC > 1 && cw == 1) big = flex_bar_red_or<5, 128>(big);
+      else big = flex_bar_red_or<4, 128>(big);
+      if (big) return true;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      corr[r] = GEN ? flex_row_step<SCORE_ID>(row_max[r], tile_max[r], scale_log2)
+                    : flex_row_step_small(row_max[r], tile_max[r], scale_log2);
+      row_sum[r] *= corr[r];
+    }
+    return false;
+  }
+
+  /* The rest of the tile of stage s: P, the previous P V retired (its stage
+   * freed), O rescaled, P packed as the next P V's A fragments. GEN: rows in
+   * flex_row_step's second form take x - a first. */
+  template <bool GEN>
+  __device__ __forceinline__ void back(int s) {
+    float ra[2], rb[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) flex_row_ab<SCORE_ID && GEN>(row_max[r], scale_log2, ra[r], rb[r]);
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        if (GEN && SCORE_ID) sacc[4 * j + c] -= ra[c >> 1];
+        sacc[4 * j + c] = flex_ex2(fmaf(sacc[4 * j + c], scale_log2, -rb[c >> 1]));
+        row_sum[c >> 1] += sacc[4 * j + c];
+      }
+
+    /* The previous P V done: its stage is free, O and `a` are ours again.
+     * The wait is unconditional (nothing is pending without a previous
+     * tile): ptxas does not relate the two tests of `prev`, and behind a
+     * conditional wait it sees O read while a wgmma may own it, and
+     * serialises every wgmma of the kernel. */
+    flex_wgmma_wait<0>();
+    if (prev) flex_mbar_arrive(emptyb + ps); /* the stage's K and V are no longer read */
+#pragma unroll
+    for (int j = 0; j < EVPT / 8; j++) {
+      o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
+      o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+    }
+    /* P's accumulator layout is the A register fragment of a k16 step
+     * (columns 16 ks .. 16 ks + 15 are n8 tiles 2 ks and 2 ks + 1). */
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ks++) {
+      a[ks][0] = El::pack(sacc[8 * ks], sacc[8 * ks + 1]);
+      a[ks][1] = El::pack(sacc[8 * ks + 2], sacc[8 * ks + 3]);
+      a[ks][2] = El::pack(sacc[8 * ks + 4], sacc[8 * ks + 5]);
+      a[ks][3] = El::pack(sacc[8 * ks + 6], sacc[8 * ks + 7]);
+    }
+    if (!OVERLAP) { /* P V right away: S of the next tile is never live beside P and O */
+      flex_wgmma_fence();
+      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + s * VBYTES);
+      flex_wgmma_commit();
+      flex_wgmma_wait<0>();
+      flex_mbar_arrive(emptyb + s);
+      return;
+    }
+    prev = true;
+    ps = s;
+  }
+
+  /* The last tile's P V; O and LSE normalised and written. */
+  __device__ __forceinline__ void finish() {
+    if (prev) {
+      flex_wgmma_fence();
+      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + ps * VBYTES);
+      flex_wgmma_commit();
+      flex_wgmma_wait<0>();
+      flex_mbar_arrive(emptyb + ps);
+    }
+    typename OutEl::T *out = (typename OutEl::T *)p.out + b * p.so.b + h * p.so.h;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+      row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+      float lse;
+      const float inv =
+          flex_finish_row(row_max[r], flex_row_ref<SCORE_ID>(row_max[r], scale_log2), row_sum[r], &lse);
+      const int qi = r0 + 16 * w + g + r * 8;
+      if (qi >= p.q_len) continue;
+      if (t4 == 0) flex_gstore(p.lse + b * p.lse_b + h * p.lse_h + qi, lse);
+#pragma unroll
+      for (int j = 0; j < EVPT / 8; j++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+          const int col = j * 8 + 2 * t4 + c;
+          if (col < p.EV) OutEl::store(out + qi * p.so.row + col, o[4 * j + 2 * r + c] * inv);
+        }
+    }
+  }
+};
+
 /* EPT, EVPT: E and EV padded to 64 (whole 128-byte swizzle rows); BN keys
  * per tile (at most 128: one 64-bit live word per thread); NC consumer
  * warpgroups; OVERLAP: tile i's S wgmma ahead of tile i - 1's P V (S, P and
@@ -152,7 +354,7 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
       if (i >= 2) flex_mbar_wait(emptyb + s, (uint32_t)((i >> 1) - 1) & 1);
       int n0 = 0;
       bool full = false;
-      const bool have = walk.next(n0, full);
+      const bool have = walk.next(p, n0, full);
       stage_n0[s] = have ? n0 : -1;
       stage_full[s] = full;
       if (!have) {
@@ -171,16 +373,15 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
 
   /* ---- consumer cw: query rows r0 .. r0 + 63, warp w owns 16 w .. 16 w + 15 of them ---- */
   if (NC > 1) flex_setmaxnreg_inc<232>();
-  const int ct = tid - 128, cw = ct / 128, w = ct / 32 % 4, lane = ct % 32, g = lane / 4, t4 = lane % 4;
-  const int r0 = m0 + 64 * cw;
-  const uint32_t aQ = flex_smem_addr(sQ + cw * QBYTES), aK = flex_smem_addr(sK), aV = flex_smem_addr(sV);
-  float o[EVPT / 2];
-#pragma unroll
-  for (int i = 0; i < EVPT / 2; i++) o[i] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  FlexFwdSm90Consumer<El, OutEl, EPT, EVPT, BN, NC, OVERLAP, MASK_MODE, SCORE_ID> c(p);
+  const int ct = tid - 128;
+  c.cw = ct / 128, c.w = ct / 32 % 4, c.g = ct % 32 / 4, c.t4 = ct % 4;
+  c.r0 = m0 + 64 * c.cw, c.b = b, c.h = h;
+  c.aQ = flex_smem_addr(sQ + c.cw * QBYTES), c.aK = flex_smem_addr(sK), c.aV = flex_smem_addr(sV);
+  c.emptyb = emptyb;
   /* The turns (NC = 2): barrier 1 + cw is this consumer's, of 256 threads
    * (its own wait and the other's hand-over). */
-  if (NC > 1 && cw == 0) flex_bar_arrive<1, 256>();
+  if (NC > 1 && c.cw == 0) flex_bar_arrive<1, 256>();
   flex_mbar_wait(qbar, 0);
   /* An identity score keeps S unscaled, as flex_fwd_tc does: the running
    * max is taken on Q K^T and s = scale log2 e goes into the exponent's
@@ -197,164 +398,65 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
   if (SCORE_ID && !(sl > 0.0f && sl < INFINITY)) {
     const bool neg = sl < 0.0f && sl > -INFINITY;
     const float f = neg ? -1.0f : p.scale;
-    typename El::T *q = (typename El::T *)(sQ + cw * QBYTES);
+    typename El::T *q = (typename El::T *)(sQ + c.cw * QBYTES);
     for (int e = ct % 128; e < (int)(QBYTES / 2); e += 128) q[e] = El::mul(q[e], f);
     flex_fence_proxy_async();
     flex_bar_sync<3, 128 * NC>(); /* every consumer thread: NC is all of them */
     sl = neg ? -sl : FLEX_LOG2E;
   }
-  const float scale_log2 = sl;
+  c.scale_log2 = sl;
 
-  /* Tile i's S wgmma is issued before tile i - 1's P V, and the softmax of
-   * tile i runs while that P V still computes, so the tensor cores work
-   * through the softmax (FlashAttention-3's intra-warpgroup overlap). P of
-   * tile i - 1 stays in `a` (the RS operand registers) until the wait that
-   * retires its P V; O is rescaled only after that wait, since the wgmma
-   * owns it until then. */
-  uint32_t a[BN / 16][4]; /* P of the previous tile: the A fragments of its k16 steps */
-  int ps = 0;             /* the previous tile's stage */
-  bool prev = false;      /* a previous tile's P V is still to be issued */
-#pragma unroll 1
-  for (int i = 0;; i++) {
-    const int s = i & 1;
+  /* Two loops, as flex_fwd_tc's: the steady one takes the tiles that need
+   * no per-element test (full under the mask, every key below KV_LEN, this
+   * consumer's rows below Q_LEN), the general one the others. A
+   * warpgroup whose rows pass 2^16 in the exp2 domain (flex_row_step)
+   * finishes that tile with the general code (resume): the decision is the
+   * warpgroup's (bar.red.or over its 128 threads), since every wgmma after
+   * it must be the same instruction for all four warps. */
+  const bool rows_in = c.r0 + 64 <= p.q_len;
+  int i = 0, s = 0, n0 = 0;
+  bool full = false, resume = false;
+  /* Tile i's stage words; false at the end. */
+  auto next = [&]() {
+    s = i & 1;
     flex_mbar_wait(fullb + s, (uint32_t)(i >> 1) & 1);
-    const int n0 = stage_n0[s];
-    const bool full = stage_full[s] != 0;
-    if (n0 < 0) break;
-
-    /* S = Q K^T: EPT / 16 wgmma of k16, both operands K-major with the
-     * 128-byte swizzle (a k16 step is 32 bytes into the row; SBO: 8 rows). */
-    float sacc[BN / 2];
-    if (NC > 1) flex_fwd_sm90_turn(cw);
-    flex_wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < EPT / 16; kk++) {
-      const uint32_t off = (kk % 4) * 32;
-      const uint64_t dq = flex_wgmma_desc(aQ + (kk / 4) * PANEL_Q + off, 16, 1024, 128);
-      const uint64_t dk = flex_wgmma_desc(aK + s * KBYTES + (kk / 4) * PANEL_KV + off, 16, 1024, 128);
-      W::template ss<BN, 0>(sacc, dq, dk, kk > 0);
-    }
-    flex_wgmma_commit();
-    if (prev) { /* the previous tile's P V behind it; wait for S only */
-      flex_wgmma_fence(); /* ptxas injects this one otherwise (C7519): the RS operands are registers */
-      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + ps * VBYTES);
-      flex_wgmma_commit();
-      if (NC > 1) flex_fwd_sm90_hand_over(cw);
-      flex_wgmma_wait<1>();
-    } else {
-      if (NC > 1) flex_fwd_sm90_hand_over(cw);
-      flex_wgmma_wait<0>();
-    }
-
-    /* Scale and score; out-of-range or masked elements are -inf. Only
-     * tiles at the sequence ends or partial under the mask test elements. */
-    const bool edge = n0 + BN > p.kv_len || r0 + 64 > p.q_len;
-    const bool check = edge || (MASK_MODE != FLEX_MASK_NONE && !full);
-    typename FlexBits<BN / 2>::T live[1];
-    live[0] = ~(typename FlexBits<BN / 2>::T)0;
-    if (check)
-      flex_live_bits<MASK_MODE, 1, BN / 8, false>(live, p, b, h, r0 + 16 * w + g, n0 + 2 * t4, full);
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const bool ok = live[0] >> (4 * j + c) & 1;
-        float &x = sacc[4 * j + c];
-        if (SCORE_ID) {
-          x = ok ? x : -INFINITY;
-        } else {
-          const int qi = r0 + 16 * w + g + (c >> 1) * 8, kj = n0 + j * 8 + 2 * t4 + (c & 1);
-          /* user code never sees an element that is out of range or masked */
-          x = ok ? flex_score(p, x * p.scale, b, h, qi, kj) * FLEX_LOG2E : -INFINITY;
+    n0 = stage_n0[s];
+    full = stage_full[s] != 0;
+    return n0 >= 0;
+  };
+  auto steady = [&]() { return rows_in && (MASK_MODE == FLEX_MASK_NONE || full) && n0 + BN <= p.kv_len; };
+#pragma unroll 1
+  for (;;) {
+    if (!resume && !next()) break;
+    /* Each loop waits for its next tile at its end, so the two are loops
+     * of their own (a loop entered at the top of this one would share its
+     * header and become one with it). */
+    if (!resume && steady()) {
+#pragma unroll 1
+      do {
+        if (c.template front<false>(s, n0, true)) {
+          /* Retire the previous P V here, not in back(): ptxas then sees
+           * no wgmma in flight where the paths meet (one in flight on the
+           * resume path only would serialise every wgmma of the kernel). */
+          flex_wgmma_wait<0>();
+          resume = true;
+          break;
         }
-      }
-
-    /* Online softmax of rows g and g + 8 (the four lanes t4 share a row). */
-    float tile_max[2] = {-INFINITY, -INFINITY}, corr[2], m_use[2];
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) tile_max[c >> 1] = flex_max_nan(tile_max[c >> 1], sacc[4 * j + c]);
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = flex_max_nan(row_max[r], tile_max[r]);
-      /* A row that has seen only -inf keeps max -inf; use 0 so exp2 gives 0,
-       * not NaN. m_use is in S's units; times scale_log2 in log2 units. */
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-      corr[r] = flex_ex2((row_max[r] - m_use[r]) * scale_log2);
-      m_use[r] *= scale_log2;
-      row_max[r] = m_new;
-      row_sum[r] *= corr[r];
+        c.template back<false>(s);
+        i++;
+      } while (next() && steady());
+    } else {
+#pragma unroll 1
+      do {
+        if (!resume) c.template front<true>(s, n0, full);
+        else c.template step<true>(); /* the steady loop scored it and left it at its step */
+        resume = false;
+        c.template back<true>(s);
+        i++;
+      } while (next() && !steady());
     }
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) {
-        sacc[4 * j + c] = flex_ex2(fmaf(sacc[4 * j + c], scale_log2, -m_use[c >> 1]));
-        row_sum[c >> 1] += sacc[4 * j + c];
-      }
-
-    /* The previous P V done: its stage is free, O and `a` are ours again.
-     * The wait is unconditional (nothing is pending without a previous
-     * tile): ptxas does not relate the two tests of `prev`, and behind a
-     * conditional wait it sees O read while a wgmma may own it, and
-     * serialises every wgmma of the kernel. */
-    flex_wgmma_wait<0>();
-    if (prev) flex_mbar_arrive(emptyb + ps); /* the stage's K and V are no longer read */
-#pragma unroll
-    for (int j = 0; j < EVPT / 8; j++) {
-      o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
-      o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
-    }
-    /* P's accumulator layout is the A register fragment of a k16 step
-     * (columns 16 ks .. 16 ks + 15 are n8 tiles 2 ks and 2 ks + 1). */
-#pragma unroll
-    for (int ks = 0; ks < BN / 16; ks++) {
-      a[ks][0] = El::pack(sacc[8 * ks], sacc[8 * ks + 1]);
-      a[ks][1] = El::pack(sacc[8 * ks + 2], sacc[8 * ks + 3]);
-      a[ks][2] = El::pack(sacc[8 * ks + 4], sacc[8 * ks + 5]);
-      a[ks][3] = El::pack(sacc[8 * ks + 6], sacc[8 * ks + 7]);
-    }
-    if (!OVERLAP) { /* P V right away: S of the next tile is never live beside P and O */
-      flex_wgmma_fence();
-      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + s * VBYTES);
-      flex_wgmma_commit();
-      flex_wgmma_wait<0>();
-      flex_mbar_arrive(emptyb + s);
-      continue;
-    }
-    prev = true;
-    ps = s;
   }
-  if (prev) { /* the last tile's P V */
-    flex_wgmma_fence();
-    flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + ps * VBYTES);
-    flex_wgmma_commit();
-    flex_wgmma_wait<0>();
-    flex_mbar_arrive(emptyb + ps);
-  }
-
-  /* Normalise and write O and LSE. */
-  typename OutEl::T *out = (typename OutEl::T *)p.out + b * p.so.b + h * p.so.h;
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-    float lse;
-    const float inv = flex_finish_row(row_max[r] * scale_log2, row_sum[r], &lse);
-    const int qi = r0 + 16 * w + g + r * 8;
-    if (qi >= p.q_len) continue;
-    if (t4 == 0) flex_gstore(p.lse + b * p.lse_b + h * p.lse_h + qi, lse);
-#pragma unroll
-    for (int j = 0; j < EVPT / 8; j++)
-#pragma unroll
-      for (int c = 0; c < 2; c++) {
-        const int col = j * 8 + 2 * t4 + c;
-        if (col < p.EV) OutEl::store(out + qi * p.so.row + col, o[4 * j + 2 * r + c] * inv);
-      }
-  }
+  c.finish();
 }
 
 #endif /* FLEX_FWD_SM90_CUH */

@@ -15,6 +15,7 @@
 #define FLEX_MAX_PARAMS 16  /* runtime scalar params per kernel */
 #define FLEX_MAX_BUFFERS 16 /* buffers per kernel */
 #define FLEX_MAX_SIZES 24   /* B H HKV Q_LEN KV_LEN TOTAL_Q TOTAL_KV Q_START KV_START, then free symbols */
+#define FLEX_WALK_BYTES 256 /* shared memory of a tensor-core walk and its published runs */
 
 /* Element strides of a [B, heads, rows, cols] tensor (cols are unit-stride). */
 typedef struct FlexStrides {

@@ -51,8 +51,9 @@ __device__ __forceinline__ void flex_tile_load(T *dst, int pitch, const T *src, 
  * is below nrows, the columns are exactly C and rows are 16-byte aligned
  * (vec16), thread t copies chunks t, t + NT, ... of every tile, so its
  * shared address and source offset are computed once (init: two registers)
- * and each tile costs R * C / 8 / NT unpredicated cp.async. Edge tiles (the
- * last rows, a head dim off the chunk grid) take flex_tile_load, a rolled
+ * and each tile costs R * C / 8 / NT unpredicated cp.async. Tiles at the
+ * last rows take the same chunks, zero-filled past them (load_rows); a head
+ * dim off the chunk grid or unaligned rows take flex_tile_load, a rolled
  * loop. P: the shared row pitch, elements. */
 template <class T, int R, int C, int P, int NT>
 struct FlexTileCopy {
@@ -69,19 +70,46 @@ struct FlexTileCopy {
     off = (int32_t)(r * row_stride + c);
   }
 
+  /* Whether every tile of a call takes the unpredicated path (below
+   * nrows): the columns are exactly C and rows 16-byte aligned. */
+  static __device__ __forceinline__ bool fixed(int ncols, int vec16) {
+    return FIXED && vec16 && ncols == C;
+  }
+
+  /* The unpredicated path alone: rows row0 .. row0 + R - 1 all exist and
+   * fixed() holds. */
+  __device__ __forceinline__ void load_fast(uint32_t stage, const T *src, int64_t stride,
+                                            int row0) const {
+    const T *from = src + row0 * stride + off;
+#pragma unroll
+    for (int k = 0; k < N; k++)
+      flex_cp_async_16_a(s + stage + (uint32_t)(k * RS * P * (int)sizeof(T)), from + k * RS * stride);
+  }
+
+  /* The same chunks where rows may pass nrows: those are zero-filled
+   * (fixed() holds). */
+  __device__ __forceinline__ void load_rows(uint32_t stage, const T *src, int64_t stride, int row0,
+                                            int nrows) const {
+    const int r = threadIdx.x / CH;
+    const T *from = src + row0 * stride + off;
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+      const bool ok = row0 + r + k * RS < nrows;
+      flex_cp_async_16_ap(s + stage + (uint32_t)(k * RS * P * (int)sizeof(T)),
+                          ok ? from + k * RS * stride : src, ok);
+    }
+  }
+
   /* Rows row0.. of src (row stride `stride`) into the tile at dst, which is
    * `stage` bytes past init's. */
   __device__ __forceinline__ void load(T *dst, uint32_t stage, const T *src, int64_t stride,
                                        int row0, int nrows, int ncols, int vec16) const {
-    if (FIXED && vec16 && ncols == C && row0 + R <= nrows) {
-      const T *from = src + row0 * stride + off;
-#pragma unroll
-      for (int k = 0; k < N; k++)
-        flex_cp_async_16_a(s + stage + (uint32_t)(k * RS * P * (int)sizeof(T)),
-                           from + k * RS * stride);
-    } else {
+    if (fixed(ncols, vec16) && row0 + R <= nrows)
+      load_fast(stage, src, stride, row0);
+    else if (fixed(ncols, vec16))
+      load_rows(stage, src, stride, row0, nrows);
+    else
       flex_tile_load<T, R, C, NT>(dst, P, src, stride, row0, nrows, ncols, vec16);
-    }
   }
 };
 

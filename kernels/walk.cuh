@@ -37,8 +37,9 @@ struct FlexWalk {
   int tile, block, total; /* tile and block widths, the end of the columns visited */
   int lo;                /* the first column visited (a split-KV chunk's start) */
   bool lists;            /* false: visit every tile */
+  int rc, rc_end;        /* next(): the current run's next tile and end */
+  bool run_full;         /* next(): the current run is full */
 #ifdef FLEX_WALK_IMPLICIT
-  const FlexParams *prm; /* the launch's params */
   bool bwd;              /* rows are keys and columns queries (backward) */
   int b, h, r0, r1;      /* the row tile: batch, head, first and last row */
   int span_end;          /* end of the current coarse span (columns) */
@@ -68,6 +69,8 @@ struct FlexWalk {
     c_end = 0;
     n0 = n1 = 0;
     idx0 = idx1 = 0;
+    rc = rc_end = 0;
+    run_full = false;
 #ifdef FLEX_WALK_IMPLICIT
     if (!lists) implicit_init(p, bwd_side, b_, h_, row);
 #endif
@@ -83,24 +86,40 @@ struct FlexWalk {
     }
   }
 
-  /* The next tile's first column and whether its block is full; false at the end. */
-  __device__ __forceinline__ bool next(int &col, bool &full) {
-    const bool have = next_tile(col, full);
+  /* The next tile's first column and whether its block is full; false at
+   * the end. The tiles of next_run one by one. p: init's params (the walk
+   * keeps no pointer to them, so it may live in shared memory). */
+  __device__ __forceinline__ bool next(const FlexParams &p, int &col, bool &full) {
+    if (rc >= rc_end && !next_run(p, rc, rc_end, run_full)) return false;
+    col = rc;
+    full = run_full;
+    rc += tile;
+    return true;
+  }
+
+  /* The next run of visited tiles of one class: tiles c0, c0 + tile, ...
+   * below c1 (the last may pass the columns' end), all full or all not;
+   * false at the end. A kernel whose steady loop takes whole runs asks the
+   * walk once per run, not per tile. */
+  __device__ __forceinline__ bool next_run(const FlexParams &p, int &c0, int &c1, bool &full) {
+    const bool have = next_span(p, c0, c1, full);
 #ifdef FLEXC_EMU
-    if (have && threadIdx.x == 0) emu_count_tile();
+    if (have && threadIdx.x == 0) emu_count_tiles((c1 - c0 + tile - 1) / tile);
 #endif
     return have;
   }
 
-  __device__ __forceinline__ bool next_tile(int &col, bool &full) {
+  __device__ __forceinline__ bool next_span(const FlexParams &p, int &c0, int &c1, bool &full) {
 #ifdef FLEX_WALK_IMPLICIT
-    if (!lists) return implicit_next(col, full);
+    if (!lists) return implicit_next(p, c0, c1, full);
+#else
+    (void)p;
 #endif
     if (!lists) {
       if (c >= total) return false;
-      col = c;
+      c0 = c, c1 = total;
       full = false;
-      c += tile;
+      c = total;
       return true;
     }
     while (c >= c_end) {
@@ -116,9 +135,9 @@ struct FlexWalk {
       c = max(blk * block, lo);
       c_end = min(blk * block + block, total);
     }
-    col = c;
+    c0 = c, c1 = c_end;
     full = list == 0;
-    c += tile;
+    c = c_end;
     return true;
   }
 
@@ -127,26 +146,25 @@ struct FlexWalk {
   static constexpr int SPAN = 8;
 
   /* The class of columns [c0, c1] (inclusive) against the row tile. */
-  __device__ __forceinline__ int classify(int c0, int c1) const {
-    return bwd ? flex_mask_block(*prm, b, b, h, h, c0, c1, r0, r1)
-               : flex_mask_block(*prm, b, b, h, h, r0, r1, c0, c1);
+  __device__ __forceinline__ int classify(const FlexParams &p, int c0, int c1) const {
+    return bwd ? flex_mask_block(p, b, b, h, h, c0, c1, r0, r1)
+               : flex_mask_block(p, b, b, h, h, r0, r1, c0, c1);
   }
 
   /* Columns of tiles [t0, t1) (clipped to the total). */
-  __device__ __forceinline__ int span_class(int t0, int t1) const {
-    return classify(t0 * tile, min(t1 * tile, total) - 1);
+  __device__ __forceinline__ int span_class(const FlexParams &p, int t0, int t1) const {
+    return classify(p, t0 * tile, min(t1 * tile, total) - 1);
   }
 
   /* Set up the classifier for the row tile and trim the column range. */
   __device__ __forceinline__ void implicit_init(const FlexParams &p, bool bwd_side, int b_, int h_,
                                                 int row) {
-    prm = &p;
     bwd = bwd_side;
     b = b_, h = h_;
     r0 = row;
     /* The row tile's height comes from the generated source (the
      * templates' BM / BN), never from the params, so it cannot be wrong. */
-    r1 = min(row + (bwd ? FLEX_WALK_BWD_ROWS : FLEX_WALK_FWD_ROWS), bwd ? prm->kv_len : prm->q_len) - 1;
+    r1 = min(row + (bwd ? FLEX_WALK_BWD_ROWS : FLEX_WALK_FWD_ROWS), bwd ? p.kv_len : p.q_len) - 1;
     span_end = 0;
     span_full = false;
     /* Trim empty columns from both ends, coarse spans first. One classify
@@ -159,7 +177,7 @@ struct FlexWalk {
 #pragma unroll 1
         while (t0 < t1) {
           const int lo = from_front ? t0 : max(t0, t1 - s), hi = from_front ? min(t1, t0 + s) : t1;
-          if (span_class(lo, hi) != FLEX_BLOCK_EMPTY) break;
+          if (span_class(p, lo, hi) != FLEX_BLOCK_EMPTY) break;
           if (from_front) t0 = hi;
           else t1 = lo;
         }
@@ -167,25 +185,32 @@ struct FlexWalk {
     total = min(total, t1 * tile);
   }
 
-  /* The next live tile: empty spans and tiles are skipped unvisited. A span
+  /* The next run of live tiles: empty spans and tiles are skipped
+   * unvisited; a full span is one run, other tiles are runs of one. A span
    * is classified when c reaches its end, then its tiles one by one unless
    * it is full; one classify call site, as in implicit_init. */
-  __device__ __forceinline__ bool implicit_next(int &col, bool &full) {
+  __device__ __forceinline__ bool implicit_next(const FlexParams &p, int &c0, int &c1, bool &full) {
 #pragma unroll 1
     while (c < total) {
       const bool span = c >= span_end;
+      if (!span && span_full) {
+        c0 = c, c1 = span_end;
+        full = true;
+        c = span_end;
+        return true;
+      }
       const int end = min(c + (span ? SPAN : 1) * tile, total);
-      const int k = !span && span_full ? FLEX_BLOCK_FULL : classify(c, end - 1);
+      const int k = classify(p, c, end - 1);
       if (span) {
         span_end = end;
         span_full = k == FLEX_BLOCK_FULL;
         if (k == FLEX_BLOCK_EMPTY) c = end;
         continue;
       }
-      const int c0 = c;
+      const int t0 = c;
       c = end;
       if (k == FLEX_BLOCK_EMPTY) continue;
-      col = c0;
+      c0 = t0, c1 = end;
       full = k == FLEX_BLOCK_FULL;
       return true;
     }

@@ -580,9 +580,9 @@ static flex_status configure(RtRun *r, Work *w) {
     if (!cg_options_retile(&r->opts, err, sizeof err))
       return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
   }
-  /* A caller's BlockMask of smaller key blocks than the backward's
-   * 128-key tiles (64, say): narrower backward tiles. */
-  if (c->backward && bm) cg_bwd_fit_mask_blocks(&r->opts, bm->block_kv ? bm->block_kv : 128);
+  /* A caller's BlockMask of smaller key blocks than the 128-key tiles of
+   * the sm_80 forward and the backward (64, say): narrower tiles. */
+  if (bm) cg_fit_mask_blocks(&r->opts, bm->block_kv ? bm->block_kv : 128);
   const DLTensor *out = c->args->out;
   r->opts.out_f32 = (out && !rt_dtype_same(out->dtype, kd)) || needs_exact_out(c);
   if (r->be->configure) r->be->configure(r);

@@ -103,7 +103,7 @@ START_TEST(names_by_role) {
   ck_assert_ptr_nonnull(strstr(s, "#include \"flex_fwd.cuh\""));
   ck_assert_ptr_nonnull(strstr(s, "from test.score, kernel gemma"));
   static const char *const entries[] = {"flex_fwd", "flex_bwd_pre", "flex_bwd", "flex_bwd_dq"};
-  const int threads[] = {128, 128, o.bwd.threads, 128};
+  const int threads[] = {o.fwd.threads, 128, o.bwd.threads, 128};
   for (int i = 0; i < 4; i++) {
     char want[160];
     snprintf(want, sizeof want, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const FlexParams p)", threads[i], entries[i]);
@@ -113,7 +113,7 @@ START_TEST(names_by_role) {
     ck_assert_msg(strstr(at, want) != NULL, "missing FLEX_EMU_ENTRY for %s", entries[i]);
   }
   ck_assert(!o.score_identity && !o.ds_is_dt && o.has_mask && o.grad_buffers);
-  ck_assert_ptr_nonnull(strstr(s, "flex_fwd_tc<FlexF16, FlexF16, 64, 64, 128, 64, 4, FLEX_MASK_DENSE, false>"));
+  ck_assert_ptr_nonnull(strstr(s, "flex_fwd_tc<FlexF16, FlexF16, 64, 64, 128, 128, 8, FLEX_MASK_DENSE, false>"));
   ck_assert_ptr_nonnull(strstr(s, "flex_bwd_pre<FlexF16, FlexF16>"));
   free(s);
 }
@@ -193,7 +193,7 @@ START_TEST(identity_score) {
   char *s = gen("mask causal(b, h, q, kv) { return q >= kv; }\n", CG_BF16, 72, &o);
   ck_assert(o.score_identity && o.ds_is_dt);
   ck_assert_int_eq(o.head_dim_pad, 80);
-  ck_assert_ptr_nonnull(strstr(s, "flex_fwd_tc<FlexBF16, FlexBF16, 80, 80, 128, 64, 4, FLEX_MASK_DENSE, true>"));
+  ck_assert_ptr_nonnull(strstr(s, "flex_fwd_tc<FlexBF16, FlexBF16, 80, 80, 128, 128, 8, FLEX_MASK_DENSE, true>"));
   ck_assert_ptr_nonnull(strstr(s, "FLEX_MASK_DENSE, true, false>"));  /* bwd: no joint call */
   ck_assert_ptr_nonnull(strstr(s, "  return s;\n"));
   free(s);
@@ -237,11 +237,11 @@ START_TEST(launch_geometry) {
   ck_assert_int_eq(o.bwd.block_n, 128);
   ck_assert_int_eq(o.bwd.threads, 256);
   ck_assert_uint_eq(cg_launch_bwd(&o, 1, 1, 1000).smem, 141824);
-  cg_bwd_fit_mask_blocks(&o, 64);
+  cg_fit_mask_blocks(&o, 64);
   ck_assert_int_eq(o.bwd.block_n, 64);
   ck_assert_int_eq(o.bwd.threads, 128);
   ck_assert(cg_mask_blocks_ok(&o, 128, 64));
-  cg_bwd_fit_mask_blocks(&o, 256); /* already divides: unchanged */
+  cg_fit_mask_blocks(&o, 256); /* already divides: unchanged */
   ck_assert_int_eq(o.bwd.block_n, 64);
   free(gen_arch(gemma, CG_BF16, 128, CG_SM86, &o));
   ck_assert_int_eq(o.bwd.block_n, 64);

@@ -204,7 +204,7 @@ START_TEST(backward_wide) {
 END_TEST
 
 /* A caller's BlockMask of 64-key blocks: the backward's 128-key tiles
- * narrow to 64 keys (cg_bwd_fit_mask_blocks) instead of refusing the call;
+ * narrow to 64 keys (cg_fit_mask_blocks, the forward's too) instead of refusing the call;
  * lengths of several full and partial blocks (fp16, then bf16). */
 START_TEST(backward_block_mask) {
   const Shape s = {1, 2, 1, 150, 300, 64, true};
