@@ -424,7 +424,13 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
     full = stage_full[s] != 0;
     return n0 >= 0;
   };
-  auto steady = [&]() { return rows_in && (MASK_MODE == FLEX_MASK_NONE || full) && n0 + BN <= p.kv_len; };
+  /* A score function keeps the general loop for every tile: its steady
+   * one would differ only by the live bits of partial tiles, and with
+   * both loops beside the score's registers ptxas spilled (softcap,
+   * gemma2, relpos_bias at E = 128 in 232 registers). */
+  auto steady = [&]() {
+    return SCORE_ID && rows_in && (MASK_MODE == FLEX_MASK_NONE || full) && n0 + BN <= p.kv_len;
+  };
 #pragma unroll 1
   for (;;) {
     if (!resume && !next()) break;
