@@ -149,9 +149,9 @@ static size_t smem_bwd(const CgOptions *o) {
     return 1024u + 2u * (size_t)BN * (EPT + EVPT) + 2u * 2u * (size_t)BM * (EPT + EVPT) +
            2u * 2u * (size_t)BM * (size_t)BN + 6 * 8 + 6 * 4;
   }
-  if (o->dtype != CG_FP32) /* flex_bwd_tc: K, V, Q, dO, P^T, dS^T padded by 8; LSE, D */
+  if (o->dtype != CG_FP32) /* flex_bwd_tc: K, V, Q, dO, P^T, dS^T padded by 8; LSE, D; the walk */
     return 2u * (size_t)(BN * (EP + 8) + BN * (EVP + 8) + BM * (EP + 8) + BM * (EVP + 8) +
-                         2 * BN * (BM + 8)) + 8u * (size_t)BM;
+                         2 * BN * (BM + 8)) + 8u * (size_t)BM + FLEX_WALK_BYTES;
   return 4u * (size_t)(BN * (EP + 1) + BN * (EVP + 1) + BM * (EP + 1) + BM * (EVP + 1) +
                        2 * BN * (BM + 1) + 2 * BM);
 }

@@ -189,6 +189,7 @@ struct EmuWorker {
   EmuShadow *shadow;       /* race shadow (racecheck only) */
   uint32_t epoch;          /* barrier epoch, bumped at each __syncthreads and mbarrier phase */
   uint32_t syncs;          /* __syncthreads released in this block */
+  int sync_or, last_or;    /* __syncthreads_or: the open barrier's OR, the last released one's */
   uint64_t tiles, blocks;  /* counters summed into the launch */
   std::vector<EmuMbar> *mbars;   /* the block's initialised mbarriers */
   std::vector<EmuBulk> *bulk;    /* its bulk tensor copies in flight */
@@ -385,6 +386,7 @@ EMU_NOSAN static void emu_block_reset(EmuWorker *w) {
   memset(w->nbar, 0, sizeof w->nbar);
   w->epoch = 1;
   w->syncs = 0;
+  w->sync_or = w->last_or = 0;
   w->failed = false;
 }
 
@@ -399,6 +401,9 @@ EMU_NOSAN static bool emu_release_bar(EmuWorker *w, int nbar, int ndone) {
     return false;
   }
   for (int i = 0; i < w->nthreads; i++) w->fibers[i].state = EMU_READY;
+  /* Its waiters read the OR as they wake, before any can reach the next. */
+  w->last_or = w->sync_or;
+  w->sync_or = 0;
   w->epoch++;
   w->syncs++;
   return true;

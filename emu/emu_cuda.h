@@ -1,7 +1,7 @@
 /* emu_cuda.h: the CUDA shim that lets generated kernels compile as host
  * C++17 (g++ -DFLEXC_EMU). It provides exactly what the kernel contract
  * allows: the function qualifiers, threadIdx/blockIdx/blockDim/gridDim,
- * __syncthreads, the full-mask shuffles and votes, min/max/abs, the float math
+ * __syncthreads[_or], the full-mask shuffles and votes, min/max/abs, the float math
  * functions (the host's, as the device's accurate versions), INFINITY, and
  * dynamic shared memory declared as
  *     extern __shared__ __align__(16) unsigned char flex_smem[];
@@ -51,6 +51,12 @@ typedef EmuDim3 dim3;
 
 /* A block barrier: every thread of the block must arrive. */
 EMU_API static void __syncthreads(void) { emu_block_wait(EMU_AT_BAR); }
+/* The same, returning whether any thread's predicate was nonzero. */
+EMU_API static int __syncthreads_or(int pred) {
+  emu_w->sync_or |= pred != 0;
+  emu_block_wait(EMU_AT_BAR);
+  return emu_w->last_or;
+}
 
 EMU_NOSAN static void emu_nop_fn(EmuReq **, int) {}
 /* A warp barrier (all 32 lanes). */

@@ -27,6 +27,17 @@
 #define FLEX_SPLIT false
 #endif
 
+/* A compile-time flag as a value (a generic lambda's template argument:
+ * decltype(x)::value). */
+template <bool B> struct FlexBool {
+  static constexpr bool value = B;
+};
+
+/* min(x, 0) keeping a NaN (fminf would drop it): the exponent of a
+ * backward's P, which cannot pass 1 but may where a huge row's LSE was
+ * rounded below its max (docs/kernels.md, "Huge scores"). */
+__device__ __forceinline__ float flex_nonpos(float x) { return x > 0.0f ? 0.0f : x; }
+
 /* Whether element (qi, kj) of batch b (as the kernel indexes it; functions
  * and the bits see b + b0) and query head h is kept (DSL.md "Dropout"). */
 __device__ __forceinline__ bool flex_drop_keep(const FlexParams &p, int b, int h, int qi, int kj) {

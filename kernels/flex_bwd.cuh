@@ -14,7 +14,11 @@
  *   accumulators, operands from padded shared memory via ldmatrix, P and dS
  *   rounded to the input dtype as FlashAttention-2 does); flex_bwd_main is
  *   fp32 FMA on tiles in shared memory, 128 threads, TPR = 128 / BN threads
- *   per key row.
+ *   per key row. flex_bwd_tc with an identity score and no dropout runs
+ *   interior query tiles in a steady loop (no live bits, no bound checks,
+ *   the walk in shared memory) and the others in a general one; other
+ *   kernels run the general body on every tile (docs/kernels.md, "Steady
+ *   and general loops").
  * flex_bwd_dq: one thread per query row: dQ accumulator -> dq (its dtype).
  * flex_grad_exact: a deterministic backward's exact buffer-gradient
  *   accumulator -> the fp32 gradient, one element per thread.
@@ -75,7 +79,7 @@ __device__ __forceinline__ void flex_bwd_elem(const FlexParams &p, float qk, flo
   const float s = qk * p.scale;
   const float t = SCORE_ID ? s : flex_score(p, s, b, h, qi, kj);
   if (t == -INFINITY) return; /* masked by the score: P = 0 even where LSE is NaN */
-  const float pr = exp2f((t - lse) * FLEX_LOG2E);
+  const float pr = exp2f(flex_nonpos((t - lse) * FLEX_LOG2E)); /* at most 1 (flex_nonpos) */
   /* Underflow: no contribution. A NaN pr (the row's LSE is NaN, or
    * t = +inf) goes on into the gradients (IEEE). */
   if (pr == 0.0f) return;
@@ -282,7 +286,8 @@ __device__ __forceinline__ void flex_bwd_mma_rows(float acc[][4], uint32_t aA, u
  * queries (from qc), then P^T and scale dS^T (both 0 where masked) rounded
  * into sP and sS [key][query]. aK, aV: this lane's fa rows of the warp's
  * keys; aQ, aO: its fb rows of query qc. */
-template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT>
+template <class El, int EP, int EVP, int BM, int BN, int MASK_MODE, bool SCORE_ID, bool JOINT,
+          bool GEN>
 __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, uint32_t aK, uint32_t aV,
                                                    uint32_t aQ, uint32_t aO, typename El::T *sP,
                                                    typename El::T *sS, const float *sL,
@@ -298,12 +303,19 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, uint32_t
   flex_bwd_mma_rows<El, S::QC, EP / 16, S::KS>(st, aK, aQ);   /* S^T = K Q^T */
   flex_bwd_mma_rows<El, S::QC, EVP / 16, S::VS>(dpt, aV, aO); /* dP^T = V dO^T */
   /* Accumulator element c of tile j: key kr + g + 8 (c / 2), query qc + 8 j + 2 t4 + c % 2.
-   * Only tiles at the sequence ends or partial under the mask test elements. */
+   * Only the general body's tiles at the sequence ends or partial under
+   * the mask test elements. GEN: the general body (live bits, the score
+   * call, dropout); else a steady tile's, which for an identity score
+   * without dropout takes the cheap path below. */
   typename FlexBits<S::QC / 2>::T live[1] = {~(typename FlexBits<S::QC / 2>::T)0};
-  if (check)
+  if (GEN && check)
     flex_live_bits<MASK_MODE, 1, S::QC / 8, true>(live, p, b, h, n0 + kr + g, m0 + qc + 2 * t4,
                                                   full);
   const float scale_log2 = p.scale * FLEX_LOG2E;
+  /* This lane's first element of P^T and dS^T, and of the LSE and D of
+   * its queries: every element below is at a constant offset from these. */
+  typename El::T *const pw = sP + (kr + g) * S::PS + qc + 2 * t4, *const sw = pw + (sS - sP);
+  const float *const lw = sL + qc + 2 * t4, *const dw = sD + qc + 2 * t4;
 #pragma unroll
   for (int j = 0; j < S::QC / 8; j++)
 #pragma unroll
@@ -313,28 +325,40 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, uint32_t
 #pragma unroll
       for (int c = 0; c < 2; c++) {
         const int e = 4 * j + 2 * r + c;
-        const float qk = st[j][e & 3], lse2 = sL[qm + c]; /* log2-domain LSE; +inf: no keys */
+        const float qk = st[j][e & 3];
+        const float lse2 = lw[8 * j + c]; /* log2-domain LSE; +inf: no keys */
+        const float dd = dw[8 * j + c];
+        if (!GEN && SCORE_ID && !JOINT && !FLEX_DROP) {
+          /* A steady tile: every element live, nothing to skip; a P that
+           * underflowed to 0 meets dP - D in IEEE arithmetic. */
+          const float x = flex_ex2(fmaf(qk, scale_log2, -lse2));
+          pr[c] = x;
+          ds[c] = x * (dpt[j][e & 3] - dd) * p.scale;
+          continue;
+        }
         float x = 0.0f;
         pr[c] = ds[c] = 0.0f;
         if (live[0] >> e & 1) {
           /* user code never sees an element that is out of range or masked */
           const float sv = SCORE_ID ? qk : flex_score(p, qk * p.scale, b, h, m0 + qm + c, n0 + key);
-          /* masked by the score (-inf): P = 0 even where LSE is NaN (DSL.md) */
-          x = sv == -INFINITY ? 0.0f : flex_ex2(fmaf(sv, SCORE_ID ? scale_log2 : FLEX_LOG2E, -lse2));
+          /* masked by the score (-inf): P = 0 even where LSE is NaN (DSL.md);
+           * at most 1 where a huge row's rounded LSE is below its max */
+          const float ex = fmaf(sv, SCORE_ID ? scale_log2 : FLEX_LOG2E, -lse2);
+          x = sv == -INFINITY ? 0.0f : flex_ex2(flex_nonpos(ex));
         }
         if (x != 0.0f) { /* 0 where masked or underflowed; a NaN P reaches the gradients */
           /* Dropout: M = keep / (1 - p) on P for dV and on dP (DSL.md). */
           float M = 1.0f;
           if (FLEX_DROP) M = flex_drop_keep(p, b, h, m0 + qm + c, n0 + key) ? p.drop_scale : 0.0f;
-          const float dt = x * (M * dpt[j][e & 3] - sD[qm + c]);
+          const float dt = x * (M * dpt[j][e & 3] - dd);
           pr[c] = x * M;
           /* dS times the softmax scale, which both dK and dQ carry */
           ds[c] = (JOINT ? flex_joint(p, qk * p.scale, b, h, m0 + qm + c, n0 + key, dt) : dt) *
                   p.scale;
         }
       }
-      *(uint32_t *)(sP + key * S::PS + qm) = El::pack(pr[0], pr[1]);
-      *(uint32_t *)(sS + key * S::PS + qm) = El::pack(ds[0], ds[1]);
+      *(uint32_t *)(pw + 8 * r * S::PS + 8 * j) = El::pack(pr[0], pr[1]);
+      *(uint32_t *)(sw + 8 * r * S::PS + 8 * j) = El::pack(ds[0], ds[1]);
     }
 }
 
@@ -364,7 +388,7 @@ __device__ __forceinline__ void flex_bwd_tc_accum(float acc[NG][2][4], uint32_t 
  * g0, g0 + DW, ..., added into the fp32 accumulator dq (row m0 of the tile)
  * per element. aS: this lane's fb row of sS at query qr (dS read
  * transposed as the A operand); aK: its ft row of sK at group g0. */
-template <class El, int EP, int BN, int PS, int KS, int DW>
+template <class El, int EP, int BN, int PS, int KS, int DW, bool GEN>
 __device__ __forceinline__ void flex_bwd_tc_dq(const FlexParams &p, uint32_t aS, uint32_t aK,
                                                float *dq, int m0, int qr, int g0) {
   const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
@@ -374,20 +398,27 @@ __device__ __forceinline__ void flex_bwd_tc_dq(const FlexParams &p, uint32_t aS,
    * off < lim0 (lim1): the lane's columns below E, none past Q_LEN. */
   const int cols = p.E - g0 * 16 - 2 * t4;
   const int lim0 = m0 + qr + g < p.q_len ? cols : 0, lim1 = m0 + qr + g + 8 < p.q_len ? cols : 0;
-  uint32_t a[BN / 16][4];
+  /* dS^T's fragments, loaded once for every column group; with dropout
+   * once per group (its Philox rounds leave no registers for them: ptxas
+   * spilled at E = 128). */
+  constexpr bool RELOAD = GEN && FLEX_DROP;
+  uint32_t a[RELOAD ? 1 : BN / 16][4];
 #pragma unroll
-  for (int ks = 0; ks < BN / 16; ks++) flex_ldsm_x4_trans(a[ks], aS + (uint32_t)(ks * 16 * PS * 2));
+  for (int ks = 0; !RELOAD && ks < BN / 16; ks++)
+    flex_ldsm_x4_trans(a[ks], aS + (uint32_t)(ks * 16 * PS * 2));
 #pragma unroll
   for (int i = 0; i < (EP / 16 + DW - 1) / DW; i++) {
     const int grp = DW * i; /* past g0 */
-    if (g0 + grp >= EP / 16 || (g0 + grp) * 16 >= p.E) break; /* uniform: E rounds up to EP */
+    /* warp-uniform; E rounds up to EP (a steady tile has E == EP) */
+    if (g0 + grp >= EP / 16 || (GEN && (g0 + grp) * 16 >= p.E)) break;
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ks++) {
       uint32_t bk[4];
+      if (RELOAD) flex_ldsm_x4_trans(a[0], aS + (uint32_t)(ks * 16 * PS * 2));
       flex_ldsm_x4_trans(bk, aK + (uint32_t)((ks * 16 * KS + grp * 16) * 2));
-      El::mma(acc[0], a[ks], bk);
-      El::mma(acc[1], a[ks], bk + 2);
+      El::mma(acc[0], a[RELOAD ? 0 : ks], bk);
+      El::mma(acc[1], a[RELOAD ? 0 : ks], bk + 2);
     }
     /* Every element is added, zeros included: a test per element costs
      * more issue slots than the adds it would save. */
@@ -398,7 +429,8 @@ __device__ __forceinline__ void flex_bwd_tc_dq(const FlexParams &p, uint32_t aS,
         const int off = grp * 16 + nt * 8 + (c & 1);
         float *const d = (c >> 1 ? d1 : d0) + off;
         const int lim = c >> 1 ? lim1 : lim0;
-        if (!FLEX_DET) flex_atomic_add_below(d, acc[nt][c], off, lim);
+        if (!GEN) flex_dq_add(d, acc[nt][c]); /* an interior tile: every element exists */
+        else if (!FLEX_DET) flex_atomic_add_below(d, acc[nt][c], off, lim);
         else if (off < lim) flex_dq_add(d, acc[nt][c]);
       }
   }
@@ -432,22 +464,30 @@ __device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0_det
   T *sP = sO + BM * S::VS, *sS = sP + BN * S::PS;
   float *sL = (float *)(sS + BN * S::PS), *sD = sL + BM;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kr = warp % S::WK * 16, sp = warp / S::WK, qw = sp * S::BMW;
+  /* sp is 0 with one split (NS = 1): a constant, not a register per test. */
+  const int kr = warp % S::WK * 16, sp = S::NS == 1 ? 0 : warp / S::WK, qw = sp * S::BMW;
   const int n0 = FLEX_DET ? n0_det : blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
   const T *k = (const T *)p.k + b * p.sk.b + hk * p.sk.h;
   const T *v = (const T *)p.v + b * p.sv.b + hk * p.sv.h;
-  /* 32-bit shared addresses of this lane's ldmatrix rows, computed once. */
-  const uint32_t aK = flex_smem_addr(sK) + (kr * S::KS + flex_bwd_fa(lane, S::KS)) * 2;
-  const uint32_t aV = flex_smem_addr(sV) + (kr * S::VS + flex_bwd_fa(lane, S::VS)) * 2;
-  const uint32_t aQ = flex_smem_addr(sQ) + (qw * S::KS + flex_bwd_fb(lane, S::KS)) * 2;
-  const uint32_t aO = flex_smem_addr(sO) + (qw * S::VS + flex_bwd_fb(lane, S::VS)) * 2;
-  const uint32_t aP = flex_smem_addr(sP) + (kr * S::PS + flex_bwd_fa(lane, S::PS)) * 2;
-  const uint32_t aS = flex_smem_addr(sS) + (kr * S::PS + flex_bwd_fa(lane, S::PS)) * 2;
-  const uint32_t aQt = flex_smem_addr(sQ) + flex_bwd_ft(lane, S::KS) * 2;
-  const uint32_t aOt = flex_smem_addr(sO) + flex_bwd_ft(lane, S::VS) * 2;
+  /* 32-bit shared addresses of this lane's ldmatrix rows, computed once,
+   * each as one base plus the tile's offset: addresses that differ by a
+   * constant (K and V, Q and dO, P^T and dS^T where the pitches agree)
+   * then share a register, the difference an immediate of the ldmatrix. */
+  const uint32_t s0 = flex_smem_addr(flex_smem);
+  auto at = [&](const T *tile, int elem) {
+    return s0 + (uint32_t)((tile - sK) + elem) * 2u;
+  };
+  const uint32_t aK = at(sK, kr * S::KS + flex_bwd_fa(lane, S::KS));
+  const uint32_t aV = at(sV, kr * S::VS + flex_bwd_fa(lane, S::VS));
+  const uint32_t aQ = at(sQ, qw * S::KS + flex_bwd_fb(lane, S::KS));
+  const uint32_t aO = at(sO, qw * S::VS + flex_bwd_fb(lane, S::VS));
+  const uint32_t aP = at(sP, kr * S::PS + flex_bwd_fa(lane, S::PS));
+  const uint32_t aS = at(sS, kr * S::PS + flex_bwd_fa(lane, S::PS));
+  const uint32_t aQt = at(sQ, flex_bwd_ft(lane, S::KS));
+  const uint32_t aOt = at(sO, flex_bwd_ft(lane, S::VS));
   const int qr = warp % 4 * 16, g0 = warp / 4; /* dQ: rows and first column group */
-  const uint32_t aSq = flex_smem_addr(sS) + (qr + flex_bwd_fb(lane, S::PS)) * 2;
-  const uint32_t aKt = flex_smem_addr(sK) + (g0 * 16 + flex_bwd_ft(lane, S::KS)) * 2;
+  const uint32_t aSq = at(sS, qr + flex_bwd_fb(lane, S::PS));
+  const uint32_t aKt = at(sK, g0 * 16 + flex_bwd_ft(lane, S::KS));
   flex_tile_load<T, BN, EP, NT>(sK, S::KS, k, p.sk.row, n0, p.kv_len, p.E, p.vec16);
   flex_tile_load<T, BN, EVP, NT>(sV, S::VS, v, p.sv.row, n0, p.kv_len, p.EV, p.vec16);
   flex_cp_async_commit();
@@ -464,45 +504,134 @@ __device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0_det
 #pragma unroll
     for (int c = 0; c < 8; c++) dv[i][c / 4][c % 4] = 0.0f;
 
-  for (int h = hk * p.G; h < (hk + 1) * p.G; h++) {
+  copyQ.init(sQ, p.sq.row);
+  copyO.init(sO, p.sdo.row);
+  /* One query tile m0 of head h (full: under the mask). GEN: the general body,
+   * for tiles at the sequence ends, partial under the mask, with a head
+   * dim off its padding or a row whose LSE passes 2^16 in the exp2
+   * domain; else the steady one (no live bits, no bound checks on dQ).
+   * The steady body returns true, having done nothing past its loads,
+   * when one of the tile's rows has such an LSE (the general body then
+   * takes the tile). */
+  auto tile = [&](auto gen, int h, int m0, bool full) {
+    constexpr bool GEN = decltype(gen)::value;
     const T *q = (const T *)p.q + b * p.sq.b + h * p.sq.h;
     const T *dout = (const T *)p.dout + b * p.sdo.b + h * p.sdo.h;
     const int64_t rows = (int64_t)(b * p.H + h) * p.q_len;
     const float *lse = p.lse + b * p.lse_b + h * p.lse_h;
-    copyQ.init(sQ, p.sq.row);
-    copyO.init(sO, p.sdo.row);
-    FlexWalk walk;
-    walk.init(p, true, MASK_MODE == FLEX_MASK_LISTS, b, h, n0, BM);
-    int m0;
-    bool full;
-    while (walk.next(p, m0, full)) {
-      __syncthreads(); /* the previous tile's readers are done */
+    __syncthreads(); /* the previous tile's readers are done */
+    if (GEN) {
       copyQ.load(sQ, 0, q, p.sq.row, m0, p.q_len, p.E, p.vec16);
       copyO.load(sO, 0, dout, p.sdo.row, m0, p.q_len, p.EV, p.vec16);
-      flex_cp_async_commit();
-      if (threadIdx.x < BM) {
-        const int i = threadIdx.x;
-        const bool ok = m0 + i < p.q_len;
-        /* LSE in the exp2 domain; a row with no keys (or past Q_LEN) gets
-         * +inf, so every P of it is exp2(-inf) = 0. */
-        const float l = ok ? flex_gload(lse + m0 + i) : -INFINITY;
-        sL[i] = l == -INFINITY ? INFINITY : l * FLEX_LOG2E;
-        sD[i] = ok ? flex_gload(p.delta + rows + m0 + i) : 0.0f;
-      }
-      flex_cp_async_wait<0>();
-      __syncthreads();
-      const bool edge = n0 + BN > p.kv_len || m0 + BM > p.q_len;
-      const bool check = edge || (MASK_MODE != FLEX_MASK_NONE && !full);
+    } else {
+      copyQ.load_fast(0, q, p.sq.row, m0);
+      copyO.load_fast(0, dout, p.sdo.row, m0);
+    }
+    flex_cp_async_commit();
+    bool big = false;
+    if (threadIdx.x < BM) {
+      const int i = threadIdx.x;
+      const bool ok = !GEN || m0 + i < p.q_len;
+      /* LSE in the exp2 domain; a row with no keys (or past Q_LEN) gets
+       * +inf, so every P of it is exp2(-inf) = 0. */
+      const float l = ok ? flex_gload(lse + m0 + i) : -INFINITY;
+      const float l2 = l == -INFINITY ? INFINITY : l * FLEX_LOG2E;
+      sL[i] = l2;
+      sD[i] = ok ? flex_gload(p.delta + rows + m0 + i) : 0.0f;
+      big = !(fabsf(l2) < FLEX_BIG_ROW);
+    }
+    flex_cp_async_wait<0>();
+    if (GEN) __syncthreads();
+    else if (__syncthreads_or(big)) return true;
+    const bool check = GEN && (n0 + BN > p.kv_len || m0 + BM > p.q_len ||
+                               (MASK_MODE != FLEX_MASK_NONE && !full));
 #pragma unroll
-      for (int qc = 0; qc < S::BMW; qc += S::QC)
-        flex_bwd_tc_scores<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT>(
-            p, aK, aV, aQ + qc * S::KS * 2, aO + qc * S::VS * 2, sP, sS, sL, sD, b, h, m0, n0,
-            full, check, kr, qw + qc);
+    for (int qc = 0; qc < S::BMW; qc += S::QC)
+      flex_bwd_tc_scores<El, EP, EVP, BM, BN, MASK_MODE, SCORE_ID, JOINT, GEN>(
+          p, aK, aV, aQ + qc * S::KS * 2, aO + qc * S::VS * 2, sP, sS, sL, sD, b, h, m0, n0,
+          full, check, kr, qw + qc);
+    __syncthreads();
+    flex_bwd_tc_accum<El, S::NGV, EVP / 16, BM, S::VS>(dv, aP, aOt, sp, S::NS);
+    flex_bwd_tc_accum<El, S::NGK, EP / 16, BM, S::KS>(dk, aS, aQt, sp, S::NS);
+    flex_bwd_tc_dq<El, EP, BN, S::PS, S::KS, S::DW, GEN>(
+        p, aSq, aKt, (FLEX_DET ? dq_det : p.dq_acc) + (rows + m0) * p.E, m0, qr, g0);
+    return false;
+  };
+  /* An identity score without dropout takes the steady loop (its tiles
+   * need no score call and no live bits: the cheap path of
+   * flex_bwd_tc_scores). Other kernels walk every tile with the general
+   * body, as one loop: with a score function's or Philox's registers beside
+   * the dK and dV accumulators, a second loop and the published runs
+   * spilled (ptxas, 255 registers). */
+  constexpr bool STEADY = SCORE_ID && !JOINT && !FLEX_DROP;
+  if (!STEADY) {
+    for (int h = hk * p.G; h < (hk + 1) * p.G; h++) {
+      FlexWalk walk;
+      walk.init(p, true, MASK_MODE == FLEX_MASK_LISTS, b, h, n0, BM);
+      int m0;
+      bool full;
+      while (walk.next(p, m0, full)) tile(FlexBool<true>(), h, m0, full);
+    }
+  } else {
+    /* The walk lives in shared memory and only thread 0 runs it, over
+     * the heads of the group in turn: before each run it publishes the run
+     * (head, first column, end, class; a first column of -1: the end) in
+     * `run`, which every thread reads after the barrier that follows.
+     * Thread 0 writes the next run once every thread has passed a barrier
+     * of this run's tiles (each tile starts with one), so after reading
+     * it. So the walk's state is never live in registers through the
+     * loops. */
+    static_assert(sizeof(FlexWalk) + 4 * 4 <= FLEX_WALK_BYTES, "the walk's shared memory");
+    FlexWalk *walk = (FlexWalk *)(sD + BM);
+    int32_t *run = (int32_t *)(walk + 1);
+    if (threadIdx.x == 0) run[0] = hk * p.G - 1; /* before the group's first head */
+    /* Runs of query tiles of one class (FlexWalk::next_run): the steady
+     * loop takes a run's tiles while they are interior, the general loop
+     * the others (the last rows, partial tiles, huge rows) one by one. */
+#pragma unroll 1
+    for (;;) {
+      if (threadIdx.x == 0) {
+        int c0 = -1, c1 = 0, hh = run[0];
+        bool f = false;
+        /* One call site each for init and next_run (the classifier is
+         * inlined into both). */
+#pragma unroll 1
+        for (;;) {
+          if (hh >= hk * p.G && walk->next_run(p, c0, c1, f)) break;
+          if (++hh == (hk + 1) * p.G) {
+            c0 = -1;
+            break;
+          }
+          walk->init(p, true, MASK_MODE == FLEX_MASK_LISTS, b, hh, n0, BM);
+        }
+        /* Whether this CTA's keys allow steady tiles: all below KV_LEN,
+         * head dims on their padding (dQ's rows have E columns) and rows
+         * 16-byte aligned (the unpredicated copies, FlexTileCopy::fixed);
+         * computed here, where it is used, so that it is not held through
+         * the loops. */
+        const bool steady_keys = n0 + BN <= p.kv_len && decltype(copyQ)::fixed(p.E, p.vec16) &&
+                                 decltype(copyO)::fixed(p.EV, p.vec16);
+        /* bit 0: full; bit 1: its interior tiles take the steady loop */
+        run[0] = hh, run[1] = c0, run[2] = c1;
+        run[3] = f | (steady_keys && (MASK_MODE == FLEX_MASK_NONE || f)) << 1;
+      }
       __syncthreads();
-      flex_bwd_tc_accum<El, S::NGV, EVP / 16, BM, S::VS>(dv, aP, aOt, sp, S::NS);
-      flex_bwd_tc_accum<El, S::NGK, EP / 16, BM, S::KS>(dk, aS, aQt, sp, S::NS);
-      flex_bwd_tc_dq<El, EP, BN, S::PS, S::KS, S::DW>(
-          p, aSq, aKt, (FLEX_DET ? dq_det : p.dq_acc) + (rows + m0) * p.E, m0, qr, g0);
+      const int h = run[0], c1 = run[2], cls = run[3];
+      int m0 = run[1];
+      if (m0 < 0) break;
+#pragma unroll 1
+      while (m0 < c1) {
+        if (cls & 2) {
+          const int end = min(c1, p.q_len - BM + 1); /* interior tiles: m0 + BM <= Q_LEN */
+#pragma unroll 1
+          for (; m0 < end; m0 += BM)
+            if (tile(FlexBool<false>(), h, m0, true)) break;
+        }
+        if (m0 < c1) {
+          tile(FlexBool<true>(), h, m0, (cls & 1) != 0);
+          m0 += BM;
+        }
+      }
     }
   }
   flex_cp_async_wait<0>(); /* K and V when no query tile was visited */

@@ -253,8 +253,11 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
             if (live[0] >> e & 1) {
               /* user code never sees an element that is out of range or masked */
               const float sv = SCORE_ID ? qk : flex_score(p, qk * p.scale, b, h, qi, kj);
-              /* masked by the score (-inf): P = 0 even where LSE is NaN (DSL.md) */
-              x = sv == -INFINITY ? 0.0f : flex_ex2(fmaf(sv, SCORE_ID ? scale_log2 : FLEX_LOG2E, -lse2));
+              /* masked by the score (-inf): P = 0 even where LSE is NaN (DSL.md);
+               * at most 1 where a huge row's rounded LSE is below its max */
+              x = sv == -INFINITY
+                      ? 0.0f
+                      : flex_ex2(flex_nonpos(fmaf(sv, SCORE_ID ? scale_log2 : FLEX_LOG2E, -lse2)));
             }
             if (x != 0.0f) { /* a NaN P reaches the gradients */
               const float dt = x * (dpt[e] - dl);

@@ -212,6 +212,27 @@ START_TEST(barrier_divergence) {
 }
 END_TEST
 
+/* __any_sync / __all_sync per warp and __syncthreads_or per block, with
+ * the predicate set in one thread of warp 1 (or none). */
+START_TEST(votes) {
+  const int n = 96;
+  float *o1 = poisoned(n), *o2 = poisoned(n), *o3 = poisoned(n);
+  Alloc a[3] = {{"out", o1, n * sizeof(float)}, {"out2", o2, n * sizeof(float)},
+                {"out3", o3, n * sizeof(float)}};
+  for (int mode = -1; mode <= 40; mode += 41) {
+    EmuTestParams p = {.out = o1, .out2 = o2, .out3 = o3, .n = n, .mode = mode};
+    ck_assert_int_eq(run(plain, "emu_t_vote", &p, 1, n, 0, a, 3, NULL), FLEX_OK);
+    for (int t = 0; t < n; t++) {
+      const bool in_warp = mode >= 0 && t / 32 == mode / 32;
+      ck_assert_msg(o1[t] == (float)in_warp, "any: thread %d mode %d: %g", t, mode, o1[t]);
+      ck_assert_msg(o2[t] == (float)!in_warp, "all: thread %d mode %d: %g", t, mode, o2[t]);
+      ck_assert_msg(o3[t] == (float)(mode >= 0), "or: thread %d mode %d: %g", t, mode, o3[t]);
+    }
+  }
+  free(o1), free(o2), free(o3);
+}
+END_TEST
+
 /* ---- fp16 / bf16 ------------------------------------------------------------ */
 
 /* x rounded to nearest even with p significant bits, minimum normal
@@ -484,6 +505,7 @@ int main(void) {
   tcase_add_test(tc, unwritten_smem_is_poison);
   tcase_add_test(tc, tail_off_by_one);
   tcase_add_test(tc, barrier_divergence);
+  tcase_add_test(tc, votes);
   tcase_add_test(tc, conversions);
   tcase_add_test(tc, mma_f16);
   tcase_add_test(tc, mma_bf16);

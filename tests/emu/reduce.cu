@@ -59,3 +59,17 @@ extern "C" __global__ void emu_t_diverge(const EmuTestParams p) {
   flex_gstore((float *)p.out + threadIdx.x, 1.0f);
 }
 FLEX_EMU_ENTRY(emu_t_diverge, EmuTestParams)
+
+/* Votes and block ORs: thread t's predicate is (t == mode) (mode < 0: no
+ * thread's); out[t] = __any_sync, out2[t] = __all_sync of !pred over its
+ * warp, out3[t] = __syncthreads_or, twice (the second with no predicate
+ * set: a stale OR would show). */
+extern "C" __global__ void emu_t_vote(const EmuTestParams p) {
+  const int t = threadIdx.x;
+  const bool pred = t == p.mode;
+  flex_gstore((float *)p.out + t, (float)__any_sync(0xffffffffu, pred));
+  flex_gstore((float *)p.out2 + t, (float)__all_sync(0xffffffffu, !pred));
+  const int first = __syncthreads_or(pred), second = __syncthreads_or(0);
+  flex_gstore((float *)p.out3 + t, (float)(first + 2 * second));
+}
+FLEX_EMU_ENTRY(emu_t_vote, EmuTestParams)
