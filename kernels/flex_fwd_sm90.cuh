@@ -424,13 +424,22 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
     full = stage_full[s] != 0;
     return n0 >= 0;
   };
-  /* A score function keeps the general loop for every tile: its steady
-   * one would differ only by the live bits of partial tiles, and with
-   * both loops beside the score's registers ptxas spilled (softcap,
-   * gemma2, relpos_bias at E = 128 in 232 registers). */
-  auto steady = [&]() {
-    return SCORE_ID && rows_in && (MASK_MODE == FLEX_MASK_NONE || full) && n0 + BN <= p.kv_len;
-  };
+  auto steady = [&]() { return rows_in && (MASK_MODE == FLEX_MASK_NONE || full) && n0 + BN <= p.kv_len; };
+  if (!SCORE_ID) {
+    /* A score function runs every tile in the general loop, one loop with
+     * no resume path: its steady tile would differ only by the live bits
+     * of partial tiles, and with both loops beside the score's registers
+     * ptxas spilled (softcap, gemma2, relpos_bias at E = 128 in 232
+     * registers). */
+#pragma unroll 1
+    while (next()) {
+      c.template front<true>(s, n0, full);
+      c.template back<true>(s);
+      i++;
+    }
+    c.finish();
+    return;
+  }
 #pragma unroll 1
   for (;;) {
     if (!resume && !next()) break;
