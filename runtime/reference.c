@@ -193,19 +193,24 @@ static bool block(Ref *r, int b, int h) {
     /* IEEE throughout (DSL.md, non-finite values): a NaN t makes LSE NaN, a
      * +inf one (and no NaN) makes it +inf; P = exp(t - LSE) is then NaN for
      * every unmasked element (NaN LSE) or for the +inf ones, so O is NaN. */
+    /* A finite row's P is exp(t - max) / sum, not exp(t - LSE): where the
+     * max is huge, LSE = max + log(sum) rounds back to the max (every
+     * score -1e30: an ulp of 1e14) and exp(t - LSE) would lose the sum. */
+    double sum = 1.0;
     if (nan) r->lse[i] = NAN;
     else if (mx == INFINITY) r->lse[i] = INFINITY;
     else {
-      double sum = 0;
+      sum = 0;
       for (int j = 0; j < KL; j++) sum += exp(P[j] - mx);
       r->lse[i] = mx + log(sum);
     }
+    const double ref = isfinite(r->lse[i]) ? mx : r->lse[i];
     for (int j = 0; j < KL; j++) {
       if (P[j] == -INFINITY) { /* masked (or scored -inf): contributes nothing, even 0 * NaN */
         P[j] = 0;
         continue;
       }
-      P[j] = exp(P[j] - r->lse[i]);
+      P[j] = exp(P[j] - ref) / sum;
       const double pm = P[j] * drop_mult(c, b, h, i, j); /* dropout after the LSE */
       for (int e = 0; e < EV; e++) O[e] += pm * r->v[(size_t)j * EV + e];
     }

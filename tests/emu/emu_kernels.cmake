@@ -44,3 +44,8 @@ set_tests_properties(check_emu_kernels_sm90 PROPERTIES TIMEOUT 1500
 add_test(NAME check_emu_kernels_sm90_full COMMAND check_emu_kernels --sm90 --full)
 set_tests_properties(check_emu_kernels_sm90_full PROPERTIES LABELS slow TIMEOUT 3600
   ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+# Extreme inputs (huge magnitudes and scores) on every path in every dtype;
+# check_emu_extreme alone runs each path in one dtype, rotated by the seed.
+add_test(NAME check_emu_extreme_full COMMAND check_emu_extreme --full)
+set_tests_properties(check_emu_extreme_full PROPERTIES LABELS slow TIMEOUT 3600
+  ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
