@@ -559,11 +559,12 @@ __device__ __forceinline__ void flex_bwd_tc_tile(const FlexParams &p, int n0_det
   };
   /* An identity score without dropout takes the steady loop (its tiles
    * need no score call and no live bits: the cheap path of
-   * flex_bwd_tc_scores). Other kernels walk every tile with the general
-   * body, as one loop: with a score function's or Philox's registers beside
-   * the dK and dV accumulators, a second loop and the published runs
+   * flex_bwd_tc_scores), up to head dim 128. Other kernels walk every tile
+   * with the general body, as one loop: with a score function's or
+   * Philox's registers beside the dK and dV accumulators, or the 64 x 32
+   * tiles of head dims past 128, a second loop and the published runs
    * spilled (ptxas, 255 registers). */
-  constexpr bool STEADY = SCORE_ID && !JOINT && !FLEX_DROP;
+  constexpr bool STEADY = SCORE_ID && !JOINT && !FLEX_DROP && EP <= 128 && EVP <= 128;
   if (!STEADY) {
     for (int h = hk * p.G; h < (hk + 1) * p.G; h++) {
       FlexWalk walk;

@@ -521,9 +521,11 @@ struct FlexFwdTc {
     }
 
     /* Whether a steady tile's K and V may take the unpredicated loads
-     * (rows below KV_LEN tested per tile) and its rows are all below Q_LEN. */
-    const bool fast_rows = !PAGED && CopyK::fixed(p.E, p.vec16) && CopyV::fixed(p.EV, p.vec16) &&
-                           m0 + BM <= p.q_len;
+     * (rows below KV_LEN tested per tile) and its rows are all below Q_LEN.
+     * Head dims past 128 (O in 128 registers) run the general loop alone:
+     * with both, natten_tiled's classifier spilled. */
+    const bool fast_rows = !PAGED && EVP <= 128 && CopyK::fixed(p.E, p.vec16) &&
+                           CopyV::fixed(p.EV, p.vec16) && m0 + BM <= p.q_len;
     /* Tile c of the current run [c, c1) (full: cfull) is in flight into
      * stage st; the iteration that computes a tile first issues the loads of
      * the tile after it (pf; npf: the next run's first, -1 for none) into the

@@ -425,12 +425,13 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
     return n0 >= 0;
   };
   auto steady = [&]() { return rows_in && (MASK_MODE == FLEX_MASK_NONE || full) && n0 + BN <= p.kv_len; };
-  if (!SCORE_ID) {
-    /* A score function runs every tile in the general loop, one loop with
-     * no resume path: its steady tile would differ only by the live bits
-     * of partial tiles, and with both loops beside the score's registers
-     * ptxas spilled (softcap, gemma2, relpos_bias at E = 128 in 232
-     * registers). */
+  if (!SCORE_ID || EVPT > 128) {
+    /* A score function, or a head dim past 128 (O in 128 registers), runs
+     * every tile in the general loop, one loop with no resume path: a
+     * score function's steady tile would differ only by the live bits of
+     * partial tiles, and with both loops ptxas spilled in the consumers'
+     * 232 registers (softcap, gemma2, relpos_bias at E = 128; every
+     * identity-score sample at E = 256, 32 to 84 bytes). */
 #pragma unroll 1
     while (next()) {
       c.template front<true>(s, n0, full);
