@@ -204,6 +204,10 @@ void ir_fold(Arena *a, IrFunc *f);    /* fold + simplify, then drop dead code */
 bool ir_fold_eval(Arena *a, IrFunc *f, IrVal *out);
 void ir_cse(Arena *a, IrFunc *f);
 void ir_dce(Arena *a, IrFunc *f);
+/* A copy of joint function f without the ACCUMs into buffers whose
+ * keep[slot] is false, and without the code only they used: the joint of a
+ * call that wants some buffers' gradients and not others (dce.c). */
+IrFunc *ir_drop_accums(Arena *a, const IrFunc *f, const bool *keep);
 /* Build m->joint from m->score (reverse mode w.r.t. s and grad buffers). */
 void ir_autodiff(IrModule *m);
 /* Structural checks; panics naming the function and instruction on failure. */

@@ -82,10 +82,56 @@ flex_status flex_kernel_load(flex_kernel **out, const char *path, const char *ke
   RT_TRY(do_kernel_load(out, path, kernel));
 }
 
+/* k->mod with the joint of one set of wanted buffer gradients. */
+typedef struct RtVariant {
+  struct RtVariant *next;
+  bool *keep;          /* by buffer slot: its gradient is added (only slots the joint adds into) */
+  Arena arena;         /* owns keep and joint */
+  IrModule mod;        /* k->mod but for joint */
+} RtVariant;
+
 void flex_kernel_free(flex_kernel *k) {
   if (!k) return;
+  for (RtVariant *v = atomic_load(&k->variants), *next; v; v = next) {
+    next = v->next;
+    arena_free(&v->arena);
+    base_free(v);
+  }
   arena_free(&k->arena);
   base_free(k);
+}
+
+/* ---- the joint a backward runs ------------------------------------------------------ */
+
+const IrModule *rt_kernel_module(const flex_kernel *k, const bool *keep) {
+  const IrModule *m = k->mod;
+  int nb = m->nbuffers;
+  bool dropped = false;
+  for (int i = 0; i < m->joint->n; i++)
+    if (m->joint->inst[i].op == IR_ACCUM) dropped = dropped || !keep[m->joint->inst[i].aux];
+  if (!dropped) return m;
+  /* Compared on the slots the joint adds into: the others change nothing. */
+  bool *adds = base_alloc((size_t)nb + 1);
+  for (int i = 0; i < m->joint->n; i++)
+    if (m->joint->inst[i].op == IR_ACCUM) adds[m->joint->inst[i].aux] = keep[m->joint->inst[i].aux];
+  flex_kernel *mk = (flex_kernel *)k; /* the variants are the kernel's cache */
+  for (RtVariant *v = atomic_load(&mk->variants); v; v = v->next)
+    if (!memcmp(v->keep, adds, (size_t)nb)) {
+      base_free(adds);
+      return &v->mod;
+    }
+  /* Built whole before it is published; two threads racing both publish
+   * one, which is harmless (the list only grows). */
+  RtVariant *v = base_alloc(sizeof *v);
+  v->keep = arena_alloc(&v->arena, (size_t)nb + 1);
+  memcpy(v->keep, adds, (size_t)nb);
+  base_free(adds);
+  v->mod = *m;
+  v->mod.arena = &v->arena;
+  v->mod.joint = ir_drop_accums(&v->arena, m->joint, v->keep);
+  v->next = atomic_load(&mk->variants);
+  while (!atomic_compare_exchange_weak(&mk->variants, &v->next, v)) {}
+  return &v->mod;
 }
 
 /* ---- what a kernel reads ------------------------------------------------------------ */

@@ -15,6 +15,8 @@
 #ifndef FLEXC_RT_H
 #define FLEXC_RT_H
 
+#include <stdatomic.h>
+
 #include "flex.h"
 #include "ir/ir.h"
 
@@ -44,9 +46,18 @@ struct flex_kernel {
   Arena arena;         /* owns src text, AST and IR */
   Source src;
   IrModule *mod;       /* score, mask and joint functions, optimised */
+  /* mod with a joint that adds into only some `grad` buffers, one per set
+   * of wanted gradients met so far (rt_kernel_module; pushed atomically) */
+  _Atomic(struct RtVariant *) variants;
   flex_param_info *info_params;   /* flex_kernel_get_info's arrays (in the arena; made on first use) */
   flex_buffer_info *info_buffers;
 };
+
+/* The module a backward runs when only the `grad` buffers with keep[slot]
+ * have a gradient tensor: k->mod itself when its joint adds into no other,
+ * else a copy whose joint computes and adds nothing for the others (made
+ * once per set and kept with the kernel). */
+const IrModule *rt_kernel_module(const flex_kernel *k, const bool *keep);
 
 /* One validated call: sizes resolved, params and buffers bound by slot. */
 typedef struct RtCall {

@@ -452,6 +452,13 @@ flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const fle
   }
   for (int s = 0; s < SZ_COUNT; s++) c->sizes[s] = pre[s];
   if ((st = check_params(&v)) || (st = check_buffers(&v, backward))) return st;
+  if (backward) {
+    /* A `grad` buffer passed without a gradient tensor: the kernels are
+     * made from a joint that neither computes nor adds its gradient. */
+    bool *keep = arena_alloc(arena, (size_t)m->nbuffers + 1);
+    for (int j = 0; j < m->nbuffers; j++) keep[j] = c->buf_grads[j] != NULL;
+    c->mod = rt_kernel_module(k, keep);
+  }
   return FLEX_OK;
 }
 
