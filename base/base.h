@@ -4,6 +4,7 @@
  *   Buf      a growable byte buffer for building text
  *   alloc    the one allocator everything goes through (replaceable)
  *   assert   internal-bug checks that name file and line
+ *   config   every FLEXC_* environment variable, read in one place (config.h)
  */
 #ifndef FLEXC_BASE_H
 #define FLEXC_BASE_H
@@ -12,6 +13,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "config.h"
 
 /* ---- allocation --------------------------------------------------------- */
 

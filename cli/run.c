@@ -35,8 +35,8 @@
  *
  * --repeat N makes each call N times, each waited for, and prints the
  * median times (a benchmark of any backend without a program of one's
- * own); --threads N sizes the cpu backend's pool and the emulator's
- * workers (FLEXC_THREADS, FLEXC_EMU_THREADS, set before the first call).
+ * own); --threads N sizes the one thread pool of the cpu backend, the
+ * BlockMask builder and the emulator (FLEXC_THREADS, set before the first call).
  *
  * --deterministic asks for a deterministic backward (DSL.md
  * "Determinism"): dq, dk, dv and d_NAME bitwise the same on every run; a
@@ -480,7 +480,6 @@ int cli_run(int argc, char **argv) {
     char n[16];
     snprintf(n, sizeof n, "%d", o.threads);
     setenv("FLEXC_THREADS", n, 1);
-    setenv("FLEXC_EMU_THREADS", n, 1);
   }
   /* Without the backend nothing else is worth doing: say so first. */
   if (!flex_backend_available(o.backend)) {

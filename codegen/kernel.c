@@ -330,8 +330,8 @@ bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int 
 
 bool cg_options_retile(CgOptions *o, char *err, size_t errlen) {
   pick_tiles(o);
-  const char *tiles = getenv("FLEXC_TILES");
-  if (tiles && *tiles && !cg_tiles_apply(o, tiles, err, errlen)) return false;
+  const char *tiles = base_config()->tiles;
+  if (*tiles && !cg_tiles_apply(o, tiles, err, errlen)) return false;
   CgArch arch = o->arch;
   int E = o->head_dim, EV = o->head_dim_v;
   if (smem_fwd(o) > cg_arch_smem_limit(arch) || smem_bwd(o) > cg_arch_smem_limit(arch)) {
@@ -378,8 +378,8 @@ enum { FLEX_DET_CTAS = 264 };
 int cg_bwd_splits(const CgOptions *o, int B, int HKV, int kv_len) {
   int tiles = (int)cdiv(kv_len, o->bwd.block_n), bh = B * HKV > 0 ? B * HKV : 1;
   int want = (FLEX_DET_CTAS + bh - 1) / bh;
-  const char *env = getenv("FLEXC_BWD_SPLITS");
-  if (env && atoi(env) > 0) want = atoi(env);
+  long env = base_config()->bwd_splits;
+  if (env > 0 && env < INT32_MAX) want = (int)env;
   return want < tiles ? want : tiles;
 }
 

@@ -325,8 +325,7 @@ void cpu_attn_fwd(CpuAttn *a) {
   int64_t ktw = (a->bf16 ? (a->E + 1) / 2 : a->E) * a->ldk;
   int64_t vpw = (a->bf16 ? (p->kv_len + 1) / 2 : p->kv_len) * (int64_t)a->EVp;
   int64_t per = (ktw + vpw) * (int64_t)sizeof(float);
-  const char *env = getenv("FLEXC_CPU_PACK_MB");
-  int64_t budget = (env && *env ? strtol(env, NULL, 10) : 64) << 20;
+  int64_t budget = (int64_t)(base_config()->cpu_pack_mb ? base_config()->cpu_pack_mb : 64) << 20;
   int64_t chunk = budget / (per ? per : 1);
   if (chunk < 1) chunk = 1;
   if (chunk > kvheads) chunk = kvheads;

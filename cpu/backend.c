@@ -276,15 +276,14 @@ static void fwd_groups(CpuAttn *a) {
   int64_t heads = (int64_t)p->B * p->H, want = 4 * (int64_t)cpu_pool_size();
   int g = a->nkt * a->bn > 2048 ? 4 : 1;
   while (g > 1 && heads * ((a->nqt + g - 1) / g) < want) g--;
-  const char *env = getenv("FLEXC_CPU_QGROUP");
-  if (env && *env) {
-    long v = strtol(env, NULL, 10);
+  const BaseConfig *cfg = base_config();
+  if (cfg->cpu_qgroup) {
+    long v = cfg->cpu_qgroup;
     g = v < 1 ? 1 : v > CPU_FWD_QGROUP_MAX ? CPU_FWD_QGROUP_MAX : (int)v;
   }
   a->qgroup = g;
-  env = getenv("FLEXC_CPU_KVCHUNK");
-  if (env && *env) {
-    long v = strtol(env, NULL, 10);
+  if (cfg->cpu_kvchunk) {
+    long v = cfg->cpu_kvchunk;
     a->kvchunk = v < 1 ? 1 : v > a->nkt ? a->nkt : (int)v;
   }
   if (a->kvchunk < 1) a->kvchunk = 1;

@@ -217,7 +217,7 @@ static flex_status emit_object(const IrModule *m, const CpuJitOpts *o, const cha
       take_error(e, err, sizeof err);
       st = rt_err(FLEX_ERR_COMPILE, "cpu backend: LLVM optimisation failed: %s", err);
     } else {
-      if (getenv("FLEXC_CPU_DUMP_IR")) LLVMDumpModule(mod);
+      if (base_config()->cpu_dump_ir) LLVMDumpModule(mod);
       char *cmsg = NULL;
       if (LLVMTargetMachineEmitToMemoryBuffer(J.tm, mod, LLVMObjectFile, &cmsg, obj))
         st = rt_err(FLEX_ERR_COMPILE, "cpu backend: LLVM code generation failed: %s", cmsg ? cmsg : "");

@@ -55,8 +55,7 @@ static void *helper(void *arg) {
 }
 
 static void create(void) {
-  const char *env = getenv("FLEXC_THREADS");
-  long n = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+  long n = base_config()->threads ? base_config()->threads : sysconf(_SC_NPROCESSORS_ONLN);
   if (n < 1) n = 1;
   if (n > 1024) n = 1024;
   P.size = (int)n;

@@ -154,9 +154,9 @@ void rt_cache_stats(RtCacheStats *out) {
 /* ---- disk ------------------------------------------------------------------ */
 
 bool rt_cache_dir(char *out, size_t cap) {
-  const char *dir = getenv("FLEXC_CACHE_DIR");
+  const char *dir = base_config()->cache_dir;
   int n;
-  if (dir && *dir) {
+  if (*dir) {
     if (strcmp(dir, "off") == 0) return false;
     n = snprintf(out, cap, "%s", dir);
   } else if ((dir = getenv("XDG_CACHE_HOME")) && *dir) {

@@ -145,8 +145,8 @@ static flex_status cuda_download(RtRun *r, void *dst, const void *src, size_t by
  * on hardware (both are verified on the emulator), and only with a driver
  * that encodes tensor maps. */
 static bool cuda_tensor_maps(RtRun *r) {
-  const char *on = getenv(r->c->backward ? "FLEXC_CUDA_SM90_BWD" : "FLEXC_CUDA_SM90_FWD");
-  return on && !strcmp(on, "1") && rt_drv_has_tensor_maps();
+  const BaseConfig *cfg = base_config();
+  return (r->c->backward ? cfg->cuda_sm90_bwd : cfg->cuda_sm90_fwd) && rt_drv_has_tensor_maps();
 }
 
 /* RtTmapEncode through the driver. */

@@ -77,8 +77,9 @@ static void append_file(Buf *log, const char *dir, const char *name) {
 
 /* The host C++ compiler: $FLEXC_EMU_CXX, else c++. */
 static const char *compiler(void) {
-  const char *cxx = getenv("FLEXC_EMU_CXX");
-  return cxx && *cxx ? cxx : "c++";
+  static _Thread_local char cxx[1024];
+  snprintf(cxx, sizeof cxx, "%s", *base_config()->emu_cxx ? base_config()->emu_cxx : "c++");
+  return cxx;
 }
 
 bool emu_compiler_available(void) {
@@ -181,11 +182,10 @@ flex_status emu_module_get(EmuModule **out, const char *source, const EmuBuildOp
   return st;
 }
 
-/* Worker OS threads per launch: $FLEXC_EMU_THREADS, else up to 2 cores. */
+/* Worker OS threads per launch: $FLEXC_THREADS, else up to 2 cores. */
 static int emu_threads(void) {
-  const char *s = getenv("FLEXC_EMU_THREADS");
-  int n = s ? atoi(s) : 0;
-  if (n >= 1) return n > 64 ? 64 : n;
+  long n = base_config()->threads;
+  if (n >= 1) return n > 64 ? 64 : (int)n;
   long c = sysconf(_SC_NPROCESSORS_ONLN);
   return c >= 2 ? 2 : 1;
 }
@@ -205,8 +205,8 @@ flex_status emu_module_launch(EmuModule *m, EmuLaunch *L, Buf *log) {
   L->racecheck = m->racecheck;
   if (L->threads <= 0) L->threads = emu_threads();
   if (!L->shuffle) { /* $FLEXC_EMU_SHUFFLE: blocks in a seeded order (docs/emulator.md) */
-    const char *s = getenv("FLEXC_EMU_SHUFFLE");
-    L->shuffle = s && *s ? strtoull(s, NULL, 10) : 0;
+    const char *s = base_config()->emu_shuffle;
+    L->shuffle = *s ? strtoull(s, NULL, 10) : 0;
   }
   if (L->stack_bytes == 0) L->stack_bytes = 256 * 1024;
   if (m->launch(L) != 0) {

@@ -58,8 +58,7 @@ static flex_status emu_open(RtRun *r) {
 static flex_status emu_prepare(RtRun *r) {
   Buf src = {0}, log = {0};
   cg_emit_cuda(&src, r->c->mod, &r->opts);
-  const char *rc = getenv("FLEXC_EMU_RACECHECK");
-  EmuBuildOpts bo = {.racecheck = rc && *rc && strcmp(rc, "0") != 0};
+  EmuBuildOpts bo = {.racecheck = base_config()->emu_racecheck};
   EmuModule *mod = NULL;
   flex_status st = emu_module_get(&mod, src.data, &bo, &log);
   if (st) st = rt_err(st, "emulator: %s", log.data ? log.data : "build failed");

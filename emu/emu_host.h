@@ -31,7 +31,7 @@ flex_status emu_module_get(EmuModule **out, const char *source, const EmuBuildOp
 bool emu_compiler_available(void);
 
 /* Launch kernel L->kernel of module `m`: fills abi, entry, racecheck and, when
- * zero, threads ($FLEXC_EMU_THREADS or 2) and stack_bytes (256 KiB). On a
+ * zero, threads ($FLEXC_THREADS or 2) and stack_bytes (256 KiB). On a
  * failure L->error (and *log, if given) say what happened; the status is
  * FLEX_ERR_RUNTIME (or FLEX_ERR_INVALID for an unknown entry). */
 flex_status emu_module_launch(EmuModule *m, EmuLaunch *L, Buf *log);

@@ -285,8 +285,7 @@ void rt_block_mask_eval_config(int threads, bool vector) {
 
 static int thread_count(void) {
   if (cfg_threads > 0) return cfg_threads;
-  const char *e = getenv("FLEXC_MASK_THREADS");
-  long n = e ? strtol(e, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+  long n = base_config()->threads ? base_config()->threads : sysconf(_SC_NPROCESSORS_ONLN);
   return n < 1 ? 1 : n > 64 ? 64 : (int)n;
 }
 

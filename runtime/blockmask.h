@@ -73,7 +73,7 @@ flex_status rt_block_mask_build(RtBlockMask *out, const IrModule *m, const IrInt
 
 /* How RT_MASK_EVAL and RT_MASK_BLOCKWISE evaluate open blocks: `threads`
  * worker threads over rows of blocks (0: one per online core, or
- * $FLEXC_MASK_THREADS), and the row-vectorised interpreter (`vector`) or
+ * $FLEXC_THREADS), and the row-vectorised interpreter (`vector`) or
  * the plain one, element by element, on one thread (threads 1, vector
  * false: the builder as it was, for benchmarks and tests). Process-wide. */
 void rt_block_mask_eval_config(int threads, bool vector);

@@ -513,8 +513,7 @@ static flex_status forward(RtRun *r, Work *w, const FlexParams *p, int S) {
 static bool pack_gqa(const RtRun *r, const FlexParams *p) {
   const RtCall *c = r->c;
   const CgOptions *o = &r->opts;
-  const char *env = getenv("FLEXC_PACK_GQA");
-  if ((env && !strcmp(env, "0")) || !r->be->sm_count || c->backward || c->G < 2 || c->QL < 1)
+  if (!strcmp(base_config()->pack_gqa, "0") || !r->be->sm_count || c->backward || c->G < 2 || c->QL < 1)
     return false;
   return c->QL <= RT_PACK_MAX_Q_LEN && !o->dropout &&
          (o->mask_mode == CG_MASK_NONE || o->mask_mode == CG_MASK_IMPLICIT) &&

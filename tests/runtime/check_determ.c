@@ -3,7 +3,7 @@
  *
  * Each backward runs twice with deterministic on, the emulator's CTAs in
  * two different seeded orders ($FLEXC_EMU_SHUFFLE) on two OS threads
- * ($FLEXC_EMU_THREADS=2, so the integer atomics of the exact accumulators
+ * ($FLEXC_THREADS=2, so the integer atomics of the exact accumulators
  * really race), the CPU backend on its thread pool: dq, dk, dv and the
  * buffer gradient must be bitwise equal, and every one of them within the
  * gradient tolerance of the float64 reference. Cases: an identity score
@@ -343,7 +343,7 @@ END_TEST
 
 int main(void) {
   rng = tl_seed();
-  setenv("FLEXC_EMU_THREADS", "2", 1); /* atomics race between OS threads */
+  setenv("FLEXC_THREADS", "2", 1); /* atomics race between OS threads */
   Suite *s = suite_create("determ");
   TCase *tc = tcase_create("determ");
   tcase_set_timeout(tc, 300);
