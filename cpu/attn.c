@@ -65,7 +65,7 @@ static inline int imin(int a, int b) { return a < b ? a : b; }
 /* Class of the tile at (q0, kv0) of (b, h). */
 static inline int tile_cls(const CpuAttn *a, int b, int h, int q0, int kv0) {
   const CpuWalk *w = &a->walk;
-  if (!w->cls) return CPU_FULL;
+  if (!w->cls) return FLEX_BLOCK_FULL;
   int bb = w->Bm == 1 ? 0 : b, hh = w->Hm == 1 ? 0 : h;
   size_t row = ((size_t)bb * (size_t)w->Hm + (size_t)hh) * (size_t)w->nq + (size_t)(q0 / w->block_q);
   return w->cls[row * (size_t)w->nkv + (size_t)(kv0 / w->block_kv)];
@@ -74,7 +74,7 @@ static inline int tile_cls(const CpuAttn *a, int b, int h, int q0, int kv0) {
 /* t over an m x n tile of S: score on full tiles, score + mask on partial ones. */
 static void scores(const CpuAttn *a, float *S, int64_t ld, int m, int n, int b, int h, int q0,
                    int kv0, int cls) {
-  if (cls == CPU_PARTIAL && a->mod->score_mask)
+  if (cls == FLEX_BLOCK_PARTIAL && a->mod->score_mask)
     a->mod->score_mask(S, ld, m, n, b, h, q0, kv0, a->p);
   else if (a->mod->score)
     a->mod->score(S, ld, m, n, b, h, q0, kv0, a->p);
@@ -307,7 +307,7 @@ static void fwd_item(void *ctx, int64_t item, int worker) {
     for (int i = 0; i < nt; i++)
       for (int kt = c0; kt < a->nkt && kt < c0 + a->kvchunk; kt++) {
         int kv0 = kt * a->bn, cls = tile_cls(a, b, h, t[i].q0, kv0);
-        if (cls == CPU_EMPTY) continue;
+        if (cls == FLEX_BLOCK_EMPTY) continue;
         tiles++;
         fwd_tile(a, &t[i], local, b, h, kv0, cls, S, Pb);
       }
@@ -336,8 +336,8 @@ void cpu_attn_fwd(CpuAttn *a) {
   a->vp = base_realloc(NULL, sizeof(float) * (size_t)(chunk * vpw) + 64);
   for (a->chunk0 = 0; a->chunk0 < kvheads; a->chunk0 += chunk) {
     int64_t n = kvheads - a->chunk0 < chunk ? kvheads - a->chunk0 : chunk;
-    cpu_pool_run(n, a->bf16 ? pack_kv_bf16 : pack_kv, a);
-    cpu_pool_run(n * p->G * ((a->nqt + a->qgroup - 1) / a->qgroup), fwd_item, a);
+    base_pool_run(n, a->bf16 ? pack_kv_bf16 : pack_kv, a);
+    base_pool_run(n * p->G * ((a->nqt + a->qgroup - 1) / a->qgroup), fwd_item, a);
   }
   base_free(a->kt);
   base_free(a->vp);
@@ -365,7 +365,7 @@ static void pre_item(void *ctx, int64_t item, int worker) {
   }
 }
 
-void cpu_attn_bwd_pre(CpuAttn *a) { cpu_pool_run((int64_t)a->p->B * a->p->H, pre_item, a); }
+void cpu_attn_bwd_pre(CpuAttn *a) { base_pool_run((int64_t)a->p->B * a->p->H, pre_item, a); }
 
 /* dq = scale * dq_acc in the input dtype, rows of (b, h) item. */
 static void dq_item(void *ctx, int64_t item, int worker) {
@@ -380,7 +380,7 @@ static void dq_item(void *ctx, int64_t item, int worker) {
   }
 }
 
-void cpu_attn_bwd_dq(CpuAttn *a) { cpu_pool_run((int64_t)a->p->B * a->p->H, dq_item, a); }
+void cpu_attn_bwd_dq(CpuAttn *a) { base_pool_run((int64_t)a->p->B * a->p->H, dq_item, a); }
 
 /* Scratch of one backward worker, carved out of its slice. */
 typedef struct BwdScratch {
@@ -523,7 +523,7 @@ static void bwd_item(void *ctx, int64_t item, int worker) {
        * the key tile before it, and pass the tiles they skip. */
       int qt = a->deterministic ? k : (k + kt) % a->nqt;
       int q0 = qt * a->bm, cls = tile_cls(a, b, h, q0, kv0);
-      if (cls == CPU_EMPTY) {
+      if (cls == FLEX_BLOCK_EMPTY) {
         if (a->deterministic) {
           _Atomic int *t = &a->locks[((int64_t)b * p->H + h) * a->nqt + qt];
           wait_turn(t, kt);
@@ -548,7 +548,7 @@ void cpu_attn_bwd(CpuAttn *a) {
   const FlexParams *p = a->p;
   size_t nlocks = (size_t)p->B * (size_t)p->H * (size_t)a->nqt;
   a->locks = base_alloc(sizeof(_Atomic int) * nlocks + sizeof(_Atomic int));
-  cpu_pool_run((int64_t)p->B * p->HKV * a->nkt, bwd_item, a);
+  base_pool_run((int64_t)p->B * p->HKV * a->nkt, bwd_item, a);
   base_free((void *)a->locks);
   a->locks = NULL;
 }

@@ -2,7 +2,6 @@
  *
  *   ir_llvm.c  cpu_lower():   IR -> LLVM IR tile functions (score, mask, joint)
  *   jit.c      cpu_jit_get(): optimise for the host, ORC LLJIT, in-memory cache
- *   pool.c     cpu_pool_run(): the thread pool (created once, FLEXC_THREADS)
  *   kern*.c    cpu_kern():    register-blocked matrix products and row
  *                             softmax helpers, one build per ISA level,
  *                             picked at run time (AVX-512, AVX2, baseline)
@@ -80,12 +79,6 @@ void cpu_bounds_fail(int32_t *bounds, int32_t site, int32_t n, int32_t i0, int32
                      int32_t i3, int32_t i4, int32_t i5, int32_t i6, int32_t i7);
 
 /* ---- the thread pool ---------------------------------------------------------- */
-
-/* fn(ctx, item, worker) for item in [0, n), spread over the pool's workers
- * (the caller is worker 0). Returns when every item is done. */
-void cpu_pool_run(int64_t n, void (*fn)(void *ctx, int64_t item, int worker), void *ctx);
-/* Workers of the pool (FLEXC_THREADS, default every online core). */
-int cpu_pool_size(void);
 
 /* ---- kernels (one table per ISA level) ------------------------------------------ */
 

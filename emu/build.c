@@ -182,7 +182,7 @@ flex_status emu_module_get(EmuModule **out, const char *source, const EmuBuildOp
   return st;
 }
 
-/* Worker OS threads per launch: $FLEXC_THREADS, else up to 2 cores. */
+/* Block runners per launch, on the thread pool: $FLEXC_THREADS, else up to 2. */
 static int emu_threads(void) {
   long n = base_config()->threads;
   if (n >= 1) return n > 64 ? 64 : (int)n;
@@ -204,6 +204,7 @@ flex_status emu_module_launch(EmuModule *m, EmuLaunch *L, Buf *log) {
   L->abi = EMU_ABI_VERSION;
   L->racecheck = m->racecheck;
   if (L->threads <= 0) L->threads = emu_threads();
+  L->pool_run = base_pool_run;
   if (!L->shuffle) { /* $FLEXC_EMU_SHUFFLE: blocks in a seeded order (docs/emulator.md) */
     const char *s = base_config()->emu_shuffle;
     L->shuffle = *s ? strtoull(s, NULL, 10) : 0;

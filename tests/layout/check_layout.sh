@@ -22,5 +22,20 @@ docs=$(grep -o '^| `FLEXC_[A-Z0-9_]*`' docs/config.md | sed 's/^| `//; s/`$//' |
 [ "$code" = "$docs" ] || bad "docs/config.md and base/config.h list different variables:
 $(printf '%s\n' "$code" > /tmp/layout.$$.c; printf '%s\n' "$docs" | diff /tmp/layout.$$.c - ; rm -f /tmp/layout.$$.c)"
 
+# 3. written once: the thread pool, the block-list step, the host block
+#    classifier (the one caller of the interval analysis per block), the
+#    block-class enum
+once() { # WHAT PATTERN FILES: the library has PATTERN in FILES alone
+  what=$1 pat=$2
+  shift 2
+  got=$(grep -rlE "$pat" $lib 2>/dev/null | sort | tr '\n' ' ')
+  [ "$got" = "$* " ] || bad "$what should be in $* alone, found in: $got"
+}
+once "threads started (the pool)" 'pthread_create' base/pool.c
+once "the block-list step" 'void flex_block_side\(' kernels/blocklist.cuh
+once "per-block interval analysis (the host classifier)" 'ir_interval_mask\(' \
+  ir/interval.c ir/interval.h runtime/blockmask.c
+once "the block-class enum" '(EMPTY|_EMPTY) *= *0' kernels/interval.cuh
+
 [ "$fail" -eq 0 ] && echo "layout: ok"
 exit "$fail"
