@@ -125,6 +125,10 @@ bool rt_emu_available(void);
 
 /* One call, forward or backward (c->backward), through the run sequence. */
 flex_status rt_run(const RtBackend *be, const RtCall *c);
+/* Validate and run one call on be (NULL: the float64 reference); seq: one
+ * sequence of a packed or paged call, or NULL (run.c). */
+flex_status rt_call_one(const RtBackend *be, const flex_kernel *k, const flex_args *a,
+                        bool backward, const RtSeq *seq);
 
 /* What the last call on this thread did (tests and benchmarks); for a
  * packed (cu_seqlens) call, summed over its sequences. */

@@ -102,26 +102,6 @@ typedef struct RtSeq {
 flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const flex_args *a,
                         bool backward, const RtSeq *seq);
 
-/* Validate and run one call (seq: one sequence of a packed call, or NULL). */
-flex_status rt_call_one(const flex_kernel *k, const flex_args *a, bool backward, const RtSeq *seq);
-
-/* A packed (cu_seqlens) call: checks of the packed tensors and offsets, then
- * rt_call_one per sequence over views (runtime/varlen.c). */
-flex_status rt_varlen_call(const flex_kernel *k, const flex_args *a, bool backward);
-
-/* A call with a page table (flex_args.page_table, kv_lens): checks of the
- * pools, the table and the lengths, then rt_call_one per sequence
- * (runtime/paged.c). Forward only. */
-flex_status rt_paged_call(const flex_kernel *k, const flex_args *a, bool backward);
-
-/* Rows [start, start + len) of a packed (TOTAL, heads, dim) tensor as the
- * 4-D [1, heads, len, dim] view a call reads (varlen.c); columns [start,
- * start + len) of a packed (H, TOTAL_Q) lse as [1, H, len]. */
-void rt_view_rows(DLTensor *out, int64_t shape[4], int64_t strides[4], const DLTensor *t,
-                  int64_t start, int64_t len);
-void rt_view_lse(DLTensor *out, int64_t shape[3], int64_t strides[3], const DLTensor *t,
-                 int64_t start, int64_t len);
-
 /* Params and buffers of `a` alone, for sizes B x H (= HKV) x q_len x
  * kv_len, on the host (flex_block_mask_create): the same checks and
  * messages as rt_validate. */

@@ -97,7 +97,7 @@ static flex_status host_mask(RtRun *r, const flex_block_mask *u, HostMask *h) {
                               &h->m.full_q_num_blocks, &h->m.full_q_indices};
   for (int i = 0; i < 8; i++) {
     if (!*side[i]) continue;
-    flex_status st = rt_tensor_to_host(&h->t[i], *side[i], r->stream, "block_mask");
+    flex_status st = rt_tensor_host_copy(&h->t[i], *side[i], r->be, r, "block_mask");
     if (st) return st;
     *side[i] = h->t[i];
   }
@@ -105,7 +105,7 @@ static flex_status host_mask(RtRun *r, const flex_block_mask *u, HostMask *h) {
 }
 
 static void host_mask_free(HostMask *h) {
-  for (int i = 0; i < 8; i++) flex_tensor_free(h->t[i]);
+  for (int i = 0; i < 8; i++) rt_tensor_delete(h->t[i]);
 }
 
 /* The mask plan (launch.c) over host views of the caller's mask. */
@@ -648,3 +648,16 @@ flex_status rt_run(const RtBackend *be, const RtCall *c) {
 }
 
 void rt_run_stats_reset(void) { memset(&last_stats, 0, sizeof last_stats); }
+
+flex_status rt_call_one(const RtBackend *be, const flex_kernel *k, const flex_args *a,
+                        bool backward, const RtSeq *seq) {
+  Arena arena = {0};
+  RtCall c;
+  flex_status st = rt_validate(&c, &arena, k, a, backward, seq);
+  if (st == FLEX_OK) {
+    if (be) st = rt_run(be, &c);
+    else st = backward ? rt_reference_backward(&c) : rt_reference_forward(&c);
+  }
+  arena_free(&arena);
+  return st;
+}

@@ -17,7 +17,7 @@
 
 #include "kernels/params.cuh"
 #include "runtime/backend.h"
-#include "runtime/rt.h"
+#include "api/api.h"
 #include "runtime/tensor.h"
 
 /* A packed tensor: present, of rank `ndim`, of shape `want` (-1: any), its
@@ -241,7 +241,7 @@ static flex_status run_seqs(const flex_kernel *k, const flex_args *a, bool backw
     }
     RtSeq seq = {b,       nseq,  (int)a->q->shape[0], (int)a->k->shape[0], (int)q0, (int)k0,
                  b > 0, NULL, 0, 0, NULL, NULL};
-    st = rt_call_one(k, &s, backward, &seq);
+    st = rt_call_one(rt_backend_of(a->backend), k, &s, backward, &seq);
     if (st) {
       char msg[1024];
       snprintf(msg, sizeof msg, "%s", flex_last_error());

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "kernels/params.cuh"
-#include "runtime/rt.h"
+#include "api/api.h"
 #include "runtime/tensor.h"
 
 enum { PAGE_MIN = 16, PAGE_MAX = 256 };
@@ -300,7 +300,7 @@ static flex_status run_seqs(const flex_kernel *k, const flex_args *a, const Page
       seq.k_pool = a->k, seq.v_pool = a->v;
     }
     s.q = &w.q, s.out = &w.out, s.lse = &w.lse;
-    if (!st) st = rt_call_one(k, &s, false, &seq);
+    if (!st) st = rt_call_one(rt_backend_of(a->backend), k, &s, false, &seq);
     if (st) {
       char msg[1024];
       snprintf(msg, sizeof msg, "%s", flex_last_error());
