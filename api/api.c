@@ -72,8 +72,8 @@ static flex_status call(flex_kernel *k, const flex_args *a, bool backward) {
   if (a->kv_splits < 0)
     return rt_err(FLEX_ERR_INVALID, "kv_splits must be 0 (automatic), 1 (never split) or a "
                   "number of key chunks, got %d", a->kv_splits);
-  if (a->page_table || a->kv_lens) return rt_paged_call(k, a, backward);
-  if (a->cu_seqlens_q || a->cu_seqlens_kv) return rt_varlen_call(k, a, backward);
+  if (a->page_table || a->kv_lens || a->cu_seqlens_q || a->cu_seqlens_kv)
+    return rt_seq_call(k, a, backward);
   return rt_call_one(rt_backend_of(a->backend), k, a, backward, NULL);
 }
 

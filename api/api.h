@@ -19,15 +19,11 @@
 /* The device backend's verbs for b; NULL for the reference (and unknown values). */
 const RtBackend *rt_backend_of(flex_backend b);
 
-/* A packed (cu_seqlens) call: checks of the packed tensors and offsets, then
- * rt_call_one per sequence over views (varlen.c). */
-flex_status rt_varlen_call(const flex_kernel *k, const flex_args *a, bool backward);
-/* A call with a page table (flex_args.page_table, kv_lens): checks of the
- * pools, the table and the lengths, then rt_call_one per sequence
- * (paged.c). Forward only. */
-flex_status rt_paged_call(const flex_kernel *k, const flex_args *a, bool backward);
+/* A packed (cu_seqlens) or paged (page_table, kv_lens) call: the whole call
+ * checked, then rt_call_one per sequence over views (seq.c). */
+flex_status rt_seq_call(const flex_kernel *k, const flex_args *a, bool backward);
 /* Rows [start, start + len) of a packed (TOTAL, heads, dim) tensor as the
- * 4-D [1, heads, len, dim] view a call reads (varlen.c); columns [start,
+ * 4-D [1, heads, len, dim] view a call reads (seq.c); columns [start,
  * start + len) of a packed (H, TOTAL_Q) lse as [1, H, len]. */
 void rt_view_rows(DLTensor *out, int64_t shape[4], int64_t strides[4], const DLTensor *t,
                   int64_t start, int64_t len);

@@ -76,7 +76,7 @@ typedef struct RtCall {
   int b0;                            /* a packed call's sequence: functions see b as b + b0 */
   bool accumulate;                   /* a later sequence of a packed call: run statistics add up,
                                         buffer gradients add into the tensors given (not zeroed) */
-  const int32_t *pages;              /* paged K/V (runtime/paged.c): this sequence's page table
+  const int32_t *pages;              /* paged K/V (api/seq.c): this sequence's page table
                                         row on the call's device; k and v are views over the
                                         pools whose batch stride is the page stride. NULL: none */
   int page_size;                     /* keys per page when pages */
@@ -85,7 +85,7 @@ typedef struct RtCall {
 } RtCall;
 
 /* One sequence of a packed (cu_seqlens) call, run as an ordinary call of
- * B = 1 over views of the packed tensors (runtime/varlen.c). */
+ * B = 1 over views of the packed tensors (api/seq.c). */
 typedef struct RtSeq {
   int b0, nseq;             /* this sequence's index; the number of sequences (the functions' B) */
   int total_q, total_kv;    /* TOTAL_Q, TOTAL_KV */
