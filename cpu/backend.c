@@ -37,25 +37,14 @@
  * 0.57-0.59 with 64 (bench/RESULTS.md). */
 enum { FWD_BM = 64, FWD_BN = 128, BWD_BM = 64, BWD_BN = 64 };
 
+/* The cpu backend runs its own loops (attn.c), which take blocks of any
+ * size (tiles are cut to divide them); the granularity it states decides
+ * what the plan accepts and builds: BlockMasks built for it have 64 x 64
+ * blocks, a caller's needs multiples of 16 for a forward and of 64 for a
+ * backward. The tensors' place is checked by validation (host memory). */
 static flex_status cpu_open(RtRun *r) {
-  r->arch = CG_SM80;
-  if (!r->c) return FLEX_OK; /* outside a call: nothing to check */
-  const flex_args *a = r->c->args;
-  const DLTensor *t[] = {a->q, a->k, a->v};
-  for (int i = 0; i < 3; i++)
-    if (t[i] && t[i]->device.device_type != kDLCPU && t[i]->device.device_type != kDLCUDAHost)
-      return rt_err(FLEX_ERR_INVALID, "the cpu backend needs host tensors; %s is on device type %d",
-                    i == 0 ? "q" : i == 1 ? "k" : "v", (int)t[i]->device.device_type);
+  r->dev = (CgDevice){.host = true, .host_fwd = {16, 16, 1}, .host_bwd = {64, 64, 1}};
   return FLEX_OK;
-}
-
-/* The walks take blocks of any size (tiles are cut to divide them); these
- * shapes only decide what the plan accepts and builds: BlockMasks built for
- * this backend have 64 x 64 blocks (cg_mask_blocks: the larger of the two),
- * a caller's needs multiples of 16 for a forward and of 64 for a backward. */
-static void cpu_configure(RtRun *r) {
-  r->opts.fwd = (CgTiles){16, 16, 1};
-  r->opts.bwd = (CgTiles){64, 64, 1};
 }
 
 static flex_status cpu_prepare(RtRun *r) {
@@ -309,8 +298,9 @@ static flex_status run_bwd(RtRun *r, const FlexParams *p) {
   return FLEX_OK;
 }
 
-static flex_status cpu_launch(RtRun *r, RtEntry e, const CgLaunch *g, const FlexParams *p) {
+static flex_status cpu_launch(RtRun *r, RtEntry e, const CgLaunch *g, const void *params) {
   (void)g;
+  const FlexParams *p = params;
   if (!r->module) return rt_err(FLEX_ERR_INVALID, "cpu backend: launch before prepare");
   CpuAttn a;
   switch (e) {
@@ -353,7 +343,6 @@ const RtBackend rt_cpu_backend = {
     .name = "cpu",
     .host_memory = true,
     .open = cpu_open,
-    .configure = cpu_configure,
     .prepare = cpu_prepare,
     .alloc = cpu_alloc,
     .release = cpu_release,

@@ -171,20 +171,12 @@ static flex_status user_plan(const RtCall *c, const CgOptions *o, RtMaskPlan *pl
   return FLEX_OK;
 }
 
-flex_status rt_launch_mask_plan(const RtCall *c, CgOptions *o, RtMaskPlan *plan) {
+flex_status rt_launch_mask_plan(const RtCall *c, const CgOptions *o, RtMaskPlan *plan) {
   memset(plan, 0, sizeof *plan);
-  o->mask_builder = false;
-  if (c->args->block_mask) {
-    plan->mode = o->mask_mode = CG_MASK_LISTS;
-    return user_plan(c, o, plan);
-  }
-  if (!o->has_mask) {
-    plan->mode = o->mask_mode = CG_MASK_NONE;
-  } else if (ir_interval_device_decidable(c->mod)) {
-    plan->mode = o->mask_mode = CG_MASK_IMPLICIT;
-  } else {
-    plan->mode = o->mask_mode = CG_MASK_LISTS;
-    plan->build = o->mask_builder = true;
+  plan->mode = o->mask_mode;
+  if (c->args->block_mask) return user_plan(c, o, plan);
+  if (o->mask_builder) {
+    plan->build = true;
     cg_mask_blocks(o, &plan->block_q, &plan->block_kv);
     plan->Bm = ir_interval_uses_arg(c->mod, ARG_B) ? c->B : 1;
     plan->Hm = ir_interval_uses_arg(c->mod, ARG_H) ? c->H : 1;

@@ -237,7 +237,7 @@ START_TEST(decoding) {
                     st.kv_splits);
     } else {
       /* a decoding grid is far below the emulator's 108 SMs: it splits, each chunk >= 2 tiles */
-      ck_assert_msg(st.kv_splits >= 2 && st.kv_splits <= RT_SPLIT_MAX && st.kv_splits * 2 * 32 <= c->KL + 63,
+      ck_assert_msg(st.kv_splits >= 2 && st.kv_splits <= CG_SPLIT_MAX && st.kv_splits * 2 * 32 <= c->KL + 63,
                     "%s: automatic split ran %d chunks", c->name, st.kv_splits);
     }
     if (t == 0) tiles1 = st.fwd_tiles;
