@@ -49,6 +49,7 @@ typedef struct CgOptions {
   CgArch arch;         /* target */
   CgMaskMode mask_mode; /* block walk and mask evaluation */
   bool has_mask;       /* the kernel has a mask function */
+  bool has_sink;       /* the kernel has a sink function: FLEX_SINK defined (flex_sink, flex_sink_grad) */
   bool mask_builder;   /* also emit the BlockMask builder entries (kernels/flex_blockmask.cuh) */
   bool sorted_check;   /* some buffer is `sorted`: also emit flex_sorted_check (kernels/flex_sorted.cuh) */
   bool backward;       /* emit the backward entries (needs m->joint) */

@@ -290,7 +290,8 @@ static void put_preamble(Buf *out, const IrModule *m, const IrFunc *f, bool chec
 static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind kind, bool checked,
                      const char *pre, bool exact) {
   static const char *const what[] = {[IRF_SCORE] = "score", [IRF_MASK] = "mask",
-                                     [IRF_JOINT] = "joint (ds from dt)"};
+                                     [IRF_JOINT] = "joint (ds from dt)", [IRF_SINK] = "sink",
+                                     [IRF_SINK_GRAD] = "sink gradient (into grad buffers)"};
   if (f) buf_printf(out, "/* %s %s of kernel %s */\n", what[kind], f->name ? f->name : "", m->kernel);
   else buf_printf(out, "/* %s: none in kernel %s */\n", what[kind], m->kernel);
   switch (kind) {
@@ -308,10 +309,20 @@ static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind ki
     buf_puts(out, "__device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b, "
                   "int h, int q, int kv, float dt, bool flex_accum = true) {\n");
     break;
+  case IRF_SINK:
+    buf_printf(out, "__device__ __forceinline__ float %ssink(const FlexParams &p, int b, int h, "
+                    "int q) {\n", pre);
+    break;
+  case IRF_SINK_GRAD:
+    /* dt: the sink logit's gradient, -Ps * D; returns nothing of use */
+    buf_printf(out, "__device__ __forceinline__ float %ssink_grad(const FlexParams &p, int b, int h, "
+                    "int q, float dt, bool flex_accum = true) {\n", pre);
+    break;
   }
   if (!f) {
     buf_printf(out, "  return %s;\n}\n\n",
-               kind == IRF_MASK ? "true" : kind == IRF_SCORE ? "s" : "dt");
+               kind == IRF_MASK ? "true" : kind == IRF_SCORE ? "s" : kind == IRF_SINK ? "-INFINITY" :
+               kind == IRF_SINK_GRAD ? "0.0f" : "dt");
     return;
   }
   put_preamble(out, m, f, checked, exact);
@@ -477,7 +488,7 @@ static void put_classifier(Buf *out, const IrModule *m, const char *pre) {
  * wrappers hand the user's functions the real head and query; the
  * classifier gets the heads its rows span, and their whole query range
  * unless the rows lie in one head. */
-static void put_pack_wrappers(Buf *out, bool has_mask) {
+static void put_pack_wrappers(Buf *out, bool has_mask, bool has_sink) {
   buf_puts(out,
            "/* grouped-query packing: kernel row q of kv head h is query q % Q_LEN of head\n"
            " * h * G + q / Q_LEN (p.pack_g = G, p.pack_q_len = Q_LEN) */\n"
@@ -488,6 +499,11 @@ static void put_pack_wrappers(Buf *out, bool has_mask) {
            "__device__ __forceinline__ bool flex_mask(const FlexParams &p, int b, int h, int q, int kv) {\n"
            "  return flex_user_mask(p, b, h * p.pack_g + q / p.pack_q_len, q % p.pack_q_len, kv);\n"
            "}\n\n");
+  if (has_sink)
+    buf_puts(out,
+             "__device__ __forceinline__ float flex_sink(const FlexParams &p, int b, int h, int q) {\n"
+             "  return flex_user_sink(p, b, h * p.pack_g + q / p.pack_q_len, q % p.pack_q_len);\n"
+             "}\n\n");
   if (!has_mask) return;
   buf_puts(out,
            "__device__ __forceinline__ int flex_mask_block(const FlexParams &p, int b0, int b1, int h0, "
@@ -504,6 +520,10 @@ void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o) {
   put_func(out, m, m->mask, IRF_MASK, o->check_bounds, pre, false);
   put_func(out, m, o->backward && !o->ds_is_dt ? m->joint : NULL, IRF_JOINT, o->check_bounds,
            "flex_", o->deterministic);
+  if (m->sink) {
+    put_func(out, m, m->sink, IRF_SINK, o->check_bounds, pre, false);
+    if (o->backward) put_func(out, m, m->sink_grad, IRF_SINK_GRAD, o->check_bounds, "flex_", o->deterministic);
+  }
   if (o->has_mask) put_classifier(out, m, pre);
-  if (o->pack_gqa) put_pack_wrappers(out, o->has_mask);
+  if (o->pack_gqa) put_pack_wrappers(out, o->has_mask, m->sink != NULL);
 }

@@ -312,6 +312,7 @@ bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int 
   o->head_dim_v_pad = round_up(EV, 16);
   o->arch = arch;
   o->has_mask = m->mask != NULL;
+  o->has_sink = m->sink != NULL;
   /* A mask the analysis decides needs no BlockMask: the walk classifies
    * its tiles. The runtime switches undecidable masks to built lists. */
   o->mask_mode = !o->has_mask ? CG_MASK_NONE
@@ -543,6 +544,7 @@ void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o) {
   if (o->dropout) buf_puts(out, "#define FLEX_DROPOUT 1\n");
   if (o->kv_split && !o->backward) buf_puts(out, "#define FLEX_KV_SPLIT 1\n");
   if (o->deterministic && o->backward) buf_puts(out, "#define FLEX_DETERMINISTIC 1\n");
+  if (o->has_sink) buf_puts(out, "#define FLEX_SINK 1\n");
   buf_puts(out, "#include \"common.cuh\"\n");
   if (o->has_mask) buf_puts(out, "#include \"interval.cuh\"\n");
   if (o->mask_mode == CG_MASK_IMPLICIT)

@@ -48,6 +48,9 @@ static flex_status cpu_open(RtRun *r) {
 }
 
 static flex_status cpu_prepare(RtRun *r) {
+  if (r->c->mod->sink)
+    return rt_err(FLEX_ERR_UNSUPPORTED, "the cpu backend does not run kernels with a sink yet "
+                  "(use the reference or emu backend)");
   CpuJitOpts o = {.joint = r->opts.backward && !r->opts.ds_is_dt,
                   .identity = r->opts.score_identity,
                   .check_bounds = r->opts.check_bounds,

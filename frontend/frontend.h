@@ -205,6 +205,7 @@ typedef enum DeclKind {
   D_BUFFER, /* buffer */
   D_SCORE,  /* fn */
   D_MASK,   /* fn */
+  D_SINK,   /* fn: an attention sink's logit, sink NAME(b, h, q) -> float */
   D_FUNC,   /* fn: a typed helper, int|float|bool NAME(TYPE a, ...) */
   D_KERNEL, /* kernel */
 } DeclKind;
@@ -249,6 +250,9 @@ struct Decl {
       Loc score_loc;
       Decl *score_fn;      /* set by sema */
       Expr *mask;          /* NULL when absent; EX_NAME (REF_MASK), EX_UNARY !, EX_BINARY && || */
+      const char *sink;    /* NULL when absent */
+      Loc sink_loc;
+      Decl *sink_fn;       /* set by sema */
       bool implicit;       /* the implicit `default` kernel (no kernel block in the file) */
     } kernel;
   };
@@ -263,11 +267,12 @@ typedef struct Program {
 
 /* Look up a top-level declaration by name (NULL if none). */
 Decl *prog_find(const Program *p, const char *id);
-/* The type of parameter i of a score, mask or helper function, and what it
- * returns (score: float, int, int, int, int -> float; mask: int x4 -> bool). */
+/* The type of parameter i of a score, mask, sink or helper function, and
+ * what it returns (score: float, int, int, int, int -> float; mask: int x4
+ * -> bool; sink: int x3 -> float). */
 Type fe_param_type(const Decl *fn, int i);
 Type fe_return_type(const Decl *fn);
-/* Whether d is a function (score, mask or helper). */
+/* Whether d is a function (score, mask, sink or helper). */
 bool fe_is_fn(const Decl *d);
 
 /* ---- entry points ------------------------------------------------------- */

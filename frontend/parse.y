@@ -64,7 +64,7 @@ static Loc span(Loc a, Loc b) { Loc l = {a.start, b.end}; return l; }
 %token PARAM "'param'" CONST "'const'" BUFFER "'buffer'" SCORE "'score'"
 %token MASK "'mask'" KERNEL "'kernel'" LET "'let'" RETURN "'return'"
 %token TRUE "'true'" FALSE "'false'" INT "'int'" FLOAT "'float'" BOOL "'bool'"
-%token GRAD "'grad'" SORTED "'sorted'"
+%token GRAD "'grad'" SORTED "'sorted'" SINK "'sink'"
 %token <id> IDENT "identifier"
 %token <ival> INTLIT "integer"
 %token <fval> FLOATLIT "number"
@@ -108,7 +108,7 @@ file
   | file decl  { fe_decl_done(ps); }
   ;
 
-/* decl := param | const | buffer | score | mask | helper | kernel
+/* decl := param | const | buffer | score | mask | sink | helper | kernel
  * helper := ptype identifier '(' [ ptype identifier (',' ptype identifier)* ] ')' '{' body '}'
  * A broken declaration is skipped up to its ';' or '}'. */
 decl
@@ -117,6 +117,7 @@ decl
   | BUFFER IDENT ':' dtype '[' dims ']' flags ';' { fe_decl_buffer(ps, $2, @2, $4, @4, $6, $8, @$); }
   | SCORE IDENT '(' opt_params ')' '{' body '}' { fe_decl_fn(ps, D_SCORE, $2, @2, $4, $7, @$); }
   | MASK IDENT '(' opt_params ')' '{' body '}'  { fe_decl_fn(ps, D_MASK, $2, @2, $4, $7, @$); }
+  | SINK IDENT '(' opt_params ')' '{' body '}'  { fe_decl_fn(ps, D_SINK, $2, @2, $4, $7, @$); }
   | ptype IDENT '(' opt_tparams ')' '{' body '}' { fe_decl_helper(ps, $1, $2, @2, $4, $7, @$); }
   | KERNEL IDENT '{' kitems '}'        { fe_decl_kernel(ps, $2, @2, $4, @$); }
   | error ';'                          { fe_decl_lost(ps, @$); }
@@ -186,10 +187,12 @@ body
   | body error ';'                  { $$ = $1; }
   ;
 
-/* kitems := kitem*    kitem := 'score' '=' identifier ';' | 'mask' '=' expr ';' */
+/* kitems := kitem*
+ * kitem := 'score' '=' identifier ';' | 'mask' '=' expr ';' | 'sink' '=' identifier ';' */
 kitems
   : %empty                        { $$ = NULL; }
   | kitems SCORE '=' IDENT ';'    { $$ = fe_kitem_score(ps, $1, $4, @4, @2); }
+  | kitems SINK '=' IDENT ';'     { $$ = fe_kitem_sink(ps, $1, $4, @4, @2); }
   | kitems MASK '=' expr ';'      { $$ = fe_kitem_mask(ps, $1, $4, @2); }
   | kitems error ';'              { $$ = $1; }
   ;
@@ -256,13 +259,14 @@ index
   | index '[' args ']'          { $$ = fe_reindex(ps, $1, $3, @$); }
   ;
 
-/* name := identifier | 'score' | 'mask' | 'grad' | 'sorted'
- * (those four are keywords only where a declaration, a kernel binding or a
+/* name := identifier | 'score' | 'mask' | 'sink' | 'grad' | 'sorted'
+ * (those five are keywords only where a declaration, a kernel binding or a
  * buffer attribute is expected) */
 name
   : IDENT   { $$ = $1; }
   | SCORE   { $$ = "score"; }
   | MASK    { $$ = "mask"; }
+  | SINK    { $$ = "sink"; }
   | GRAD    { $$ = "grad"; }
   | SORTED  { $$ = "sorted"; }
   ;
@@ -322,7 +326,7 @@ static bool starts_expr(yysymbol_kind_t k) {
   switch (k) {
   case YYSYMBOL_INTLIT: case YYSYMBOL_FLOATLIT: case YYSYMBOL_IDENT: case YYSYMBOL_TRUE:
   case YYSYMBOL_FALSE: case YYSYMBOL_INT: case YYSYMBOL_FLOAT: case YYSYMBOL_SCORE:
-  case YYSYMBOL_MASK: case YYSYMBOL_GRAD: case YYSYMBOL_SORTED:
+  case YYSYMBOL_MASK: case YYSYMBOL_SINK: case YYSYMBOL_GRAD: case YYSYMBOL_SORTED:
     return true;
   default:
     return is_char(k, '(') || is_char(k, '-') || is_char(k, '!') || is_char(k, '~');

@@ -18,6 +18,14 @@
 #define FLEX_DROP false
 #endif
 
+/* An attention sink (DSL.md "Attention sinks"; the generated flex_sink and
+ * flex_sink_grad): FLEX_SINK defined. Without it the code below is dead. */
+#ifdef FLEX_SINK
+#define FLEX_HAS_SINK true
+#else
+#define FLEX_HAS_SINK false
+#endif
+
 /* Split-KV likewise (CgOptions.kv_split, FLEX_KV_SPLIT defined): only the
  * forward of a split call carries the chunk arithmetic and the partials'
  * stores, so every other forward is the code it was without them. */

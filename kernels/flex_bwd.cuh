@@ -44,6 +44,12 @@ __device__ __forceinline__ void flex_bwd_pre(const FlexParams &p) {
   const int64_t row = (int64_t)(b * p.H + h) * p.q_len + qi;
   if (p.dlse) acc -= flex_gload(p.dlse + b * p.lse_b + h * p.lse_h + qi);
   flex_gstore(p.delta + row, acc);
+#ifdef FLEX_SINK
+  /* The sink's logit gets dsk = -Ps D, Ps = exp(sk - LSE): once per row,
+   * nothing when Ps = 0 (no sink, or a +inf key outweighs it). */
+  const float ps = expf(flex_sink(p, b, h, qi) - flex_gload(p.lse + b * p.lse_b + h * p.lse_h + qi));
+  if (ps != 0.0f) flex_sink_grad(p, b, h, qi, -ps * acc);
+#endif
   float *dq = p.dq_acc + row * p.E;
   for (int e = 0; e < p.E; e++) flex_gstore(dq + e, 0.0f);
   for (int sp = 1; FLEX_DET && sp < p.dq_splits; sp++) /* the other slices */

@@ -82,7 +82,7 @@ flex_status flex_kernel_load(flex_kernel **out, const char *path, const char *ke
   RT_TRY(do_kernel_load(out, path, kernel));
 }
 
-/* k->mod with the joint of one set of wanted buffer gradients. */
+/* k->mod with the joint (and sink gradient) of one set of wanted buffer gradients. */
 typedef struct RtVariant {
   struct RtVariant *next;
   bool *keep;          /* by buffer slot: its gradient is added (only slots the joint adds into) */
@@ -107,13 +107,16 @@ const IrModule *rt_kernel_module(const flex_kernel *k, const bool *keep) {
   const IrModule *m = k->mod;
   int nb = m->nbuffers;
   bool dropped = false;
-  for (int i = 0; i < m->joint->n; i++)
-    if (m->joint->inst[i].op == IR_ACCUM) dropped = dropped || !keep[m->joint->inst[i].aux];
+  const IrFunc *grads[2] = {m->joint, m->sink_grad};
+  for (int g = 0; g < 2 && grads[g]; g++)
+    for (int i = 0; i < grads[g]->n; i++)
+      if (grads[g]->inst[i].op == IR_ACCUM) dropped = dropped || !keep[grads[g]->inst[i].aux];
   if (!dropped) return m;
-  /* Compared on the slots the joint adds into: the others change nothing. */
+  /* Compared on the slots the gradients add into: the others change nothing. */
   bool *adds = base_alloc((size_t)nb + 1);
-  for (int i = 0; i < m->joint->n; i++)
-    if (m->joint->inst[i].op == IR_ACCUM) adds[m->joint->inst[i].aux] = keep[m->joint->inst[i].aux];
+  for (int g = 0; g < 2 && grads[g]; g++)
+    for (int i = 0; i < grads[g]->n; i++)
+      if (grads[g]->inst[i].op == IR_ACCUM) adds[grads[g]->inst[i].aux] = keep[grads[g]->inst[i].aux];
   flex_kernel *mk = (flex_kernel *)k; /* the variants are the kernel's cache */
   for (RtVariant *v = atomic_load(&mk->variants); v; v = v->next)
     if (!memcmp(v->keep, adds, (size_t)nb)) {
@@ -129,6 +132,7 @@ const IrModule *rt_kernel_module(const flex_kernel *k, const bool *keep) {
   v->mod = *m;
   v->mod.arena = &v->arena;
   v->mod.joint = ir_drop_accums(&v->arena, m->joint, v->keep);
+  if (m->sink_grad) v->mod.sink_grad = ir_drop_accums(&v->arena, m->sink_grad, v->keep);
   v->next = atomic_load(&mk->variants);
   while (!atomic_compare_exchange_weak(&mk->variants, &v->next, v)) {}
   return &v->mod;

@@ -244,7 +244,9 @@ flex_status rt_launch_bounds_report(const RtCall *c, const int32_t *rec) {
   if (!rec[0]) return FLEX_OK;
   const int site = rec[1], kind = (site >> 16) & 0x3fff, i = site & 0xffff;
   const IrModule *m = c->mod;
-  const IrFunc *f = kind == IRF_SCORE ? m->score : kind == IRF_MASK ? m->mask : m->joint;
+  const IrFunc *const fns[] = {[IRF_SCORE] = m->score, [IRF_MASK] = m->mask, [IRF_JOINT] = m->joint,
+                               [IRF_SINK] = m->sink, [IRF_SINK_GRAD] = m->sink_grad};
+  const IrFunc *f = kind <= IRF_SINK_GRAD ? fns[kind] : NULL;
   CHECK(f && i < f->n && (f->inst[i].op == IR_LOAD || f->inst[i].op == IR_ACCUM));
   const IrInst *in = &f->inst[i];
   int64_t idx[IR_MAXDIMS];

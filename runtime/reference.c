@@ -12,6 +12,11 @@
  * A caller's BlockMask is part of the semantics, as in PyTorch: elements of
  * blocks it does not list are masked, elements of its full blocks are kept
  * without evaluating the mask, and only its partial blocks run the mask.
+ *
+ * A sink (DSL.md "Attention sinks") is one more term of each row's LSE,
+ * exp(sk), with no value: the keys' P are normalised by it, and the
+ * backward gives it dsk = -Ps * D, which its gradient function adds into
+ * `grad` buffers.
  */
 #include <math.h>
 #include <string.h>
@@ -91,6 +96,7 @@ typedef struct Ref {
   double *q, *k, *v;     /* one head's Q [QL,E], K [KL,E], V [KL,EV] */
   double *S, *P;         /* [QL,KL]: scaled q.k and probabilities */
   double *O, *lse;       /* [QL,EV], [QL] */
+  double *sk;            /* [QL]: the rows' sink logits (-inf: none) */
   RtBlockMask bm;        /* the caller's BlockMask, normalised (when given) */
   bool has_bm;           /* bm holds one */
   uint8_t *cls;          /* [nq, nkv] class of each block of the current (b, h) */
@@ -133,6 +139,8 @@ static void init(Ref *r, Arena *a, const RtCall *c) {
   int n = m->score->n;
   if (m->mask && m->mask->n > n) n = m->mask->n;
   if (m->joint && m->joint->n > n) n = m->joint->n;
+  if (m->sink && m->sink->n > n) n = m->sink->n;
+  if (m->sink_grad && m->sink_grad->n > n) n = m->sink_grad->n;
   r->vals = arena_alloc(a, sizeof(IrVal) * (size_t)n);
   r->bufs = arena_alloc(a, sizeof(IrBufView) * (size_t)(m->nbuffers + 1));
   memcpy(r->bufs, c->bufs, sizeof(IrBufView) * (size_t)m->nbuffers);
@@ -149,6 +157,7 @@ static void init(Ref *r, Arena *a, const RtCall *c) {
   r->P = dalloc(a, QL * KL);
   r->O = dalloc(a, QL * (size_t)c->EV);
   r->lse = dalloc(a, QL);
+  r->sk = dalloc(a, QL);
 }
 
 /* A checked run stops at the interpreter's first failure. */
@@ -167,8 +176,11 @@ static bool block(Ref *r, int b, int h) {
   if (r->has_bm) block_classes(r, b, h);
   for (int i = 0; i < QL; i++) {
     double *S = r->S + (size_t)i * KL, *P = r->P + (size_t)i * KL, mx = -INFINITY;
-    bool nan = false; /* a NaN among the row's unmasked t: LSE and O are NaN */
     r->env.args[ARG_Q] = ir_vi(i);
+    const double sk = r->sk[i] = m->sink ? ir_eval(m->sink, &r->env, r->vals).f : -INFINITY;
+    if (failed(r)) return false;
+    /* a NaN among the row's unmasked t or its sink: LSE and O are NaN */
+    bool nan = isnan(sk);
     for (int j = 0; j < KL; j++) {
       double dot = 0;
       for (int e = 0; e < E; e++) dot += r->q[(size_t)i * E + e] * r->k[(size_t)j * E + e];
@@ -185,20 +197,21 @@ static bool block(Ref *r, int b, int h) {
     }
     double *O = r->O + (size_t)i * EV;
     memset(O, 0, sizeof(double) * (size_t)EV);
-    if (!nan && mx == -INFINITY) { /* fully masked row: O = 0, LSE = -inf, P = 0 */
+    if (!nan && mx == -INFINITY && sk == -INFINITY) { /* fully masked row: O = 0, LSE = -inf, P = 0 */
       r->lse[i] = -INFINITY;
       for (int j = 0; j < KL; j++) P[j] = 0;
       continue;
     }
     /* IEEE throughout (DSL.md, non-finite values): a NaN t makes LSE NaN, a
      * +inf one (and no NaN) makes it +inf; P = exp(t - LSE) is then NaN for
-     * every unmasked element (NaN LSE) or for the +inf ones, so O is NaN. */
+     * every unmasked element (NaN LSE) or for the +inf ones, so O is NaN.
+     * The sink is one more term of the sum (exp(sk)). */
     if (nan) r->lse[i] = NAN;
-    else if (mx == INFINITY) r->lse[i] = INFINITY;
+    else if (mx == INFINITY || sk == INFINITY) r->lse[i] = INFINITY;
     else {
-      double sum = 0;
-      for (int j = 0; j < KL; j++) sum += exp(P[j] - mx);
-      r->lse[i] = mx + log(sum);
+      double top = mx > sk ? mx : sk, sum = sk == -INFINITY ? 0 : exp(sk - top);
+      for (int j = 0; j < KL; j++) sum += exp(P[j] - top);
+      r->lse[i] = top + log(sum);
     }
     for (int j = 0; j < KL; j++) {
       if (P[j] == -INFINITY) { /* masked (or scored -inf): contributes nothing, even 0 * NaN */
@@ -209,6 +222,10 @@ static bool block(Ref *r, int b, int h) {
       const double pm = P[j] * drop_mult(c, b, h, i, j); /* dropout after the LSE */
       for (int e = 0; e < EV; e++) O[e] += pm * r->v[(size_t)j * EV + e];
     }
+    /* A NaN or +inf sink is a non-finite term of the row: its O is NaN (its
+     * weight exp(sk - LSE) is NaN, times its zero value), masked or not. */
+    if (isnan(sk) || sk == INFINITY)
+      for (int e = 0; e < EV; e++) O[e] = NAN;
   }
   return true;
 }
@@ -290,6 +307,14 @@ static bool block_backward(Ref *r, Grads *g, int b, int h) {
     double D = a->dlse ? -get(a->dlse, li) : 0.0;
     for (int e = 0; e < EV; e++) D += dO[e] * O[e];
     r->env.args[ARG_Q] = ir_vi(i);
+    /* The sink's logit gets dsk = -Ps * D (nothing when Ps = 0: no sink,
+     * or one that a +inf key outweighs), through its gradient function. */
+    const double Ps = c->mod->sink ? exp(r->sk[i] - r->lse[i]) : 0.0;
+    if (Ps != 0) {
+      r->env.args[ARG_DT] = ir_vf(-Ps * D);
+      (void)ir_eval(c->mod->sink_grad, &r->env, r->vals);
+      if (failed(r)) return false;
+    }
     for (int j = 0; j < KL; j++) {
       double P = r->P[(size_t)i * KL + j];
       /* P = 0 contributes nothing; never evaluate the joint here. A NaN P
