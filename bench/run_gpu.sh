@@ -146,9 +146,13 @@ lines_of() {
   grep -v '^#' "$bundle/bench/gpu_checks.txt" | awk -v s="$1" 'NF >= 4 && (s == "fill" ? $3 != "-" : $1 == s)'
 }
 
-# env for a line: the cache, its log, the bodies.
+# env for a line: the cache, its log, the inputs' seed (the bundle's, so
+# that the random lengths some kernels depend on are the ones the cache was
+# filled for; $FLEXC_SEED overrides it), the bodies.
 line_env() { # BODIES LOG
   echo "FLEXC_CACHE_DIR=$bundle/cache FLEXC_CACHE_LOG=$2 PYTHONPATH=$bundle/python FLEXC_LIBRARY=$bundle/lib/libflexc.so.0 PYTHONDONTWRITEBYTECODE=1"
+  local seed=${FLEXC_SEED:-$(sed -n 's/^seed=//p' "$bundle/BUNDLE")}
+  [ -n "$seed" ] && echo "FLEXC_SEED=$seed"
   [ "$1" = sm90 ] && echo "FLEXC_CUDA_SM90_FWD=1 FLEXC_CUDA_SM90_BWD=1"
 }
 
@@ -277,6 +281,7 @@ stage1() {
     echo "[$(now) s] stage 1: environment"
     echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     sed 's/^/bundle_/' "$bundle/BUNDLE"
+    [ -z "${FLEXC_SEED:-}" ] || echo "FLEXC_SEED=$FLEXC_SEED (not the bundle's: kernels that depend on random lengths may miss)"
   } >"$f"
   if [ $mode = dry ]; then
     echo "dry run: (cd $bundle && FLEXC_CACHE_DIR=$bundle/cache bin/gpu_env)" >>"$f"

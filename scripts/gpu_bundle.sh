@@ -101,11 +101,18 @@ stamp() { # the BUNDLE file and the MANIFEST
     echo "arch=sm_90a"
     echo "kernels=$kernels"
     echo "fill=$fill"
+    echo "seed=$seed"
     echo "run_gpu_sha256=$(sha256sum "$root/bench/run_gpu.sh" | cut -d' ' -f1)"
   } >"$out/BUNDLE"
   (cd "$out" && find . -path ./cache -prune -o -type f ! -name MANIFEST -print | sed 's|^\./||' | sort |
     xargs sha256sum >MANIFEST)
 }
+# The inputs' seed of the GPU run (FLEXC_SEED), fresh for each bundle: the
+# fill draws the same random lengths as the run will, and some kernels
+# depend on them (a long packed sequence splits its keys, a short one packs
+# grouped heads). run_gpu.sh prints it; FLEXC_SEED=N overrides it there
+# (what it then compiles anew is counted as misses).
+seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 kernels=0
 mkdir -p "$out/cache"
 stamp
