@@ -17,6 +17,8 @@
                            "builder, emulator); unset: every online core")                        \
   X(CACHE_DIR, cache_dir, STR, "the compiled-module store's directory; \"off\": memory only; "    \
                                "unset: $XDG_CACHE_HOME/flexc, else ~/.cache/flexc")               \
+  X(CACHE_LOG, cache_log, STR, "a file that gets a line per compiled-kernel lookup memory did not " \
+                               "serve (disk hit or miss): the GPU run counts them")              \
   X(TILES, tiles, STR, "tile shapes overriding the tile table, \"fwd=BMxBNxW,bwd=BMxBNxW\"")      \
   X(BWD_SPLITS, bwd_splits, INT, "a deterministic backward's dQ slices (key tile groups)")        \
   X(PACK_GQA, pack_gqa, STR, "\"0\": never pack the query heads of a group into one tile")        \

@@ -12,6 +12,11 @@
  * truncated or foreign file is a miss (and is replaced by the next put),
  * never trusted. Any I/O failure just means no disk cache.
  *
+ * $FLEXC_CACHE_LOG (a file): every rt_cache_compile lookup that memory did
+ * not serve appends a line, "disk-hit" or "miss" with the key, arch and the
+ * source's header, so that a run of many processes can count what the disk
+ * cache served.
+ *
  * All functions are thread-safe.
  */
 #ifndef FLEXC_CACHE_H

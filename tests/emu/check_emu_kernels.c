@@ -23,6 +23,14 @@
  * --cuda runs the same cases on the GPU instead of the emulator (the
  * tensors mirrored on the device by tl_cuda_call; outputs in q's dtype, as
  * the CUDA backend wants); it exits 77 where there is no CUDA device.
+ * --matrix (the GPU run's, bench/run_gpu.sh) runs every sample x fp16/bf16
+ * x head dims 64 and 128 on GQA and MQA shapes of odd lengths, forward and
+ * backward, and every masked sample once more with a caller's BlockMask
+ * (flex_block_mask_create, 128 x 128 blocks) given to both sides; --one
+ * runs one small case of it (relpos_bias: a score and a `grad` buffer,
+ * bf16, E = 64), the one compute-sanitizer checks. With --cuda on a device
+ * of compute capability 9.0 and FLEXC_CUDA_SM90_FWD=1 / _BWD=1 set, every
+ * case asserts that the sm_90a bodies ran, as --sm90 does on the emulator.
  */
 #include <check.h>
 #include <dirent.h>
@@ -44,35 +52,46 @@ static bool on_cuda; /* --cuda: the device backend is the GPU, not the emulator 
 static bool on_cpu;  /* --cpu: the device backend is the CPU backend (cpu/) */
 static bool full;    /* --full (or FLEXC_EMU_FULL=1): the whole cross product */
 static bool on_sm90; /* --sm90: the emulator generates for sm_90a (fp16 / bf16, shapes_sm90) */
+static bool want_sm90; /* --cuda on a 9.0 device with the sm_90a bodies turned on: assert they ran */
 
 /* One problem shape and the optional features it turns on. */
 typedef struct Shape {
   int B, H, HKV, QL, KL, E, EV; /* sizes (H % HKV == 0) */
   bool dlse;                    /* give dLSE to the backward */
   bool native_out;              /* emu outputs in q's dtype instead of float32 */
+  bool caller_mask;             /* a caller's BlockMask (flex_block_mask_create) on both sides */
 } Shape;
 
 static double call_scale; /* flex_args.scale of every call (0: 1/sqrt(E)); odd_scales sets it */
 
 static const Shape shapes[] = {
-    {2, 4, 2, 37, 70, 15, 24, true, false},  /* GQA, odd E, EV != E, ragged tails */
-    {1, 3, 1, 70, 37, 16, 16, false, true},  /* MQA, Q_LEN > KV_LEN */
-    {2, 2, 2, 65, 33, 40, 72, true, true},   /* MHA, one row past a 64-row tile */
-    {1, 2, 1, 21, 130, 72, 33, false, false}, /* several key tiles, E > EV */
-    {1, 2, 2, 17, 19, 160, 136, true, false}, /* head dims over 128: the halved tiles */
+    {2, 4, 2, 37, 70, 15, 24, true, false, false},  /* GQA, odd E, EV != E, ragged tails */
+    {1, 3, 1, 70, 37, 16, 16, false, true, false},  /* MQA, Q_LEN > KV_LEN */
+    {2, 2, 2, 65, 33, 40, 72, true, true, false},   /* MHA, one row past a 64-row tile */
+    {1, 2, 1, 21, 130, 72, 33, false, false, false}, /* several key tiles, E > EV */
+    {1, 2, 2, 17, 19, 160, 136, true, false, false}, /* head dims over 128: the halved tiles */
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof *shapes))
 
 /* --sm90: the head dims of the sm_90a kernels (64, 128, 256 and padded
  * ones), lengths that miss the 64-row and 64/128-key tiles. */
 static const Shape shapes_sm90[] = {
-    {2, 4, 2, 77, 130, 64, 64, true, false},   /* GQA, dLSE */
-    {1, 2, 1, 45, 150, 128, 128, false, true}, /* MQA, O in q's dtype */
-    {1, 2, 2, 33, 67, 256, 256, true, false},  /* two backward consumers */
-    {2, 2, 1, 65, 100, 72, 40, false, false},  /* padded to 128 / 64, E != EV */
+    {2, 4, 2, 77, 130, 64, 64, true, false, false},   /* GQA, dLSE */
+    {1, 2, 1, 45, 150, 128, 128, false, true, false}, /* MQA, O in q's dtype */
+    {1, 2, 2, 33, 67, 256, 256, true, false, false},  /* two backward consumers */
+    {2, 2, 1, 65, 100, 72, 40, false, false, false},  /* padded to 128 / 64, E != EV */
 };
 #define NSHAPES_SM90 ((int)(sizeof shapes_sm90 / sizeof *shapes_sm90))
 #define NDEFAULT_SHAPES 4 /* the default run spreads shapes 0..3 over the samples */
+
+/* --matrix: head dims 64 and 128, GQA and MQA, lengths that miss every tile. */
+static const Shape shapes_matrix[] = {
+    {2, 4, 2, 77, 130, 64, 64, true, true, false},    /* GQA, dLSE */
+    {1, 4, 1, 130, 77, 128, 128, false, true, false}, /* MQA, Q_LEN > KV_LEN */
+};
+#define NSHAPES_MATRIX ((int)(sizeof shapes_matrix / sizeof *shapes_matrix))
+/* ... and a caller's BlockMask: several blocks each way, GQA */
+static const Shape shape_caller_mask = {2, 4, 2, 300, 260, 64, 64, true, true, true};
 
 static const char *const samples[] = {"alibi", "causal", "causal_lower_right", "chunked_gelu",
                                       "dilated", "document", "gemma2", "head_temperature",
@@ -176,9 +195,10 @@ typedef struct Run {
   TlArr out[2], lse[2], dq[2], dk[2], dv[2];
   flex_args a[2];
   Extras x;
+  flex_block_mask *mask; /* the caller's BlockMask (Shape.caller_mask), NULL: none */
 } Run;
 
-static void run_init(Run *r, const Shape *s, DLDataType dt, const char *sample) {
+static void run_init(Run *r, const Shape *s, DLDataType dt, const char *sample, flex_kernel *k) {
   DLDataType f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
   DLDataType od = s->native_out || on_cuda ? dt : f32;
   int64_t qs[4] = {s->B, s->H, s->QL, s->E}, ks[4] = {s->B, s->HKV, s->KL, s->E};
@@ -212,6 +232,11 @@ static void run_init(Run *r, const Shape *s, DLDataType dt, const char *sample) 
     a->scale = call_scale;
     a->arch = !i && on_sm90 ? "sm_90a" : NULL;
   }
+  if (s->caller_mask) {
+    flex_status st = flex_block_mask_create(&r->mask, k, &r->a[1], s->B, s->H, s->QL, s->KL, 0, 0, NULL);
+    ck_assert_msg(st == FLEX_OK, "%s: block mask: %s", sample, flex_last_error());
+    r->a[0].block_mask = r->a[1].block_mask = r->mask;
+  }
 }
 
 static void run_free(Run *r) {
@@ -222,6 +247,7 @@ static void run_free(Run *r) {
     for (int j = 0; j < 5; j++) tl_arr_free(outs[j]);
   }
   extras_free(&r->x);
+  if (r->mask) flex_block_mask_free(r->mask);
 }
 
 /* Rows the reference left fully masked must be exactly O = 0, LSE = -inf
@@ -252,13 +278,13 @@ static void run_shape_dir(int si, int di, const Shape *s, bool backward) {
   snprintf(path, sizeof path, "samples/%s.score", samples[si]);
   flex_kernel *k = tl_load(path, NULL, NULL);
   Run r;
-  run_init(&r, s, rt_dtype(d->code, d->bits), samples[si]);
+  run_init(&r, s, rt_dtype(d->code, d->bits), samples[si], k);
   for (int i = 1; i >= 0; i--) {
     const char *who = i ? "reference" : on_cuda ? "cuda" : on_cpu ? "cpu" : "emu";
     bool gpu = on_cuda && i == 0;
     flex_status f = gpu ? tl_cuda_call(k, &r.a[i], false) : flex_forward(k, &r.a[i]);
     ck_assert_msg(f == FLEX_OK, "%s forward: %s", who, flex_last_error());
-    if (on_sm90 && !i) /* every sample runs the TMA + wgmma forward */
+    if ((on_sm90 || want_sm90) && !i) /* every sample runs the TMA + wgmma forward */
       ck_assert_msg(rt_run_last_stats().fwd_sm90, "%s: the sm_90a forward did not run", samples[si]);
     if (!backward) continue;
     flex_status b = gpu ? tl_cuda_call(k, &r.a[i], true) : flex_backward(k, &r.a[i]);
@@ -267,7 +293,7 @@ static void run_shape_dir(int si, int di, const Shape *s, bool backward) {
      * with more than two divisions (cg_bwd_sm90_ok: the sm_80 body) */
     bool heavy = !strncmp(samples[si], "natten", 6); /* 4, 6 and 15 divisions */
     bool want_bwd = !(heavy && (s->E > 128 || s->EV > 128));
-    if (on_sm90 && !i)
+    if ((on_sm90 || want_sm90) && !i)
       ck_assert_msg(rt_run_last_stats().bwd_sm90 == want_bwd, "%s: the sm_90a backward %s",
                     samples[si], want_bwd ? "did not run" : "ran");
   }
@@ -281,11 +307,12 @@ static void run_shape_dir(int si, int di, const Shape *s, bool backward) {
     }
   int masked = check_masked_rows(&r, s, backward);
   fprintf(stderr,
-          "  %-18s %s%s B%d H%d/%d L%d/%d E%d/%d%s%s: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g"
+          "  %-18s %s%s B%d H%d/%d L%d/%d E%d/%d%s%s%s: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g"
           " dbuf %.2g, %d masked rows\n",
-          samples[si], d->name, on_cuda ? " cuda" : on_cpu ? " cpu" : "", s->B, s->H, s->HKV, s->QL, s->KL, s->E, s->EV,
-          s->dlse ? " dlse" : "", s->native_out ? " native-out" : "", eo, el, eq, ek, ev, eb,
-          masked);
+          samples[si], d->name, on_cuda ? want_sm90 ? " cuda sm_90a bodies" : " cuda" : on_cpu ? " cpu" : "",
+          s->B, s->H, s->HKV, s->QL, s->KL, s->E, s->EV, s->dlse ? " dlse" : "",
+          s->native_out ? " native-out" : "", s->caller_mask ? " caller BlockMask" : "", eo, el, eq,
+          ek, ev, eb, masked);
   ck_assert_msg(eo < d->tol && el < d->tol, "%s %s: forward error out %g lse %g", samples[si],
                 d->name, eo, el);
   ck_assert_msg(!backward || (eq < d->gtol && ek < d->gtol && ev < d->gtol && eb < d->gtol),
@@ -305,6 +332,24 @@ START_TEST(sample_sm90) {
   int n = full ? NSHAPES_SM90 : 1, si = _i / (2 * n), di = 1 + _i / n % 2;
   run_shape(si, di, &shapes_sm90[full ? _i % n : (si + di) % NSHAPES_SM90]);
 }
+END_TEST
+
+/* --matrix: sample x fp16/bf16 x shapes_matrix (head dims 64 and 128). */
+START_TEST(sample_matrix) {
+  int si = _i / (2 * NSHAPES_MATRIX), di = 1 + _i / NSHAPES_MATRIX % 2;
+  run_shape(si, di, &shapes_matrix[_i % NSHAPES_MATRIX]);
+}
+END_TEST
+
+/* --matrix: every sample with a mask once with a caller's BlockMask, fp16
+ * and bf16 alternating. */
+static int masked[NSAMPLES], nmasked; /* the samples with a mask (main fills it) */
+
+START_TEST(sample_caller_mask) { run_shape(masked[_i], 1 + _i % 2, &shape_caller_mask); }
+END_TEST
+
+/* --one: one small case of the matrix (relpos_bias, bf16, E = 64). */
+START_TEST(sample_one) { run_shape(10, 2, &shapes_matrix[0]); }
 END_TEST
 
 /* Default matrix: sample x dtype, shape variants rotated over them. */
@@ -378,9 +423,9 @@ static void run_tiles(const char *spec, int di, int E, int bm, int bn) {
   ck_assert_int_eq(setenv("FLEXC_TILES", spec, 1), 0);
   fprintf(stderr, " tiles %s, E=%d:\n", spec, E);
   const int L = 2 * (bm > bn ? bm : bn);
-  const Shape s[3] = {{1, 2, 1, L + 13, L + bn, E, E, false, false},
-                      {1, 2, 2, L, L - 5, E, E, true, false},
-                      {2, 2, 1, L + 3, L, E, E, false, true}};
+  const Shape s[3] = {{1, 2, 1, L + 13, L + bn, E, E, false, false, false},
+                      {1, 2, 2, L, L - 5, E, E, true, false, false},
+                      {2, 2, 1, L + 3, L, E, E, false, true, false}};
   const char *names[3] = {"causal", "relpos_bias", "paged"};
   for (int i = 0; i < 3; i++) run_shape(sample_index(names[i]), di, &s[i]);
   unsetenv("FLEXC_TILES");
@@ -421,14 +466,14 @@ END_TEST
 
 /* The timing case: B=1, H=2, L=S=256, E=64, fp16, forward and backward. */
 static void timing(void) {
-  Shape s = {1, 2, 2, 256, 256, 64, 64, false, false};
+  Shape s = {1, 2, 2, 256, 256, 64, 64, false, false, false};
   flex_kernel *k = NULL;
   if (flex_kernel_load(&k, tl_src_path("samples/causal.score"), NULL) != FLEX_OK) {
     fprintf(stderr, "%s\n", flex_last_error());
     exit(EXIT_FAILURE);
   }
   Run r;
-  run_init(&r, &s, rt_dtype(kDLFloat, 16), "causal");
+  run_init(&r, &s, rt_dtype(kDLFloat, 16), "causal", k);
   struct timespec t0, t1, t2;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   flex_status f = flex_forward(k, &r.a[0]);
@@ -457,9 +502,18 @@ int main(int argc, char **argv) {
     printf("skipped: %s\n", flex_last_error());
     return 77;
   }
-  if (on_cuda && (rt_drv_init() != FLEX_OK || rt_drv_use_device(0) != FLEX_OK)) {
-    printf("skipped: %s\n", flex_last_error());
-    return 77;
+  bool matrix = false, one = false;
+  for (int i = 1; i < argc; i++) {
+    matrix |= !strcmp(argv[i], "--matrix");
+    one |= !strcmp(argv[i], "--one");
+  }
+  if (on_cuda) {
+    int rc = tl_cuda_setup();
+    if (rc) return rc;
+    int major = 0, minor = 0;
+    const char *f = getenv("FLEXC_CUDA_SM90_FWD"), *b = getenv("FLEXC_CUDA_SM90_BWD");
+    want_sm90 = !rt_drv_compute_capability(0, &major, &minor) && major == 9 && minor == 0 && f &&
+                !strcmp(f, "1") && b && !strcmp(b, "1");
   }
   const char *env = getenv("FLEXC_EMU_FULL");
   if (env && *env && strcmp(env, "0")) full = true;
@@ -476,6 +530,24 @@ int main(int argc, char **argv) {
     cg_tile_table(&n);
     tcase_add_loop_test(tc, tile_table_row, 0, n);
     tcase_add_loop_test(tc, tile_sweep_line, 0, 16);
+  } else if (one) {
+    tcase_add_test(tc, sample_one);
+  } else if (matrix) {
+    tcase_add_test(tc, samples_listed);
+    tcase_add_loop_test(tc, sample_matrix, 0, NSAMPLES * 2 * NSHAPES_MATRIX);
+    for (int i = 0; i < NSAMPLES; i++) {
+      char path[64];
+      flex_kernel *k = NULL;
+      flex_kernel_info info;
+      snprintf(path, sizeof path, "samples/%s.score", samples[i]);
+      if (flex_kernel_load(&k, tl_src_path(path), NULL) || flex_kernel_get_info(k, &info)) {
+        fprintf(stderr, "%s: %s\n", path, flex_last_error());
+        return EXIT_FAILURE;
+      }
+      if (info.features & FLEX_FEATURE_MASK) masked[nmasked++] = i;
+      flex_kernel_free(k);
+    }
+    tcase_add_loop_test(tc, sample_caller_mask, 0, nmasked);
   } else if (on_sm90) {
     tcase_add_loop_test(tc, sample_sm90, 0, NSAMPLES * 2 * (full ? NSHAPES_SM90 : 1));
     tcase_add_loop_test(tc, odd_scales, 0, 8);

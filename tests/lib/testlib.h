@@ -12,7 +12,8 @@
 #include "runtime/flex.h"
 #include "runtime/npy.h"
 
-/* Path of a file in the source tree ("tests/frontend/cases/x.score" -> absolute). */
+/* Path of a file in the source tree ("tests/frontend/cases/x.score" -> absolute;
+ * in a FLEXC_PORTABLE build, relative to the working directory). */
 const char *tl_src_path(const char *rel);
 /* A kernel from the source-tree file `path` ("samples/x.score") or, with
  * path NULL, from the text `src` named `name`; a failure aborts the test
@@ -96,7 +97,18 @@ int tl_run_suite(Suite *s);
 
 /* Run a forward (or backward) whose tensors are in host memory on the CUDA
  * backend: every tensor is mirrored on the device, the outputs are copied
- * back into the host tensors (testlib_cuda.c, on flex_mirror.h). */
+ * back into the host tensors (testlib_cuda.c, on flex_mirror.h). A failure
+ * is also printed to stderr as "tl_cuda_call: forward failed: why". */
 flex_status tl_cuda_call(flex_kernel *k, const flex_args *host, bool backward);
+/* A forward (or backward) of host tensors on a->backend: tl_cuda_call for
+ * FLEX_BACKEND_CUDA, flex_forward (flex_backward) otherwise. */
+flex_status tl_call(flex_kernel *k, const flex_args *a, bool backward);
+/* For a suite's --cuda mode, before the suite runs: 0 when device 0 can be
+ * used, else 77 (no CUDA device: skipped) or 1 (device 0 fails) after
+ * printing why; the caller returns a nonzero result as it is. Sets
+ * CK_FORK=no: the CUDA driver cannot be used in a child forked after the
+ * parent initialised it, so the cases run in this one process (a failed
+ * assertion still ends only its own case). */
+int tl_cuda_setup(void);
 
 #endif

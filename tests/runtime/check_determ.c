@@ -19,7 +19,14 @@
  *
  * Inputs are fresh each run (seed printed); outputs are poisoned with NaN
  * before every run; O and LSE come from the reference forward, rounded to
- * the dtype the kernels read. */
+ * the dtype the kernels read.
+ *
+ * --cuda runs the emulator's cases (one and two CTAs per kv head, the
+ * packed call, the forward) on the GPU instead, where the exact
+ * accumulators race for real; it exits 77 where there is no CUDA device.
+ * Every backward of a case runs before any assertion, so that a case
+ * compiles the same kernels whatever its results (bench/run_gpu.sh's
+ * kernel cache is filled by running these over a stand-in driver). */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -31,6 +38,7 @@
 #include "testlib.h"
 
 static uint64_t rng;
+static flex_backend dev = FLEX_BACKEND_EMU; /* the kernels' backend (--cuda: the GPU) */
 
 typedef struct Case {
   const char *name;
@@ -139,7 +147,7 @@ static void run_bwd(flex_kernel *k, Tensors *t, const Case *c, flex_backend be, 
   flex_args a = args_for(t, c, be);
   a.deterministic = det;
   setenv("FLEXC_EMU_SHUFFLE", shuffle, 1);
-  flex_status st = flex_backward(k, &a);
+  flex_status st = tl_call(k, &a, true);
   unsetenv("FLEXC_EMU_SHUFFLE");
   ck_assert_msg(st == FLEX_OK, "%s %s backward: %s", c->name, flex_backend_name(be),
                 flex_last_error());
@@ -165,14 +173,17 @@ static void bits_free(Bits *b) {
   for (int i = 0; i < 4; i++) free(b->p[i]);
 }
 
-/* Every gradient of the last run against the reference's. */
-static void check_accuracy(Tensors *t, const Case *c, const TlDtype *dt, const char *what) {
+/* The errors of every gradient of the last run against the reference's. */
+static void accuracy(Tensors *t, const Case *c, double err[4]) {
   TlPair *g[4] = {&t->dq, &t->dk, &t->dv, &t->grad};
-  for (int i = 0; i < (c->buffer ? 4 : 3); i++) {
-    double e = tl_pair_err(g[i]);
-    ck_assert_msg(e < dt->gtol, "%s %s %s: %s error %g (tol %g)", c->name, dt->name, what,
-                  names[i], e, dt->gtol);
-  }
+  for (int i = 0; i < 4; i++) err[i] = i < (c->buffer ? 4 : 3) ? tl_pair_err(g[i]) : 0;
+}
+
+/* Each of them within the gradient tolerance. */
+static void check_accuracy(const double err[4], const Case *c, const TlDtype *dt, const char *what) {
+  for (int i = 0; i < 4; i++)
+    ck_assert_msg(err[i] < dt->gtol, "%s %s %s: %s error %g (tol %g)", c->name, dt->name, what,
+                  names[i], err[i], dt->gtol);
 }
 
 /* Deterministic twice (bitwise equal, accurate), then the atomic path twice (reported). */
@@ -192,16 +203,20 @@ static void run_case(const Case *c, const TlDtype *dt, flex_backend be, const ch
   snprintf(what, sizeof what, "%s%s%s", flex_backend_name(be), splits ? " splits=" : "",
            splits ? splits : "");
   Bits d1, d2, a1, a2;
+  double e1[4], e2[4], e3[4];
   run_bwd(k, &t, c, be, true, "11", &d1);
-  check_accuracy(&t, c, dt, what);
+  accuracy(&t, c, e1);
   run_bwd(k, &t, c, be, true, "977", &d2);
-  check_accuracy(&t, c, dt, what);
+  accuracy(&t, c, e2);
+  run_bwd(k, &t, c, be, false, "11", &a1);
+  accuracy(&t, c, e3);
+  run_bwd(k, &t, c, be, false, "977", &a2);
+  check_accuracy(e1, c, dt, what);
+  check_accuracy(e2, c, dt, what);
   int d = differs(&d1, &d2);
   ck_assert_msg(d < 0, "%s %s %s deterministic: %s differs between two runs", c->name, dt->name,
                 what, d >= 0 ? names[d] : "");
-  run_bwd(k, &t, c, be, false, "11", &a1);
-  check_accuracy(&t, c, dt, what);
-  run_bwd(k, &t, c, be, false, "977", &a2);
+  check_accuracy(e3, c, dt, what);
   int a = differs(&a1, &a2);
   fprintf(stderr, "  %-16s %s %-12s deterministic: equal; atomic path: %s%s\n", c->name,
           dt->name, what, a >= 0 ? "bits differ in " : "equal", a >= 0 ? names[a] : "");
@@ -214,10 +229,10 @@ static void run_case(const Case *c, const TlDtype *dt, flex_backend be, const ch
 /* _i = case * 2 + (0: fp32, 1: bf16). */
 static const TlDtype *dtype_of(int i) { return &tl_dtypes[i % 2 ? 2 : 0]; }
 
-START_TEST(emu) { run_case(&cases[_i / 2], dtype_of(_i), FLEX_BACKEND_EMU, NULL); }
+START_TEST(emu) { run_case(&cases[_i / 2], dtype_of(_i), dev, NULL); }
 END_TEST
 
-START_TEST(emu_two_splits) { run_case(&cases[_i / 2], dtype_of(_i), FLEX_BACKEND_EMU, "2"); }
+START_TEST(emu_two_splits) { run_case(&cases[_i / 2], dtype_of(_i), dev, "2"); }
 END_TEST
 
 START_TEST(cpu) { run_case(&cases[_i / 2], dtype_of(_i), FLEX_BACKEND_CPU, NULL); }
@@ -274,12 +289,12 @@ START_TEST(packed) {
   for (int i = 0; i < 3; i++) rt_array_set(&cq, i, oq[i]), rt_array_set(&ck, i, ok[i]);
   DLTensor tb = rt_array_tensor(&buf), tcq = rt_array_tensor(&cq), tck = rt_array_tensor(&ck);
   flex_kernel *kern = load(c);
-  flex_args a[2]; /* 0: emu, 1: reference */
+  flex_args a[2]; /* 0: emu (or cuda), 1: reference */
   flex_buffer fb[2];
   for (int r = 0; r < 2; r++) {
 #define T(P) (r ? &P.tref : &P.tx)
     memset(&a[r], 0, sizeof a[r]);
-    a[r].backend = r ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
+    a[r].backend = r ? FLEX_BACKEND_REFERENCE : dev;
     a[r].q = T(q), a[r].k = T(k), a[r].v = T(v), a[r].out = T(out), a[r].lse = T(lse);
     a[r].dout = T(dout), a[r].dq = T(dq), a[r].dk = T(dk), a[r].dv = T(dv);
     fb[r] = (flex_buffer){c->buffer, &tb, T(grad)};
@@ -301,9 +316,9 @@ START_TEST(packed) {
   for (int run = 0; run < 2; run++) {
     for (int i = 0; i < 4; i++) poison(&g[i]->x);
     setenv("FLEXC_EMU_SHUFFLE", run ? "977" : "11", 1);
-    flex_status st = flex_backward(kern, &a[0]);
+    flex_status st = tl_call(kern, &a[0], true);
     unsetenv("FLEXC_EMU_SHUFFLE");
-    ck_assert_msg(st == FLEX_OK, "packed emu backward: %s", flex_last_error());
+    ck_assert_msg(st == FLEX_OK, "packed %s backward: %s", flex_backend_name(dev), flex_last_error());
     for (int i = 0; i < 4; i++) {
       size_t n = (size_t)rt_array_count(&g[i]->x) * 4;
       double e = tl_pair_err(g[i]);
@@ -326,14 +341,14 @@ START_TEST(forward_ignores) {
   flex_kernel *k = load(c);
   Tensors t;
   tensors_init(&t, c, rt_dtype(kDLFloat, 32));
-  flex_args a = args_for(&t, c, FLEX_BACKEND_EMU);
+  flex_args a = args_for(&t, c, dev);
   size_t n = (size_t)rt_array_count(&t.out.x) * 4;
   void *plain = malloc(n);
-  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s", flex_last_error());
+  ck_assert_msg(tl_call(k, &a, false) == FLEX_OK, "%s", flex_last_error());
   memcpy(plain, t.out.x.data, n);
   poison(&t.out.x);
   a.deterministic = true;
-  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s", flex_last_error());
+  ck_assert_msg(tl_call(k, &a, false) == FLEX_OK, "%s", flex_last_error());
   ck_assert_msg(!memcmp(plain, t.out.x.data, n), "deterministic changed a forward's output");
   free(plain);
   tensors_free(&t, c);
@@ -341,8 +356,21 @@ START_TEST(forward_ignores) {
 }
 END_TEST
 
-int main(void) {
+int main(int argc, char **argv) {
   rng = tl_seed();
+  if (argc > 1 && !strcmp(argv[1], "--cuda")) {
+    int rc = tl_cuda_setup();
+    if (rc) return rc;
+    dev = FLEX_BACKEND_CUDA;
+    Suite *s = suite_create("cuda_determ");
+    TCase *tc = tcase_create("cuda");
+    tcase_add_loop_test(tc, emu, 0, NCASES * 2);
+    tcase_add_loop_test(tc, emu_two_splits, 0, NCASES * 2);
+    tcase_add_test(tc, packed);
+    tcase_add_test(tc, forward_ignores);
+    suite_add_tcase(s, tc);
+    return tl_run_suite(s);
+  }
   setenv("FLEXC_THREADS", "2", 1); /* atomics race between OS threads */
   Suite *s = suite_create("determ");
   TCase *tc = tcase_create("determ");
