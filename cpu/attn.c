@@ -246,18 +246,29 @@ static void fwd_tile(const CpuAttn *a, FwdTile *t, int64_t local, int b, int h, 
   }
 }
 
-/* O = O / l and the LSE, stored. */
-static void fwd_end(const CpuAttn *a, const FwdTile *t, int b, int h) {
+/* O = O / l and the LSE, stored. A sink (DSL.md "Attention sinks") is one
+ * more term of each row's sum, folded in here once: the keys' O scaled down
+ * by it, a fully masked row O = 0 and LSE = sk, a NaN or +inf sink makes LSE
+ * that and O NaN. */
+static void fwd_end(const CpuAttn *a, const FwdTile *t, int b, int h, float *sk) {
   const FlexParams *p = a->p;
+  if (sk) a->mod->sink(sk, 1, t->m, 1, b, h, t->q0, 0, p);
   for (int i = 0; i < t->m; i++) {
-    float *o = t->O + (size_t)i * a->EVp, lse, mi = t->mrow[i];
-    if (mi == -INFINITY) { /* fully masked row */
-      memset(o, 0, sizeof(float) * (size_t)a->EV);
-      lse = -INFINITY;
-    } else {
-      lse = mi == INFINITY ? INFINITY : mi + logf(t->lrow[i]);
+    float *o = t->O + (size_t)i * a->EVp, lse, mi = t->mrow[i], corr = 1.0f, l = t->lrow[i];
+    const float s = sk ? sk[i] : -INFINITY;
+    if (mi == -INFINITY) memset(o, 0, sizeof(float) * (size_t)a->EV); /* fully masked row */
+    if (!(s < INFINITY)) { /* a NaN or +inf sink */
+      for (int e = 0; e < a->EV; e++) o[e] = NAN;
+      mi = s, l = 1.0f;
+    } else if (s > -INFINITY && mi == mi && mi < INFINITY) {
+      const float top = mi > s ? mi : s;
+      corr = mi == -INFINITY ? 0.0f : expf(mi - top);
+      l = l * corr + expf(s - top);
+      mi = top;
     }
-    float inv = mi == -INFINITY ? 1.0f : 1.0f / t->lrow[i];
+    if (mi == -INFINITY) lse = -INFINITY;
+    else lse = mi == INFINITY || mi != mi ? mi : mi + logf(l);
+    float inv = mi == -INFINITY ? 1.0f : corr / l;
     if (p->drop_p > 0.0f) inv *= p->drop_scale;
     store_row(p->out, b * p->so.b + h * p->so.h + (int64_t)(t->q0 + i) * p->so.row, o, a->EV, inv,
               a->out_dtype);
@@ -311,7 +322,7 @@ static void fwd_item(void *ctx, int64_t item, int worker) {
         tiles++;
         fwd_tile(a, &t[i], local, b, h, kv0, cls, S, Pb);
       }
-  for (int i = 0; i < nt; i++) fwd_end(a, &t[i], b, h);
+  for (int i = 0; i < nt; i++) fwd_end(a, &t[i], b, h, a->mod->sink ? S : NULL); /* S is free now */
   atomic_fetch_add(&a->tiles, tiles);
 }
 
@@ -346,6 +357,24 @@ void cpu_attn_fwd(CpuAttn *a) {
 
 /* ---- backward ----------------------------------------------------------------------- */
 
+/* The sink's gradient, dsk = -Ps D with Ps = exp(sk - LSE), once per row
+ * where Ps is not 0, added into the buffer gradients in row order on the
+ * calling thread (p->grad_exact's accumulators for a deterministic
+ * backward, else p->buf_grad): a cheap pass, and the same order always. */
+static void sink_grads(const CpuAttn *a) {
+  const FlexParams *p = a->p;
+  float *const *acc = a->deterministic ? (float *const *)p->grad_exact : p->buf_grad;
+  for (int b = 0; b < p->B; b++)
+    for (int h = 0; h < p->H; h++)
+      for (int i = 0; i < p->q_len; i++) {
+        float sk, lse = p->lse[b * p->lse_b + h * p->lse_h + i];
+        a->mod->sink(&sk, 1, 1, 1, b, h, i, 0, p);
+        const float ps = expf(sk - lse);
+        float dt = -ps * p->delta[((int64_t)b * p->H + h) * p->q_len + i];
+        if (ps != 0.0f) a->mod->sink_grad(&dt, 1, 1, 1, b, h, i, 0, p, acc);
+      }
+}
+
 /* D = rowsum(dO * O) - dLSE and a zeroed dq_acc, for rows of (b, h) item. */
 static void pre_item(void *ctx, int64_t item, int worker) {
   CpuAttn *a = ctx;
@@ -365,7 +394,10 @@ static void pre_item(void *ctx, int64_t item, int worker) {
   }
 }
 
-void cpu_attn_bwd_pre(CpuAttn *a) { base_pool_run((int64_t)a->p->B * a->p->H, pre_item, a); }
+void cpu_attn_bwd_pre(CpuAttn *a) {
+  base_pool_run((int64_t)a->p->B * a->p->H, pre_item, a);
+  if (a->mod->sink_grad) sink_grads(a);
+}
 
 /* dq = scale * dq_acc in the input dtype, rows of (b, h) item. */
 static void dq_item(void *ctx, int64_t item, int worker) {

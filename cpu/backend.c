@@ -48,13 +48,11 @@ static flex_status cpu_open(RtRun *r) {
 }
 
 static flex_status cpu_prepare(RtRun *r) {
-  if (r->c->mod->sink)
-    return rt_err(FLEX_ERR_UNSUPPORTED, "the cpu backend does not run kernels with a sink yet "
-                  "(use the reference or emu backend)");
   CpuJitOpts o = {.joint = r->opts.backward && !r->opts.ds_is_dt,
                   .identity = r->opts.score_identity,
                   .check_bounds = r->opts.check_bounds,
-                  .exact = r->opts.backward && r->opts.deterministic && r->opts.grad_buffers};
+                  .exact = r->opts.backward && r->opts.deterministic && r->opts.grad_buffers,
+                  .sink_grad = r->opts.backward};
   const CpuModule *m = NULL;
   flex_status st = cpu_jit_get(r->c->mod, &o, &m);
   if (!st) r->module = (void *)m;
@@ -322,6 +320,7 @@ static flex_status cpu_launch(RtRun *r, RtEntry e, const CgLaunch *g, const void
   case RT_ENTRY_BWD_DQ:
     memset(&a, 0, sizeof a);
     a.p = p, a.mod = r->module, a.dtype = r->opts.dtype, a.E = p->E, a.EV = p->EV;
+    a.deterministic = r->opts.deterministic;
     a.out_dtype = r->opts.out_f32 ? CG_FP32 : a.dtype;
     a.EVp = round_up(p->EV, 16);
     a.scratch_per = 2 * (size_t)a.EVp + 16;

@@ -38,12 +38,19 @@ typedef void (*CpuJointFn)(float *DS, const float *S, const float *P, int64_t ld
                            int32_t n, int32_t b, int32_t h, int32_t q0, int32_t kv0,
                            const FlexParams *p, float *const *acc);
 
+/* The sink's gradient into grad buffers: DT[i * ld] is row q0 + i's dsk
+ * (the tile's one column; n is 1); ACCUMs add into acc[slot]. */
+typedef void (*CpuSinkGradFn)(float *DT, int64_t ld, int32_t m, int32_t n, int32_t b, int32_t h,
+                              int32_t q0, int32_t kv0, const FlexParams *p, float *const *acc);
+
 /* The compiled functions of one module and option set (owned by the cache). */
 typedef struct CpuModule {
   CpuScoreFn score;      /* t = score(s); NULL when the score is the identity */
   CpuScoreFn score_mask; /* t = mask ? score(s) : -inf; NULL without a mask */
   CpuMaskFn mask;        /* the mask alone (BlockMask builder); NULL without a mask */
   CpuJointFn joint;      /* ds from dt; NULL when not asked for or ds == dt */
+  CpuScoreFn sink;       /* S[i * ld] = sink(b, h, q0 + i) (n is 1, S not read); NULL without a sink */
+  CpuSinkGradFn sink_grad; /* NULL when not asked for or no sink */
   double compile_s;      /* seconds its lowering, optimisation, compilation and linking took */
   bool from_disk;        /* the object code came from the disk cache */
 } CpuModule;
@@ -54,6 +61,7 @@ typedef struct CpuJitOpts {
   bool identity;     /* the score is the identity: no score function */
   bool check_bounds; /* buffer accesses tested; the first failure recorded in p->bounds */
   bool exact;        /* a deterministic backward: ACCUMs call cpu_exact_add */
+  bool sink_grad;    /* also the sink's gradient (a backward of a kernel with a sink) */
 } CpuJitOpts;
 
 /* The module's functions, compiled or found in the in-memory cache (keyed by
@@ -66,8 +74,8 @@ flex_status cpu_jit_ready(void);
 int cpu_jit_cache_size(void);
 
 /* Lower m's functions into `llvm_module` (an LLVMModuleRef) named with
- * `prefix`: PREFIX_score, PREFIX_score_mask, PREFIX_mask, PREFIX_joint
- * (those that apply). False with a message in err for an op this backend
+ * `prefix`: PREFIX_score, PREFIX_score_mask, PREFIX_mask, PREFIX_joint,
+ * PREFIX_sink, PREFIX_sink_grad (those that apply). False with a message in err for an op this backend
  * does not know. */
 bool cpu_lower(void *llvm_module, const IrModule *m, const CpuJitOpts *o, const char *prefix,
                char *err, size_t errlen);

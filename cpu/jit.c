@@ -300,10 +300,11 @@ static flex_status compile(const IrModule *m, const CpuJitOpts *o, const Buf *ke
     take_error(e, err, sizeof err);
     return rt_err(FLEX_ERR_COMPILE, "cpu backend: JIT rejected the object code: %s", err);
   }
-  const char *names[4] = {"score", "score_mask", "mask", "joint"};
-  void *fns[4] = {0};
-  bool want[4] = {!o->identity, m->mask != NULL, m->mask != NULL, o->joint && m->joint};
-  for (int i = 0; i < 4; i++) {
+  const char *names[6] = {"score", "score_mask", "mask", "joint", "sink", "sink_grad"};
+  void *fns[6] = {0};
+  bool want[6] = {!o->identity, m->mask != NULL, m->mask != NULL, o->joint && m->joint,
+                  m->sink != NULL, o->sink_grad && m->sink_grad};
+  for (int i = 0; i < 6; i++) {
     if (!want[i]) continue;
     char name[128];
     snprintf(name, sizeof name, "%s_%s", prefix, names[i]);
@@ -319,14 +320,16 @@ static flex_status compile(const IrModule *m, const CpuJitOpts *o, const Buf *ke
   memcpy(&out->score_mask, &fns[1], sizeof fns[1]);
   memcpy(&out->mask, &fns[2], sizeof fns[2]);
   memcpy(&out->joint, &fns[3], sizeof fns[3]);
+  memcpy(&out->sink, &fns[4], sizeof fns[4]);
+  memcpy(&out->sink_grad, &fns[5], sizeof fns[5]);
   out->compile_s = now_s() - t0;
   return FLEX_OK;
 }
 
 /* The cache key: the printed module and the options. */
 static void make_key(Buf *k, const IrModule *m, const CpuJitOpts *o) {
-  buf_printf(k, "cpu1 joint=%d identity=%d checked=%d exact=%d\n", o->joint, o->identity,
-             o->check_bounds, o->exact);
+  buf_printf(k, "cpu1 joint=%d identity=%d checked=%d exact=%d sink_grad=%d\n", o->joint,
+             o->identity, o->check_bounds, o->exact, o->sink_grad);
   ir_print(k, m);
 }
 
