@@ -222,6 +222,8 @@ class Kernel:
     """A loaded .score kernel (flexc.compile). Call it like an attention
     function; .backward gives the gradients; .info() says what it reads."""
 
+    source = None  # the .score text it was compiled from (None: unknown)
+
     def __init__(self, handle, origin):
         self._handle = handle
         self._free = lib.flex_kernel_free  # still there while the interpreter exits
@@ -364,8 +366,13 @@ class Kernel:
     def emit(self, *, target="cuda", arch="sm_80", dtype="float16", head_dim=64, head_dim_v=0,
              forward_only=False, fast_math=False, resource_usage=False):
         """The generated CUDA source (str), or PTX (str) or cubin (bytes);
-        with resource_usage, (code, report)."""
-        code, bits = T._CODE[dtype]
+        with resource_usage, (code, report). target: cuda, ptx or cubin;
+        dtype: fp16, bf16 or fp32 (the CLI's spellings), float16, bfloat16,
+        float32 or a torch dtype."""
+        if target not in C.TARGETS:
+            raise ValueError(f"flexc: emit target must be one of {', '.join(C.TARGETS)}, "
+                             f"got {target!r}")
+        code, bits = T._CODE[_dtype_name(dtype)]
         o = C.EmitOptions(target=C.TARGETS[target], arch=arch.encode(),
                           dtype=C.DLDataType(code, bits, 1), head_dim=head_dim,
                           head_dim_v=head_dim_v, forward_only=forward_only,
@@ -383,6 +390,21 @@ class Kernel:
         return (text, report) if resource_usage else text
 
 
+_DTYPE_SPELLINGS = {"fp16": "float16", "f16": "float16", "half": "float16",
+                    "bf16": "bfloat16", "fp32": "float32", "f32": "float32", "float": "float32"}
+
+
+def _dtype_name(dtype):
+    """'float16', 'bfloat16' or 'float32' for the spellings flexc's CLI takes
+    (fp16, bf16, fp32), NumPy's and PyTorch's names and dtypes."""
+    name = str(dtype).replace("torch.", "")
+    name = _DTYPE_SPELLINGS.get(name, name)
+    if name not in ("float16", "bfloat16", "float32"):
+        raise ValueError(f"flexc: emit dtype must be fp16, bf16 or fp32 (or float16, bfloat16, "
+                         f"float32, a torch dtype), got {dtype!r}")
+    return name
+
+
 def _copy_out(p):
     """A NumPy copy of a host DLTensor the library owns (None for NULL)."""
     if not p:
@@ -397,23 +419,72 @@ def _copy_out(p):
     return np.array(buf, dtype=np.int32).reshape(shape)
 
 
-def compile(path_or_source, kernel=None):
+_DOCS = "docs/language.md and docs/from-pytorch.md in the flexc repository"
+
+
+def compile(path_or_source=None, kernel=None, *, score_mod=None, mask_mod=None):
     """Load kernel `kernel` (None: the file's only or implicit kernel) from
     a .score file (when path_or_source names an existing file, or is a
     one-line string ending in .score or holding a '/') or from .score
-    source text. Raises FlexError with the rendered diagnostics."""
+    source text. Raises FlexError with the rendered diagnostics.
+
+    score_mod, mask_mod: Python functions as PyTorch's flex_attention takes
+    them, traced into .score (flexc.torch.to_score shows the source) and
+    compiled; a kernel made so passes the tensors and numbers the functions
+    capture on each call. A function as path_or_source is a score_mod (five
+    arguments) or a mask_mod (four). Needs PyTorch."""
+    if callable(path_or_source) and not isinstance(path_or_source, os.PathLike):
+        if score_mod is not None or mask_mod is not None:
+            raise TypeError("flexc.compile: give functions as score_mod= and mask_mod=")
+        if _positional_args(path_or_source) == 4:
+            mask_mod = path_or_source
+        else:
+            score_mod = path_or_source
+        path_or_source = None
+    if score_mod is not None or mask_mod is not None:
+        if path_or_source is not None or kernel is not None:
+            raise TypeError("flexc.compile: score_mod= and mask_mod= go without a .score "
+                            "file or kernel name")
+        from . import _mods
+        return _mods.compile_fns(score_mod, mask_mod)
+    if not isinstance(path_or_source, (str, bytes, os.PathLike)):
+        raise TypeError("flexc.compile: wants a .score path or source text, or Python "
+                        "functions as score_mod= and mask_mod=; got "
+                        f"{type(path_or_source).__name__} (see {_DOCS})")
     h = ctypes.c_void_p()
     kname = None if kernel is None else kernel.encode()
+    if isinstance(path_or_source, bytes):
+        path_or_source = path_or_source.decode()
     if isinstance(path_or_source, os.PathLike) or os.path.isfile(path_or_source) or \
             _looks_like_path(path_or_source):
         path = os.fspath(path_or_source)
         lib.check(lib.flex_kernel_load(ctypes.byref(h), path.encode(), kname))
         origin = path
+        try:
+            with open(path, encoding="utf-8") as f:
+                source = f.read()
+        except (OSError, UnicodeDecodeError):
+            source = None
     else:
         text = path_or_source.encode()
         lib.check(lib.flex_kernel_from_source(ctypes.byref(h), b"<source>", text, len(text), kname))
         origin = "<source>"
-    return Kernel(h, origin)
+        source = path_or_source
+    k = Kernel(h, origin)
+    k.source = source
+    return k
+
+
+def _positional_args(fn):
+    """How many positional arguments without defaults fn takes (PyTorch's
+    rule: five for a score_mod, four for a mask_mod)."""
+    import inspect
+    try:
+        ps = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 5
+    return sum(1 for p in ps if p.default is p.empty and
+               p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def _looks_like_path(s):

@@ -22,7 +22,7 @@ def test_opcheck(name):
     ptext = ",".join(f"{n}={float(x)!r}" for n, x in case.params.items())
     spec = ";".join([kern.id, "reference", ptext, ",".join(bufs), want, "00", ""])
     torch.library.opcheck(torch.ops.flexc.attention.default,
-                          (q, k, v, spec, 0.0, list(bufs.values()), []))
+                          (q, k, v, spec, 0.0, list(bufs.values()), [], []))
 
 
 class Block(torch.nn.Module):
