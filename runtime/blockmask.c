@@ -313,6 +313,46 @@ typedef struct Worker {
   char error[sizeof ((IrEnv *)0)->error];
 } Worker;
 
+/* Classify one block whose analysis (unless BLOCKWISE) left it open:
+ * element-wise evaluation unless the mode is analysis only. */
+static bool classify_open(Worker *w, long row, int b, int h, int i, int j, bool analysed) {
+  Shared *sh = w->sh;
+  Rect r = block_rect(sh->bm, b, h, i, j);
+  int c = FLEX_BLOCK_PARTIAL;
+  if (analysed) w->undecided++;
+  if (sh->mode != RT_MASK_ANALYSIS) {
+    c = w->vector ? eval_block_vec(&w->ve, &w->ev, &r) : eval_block(&w->ev, &r);
+    if (c < 0) {
+      snprintf(w->error, sizeof w->error, "%s", w->ev.env.error);
+      return false;
+    }
+    if (c != FLEX_BLOCK_PARTIAL && sh->mode == RT_MASK_EVAL) w->refined++;
+  }
+  sh->cls[(size_t)row * sh->bm->nkv + j] = (uint8_t)c;
+  return true;
+}
+
+/* Blocks j0..j1-1 of one row: the interval analysis of their union first.
+ * The analysis is sound on any rectangle, so a union it decides is decided
+ * for every block in it; an undecided union of several blocks is split in
+ * two. A row of a causal or banded mask takes about 2 log2(nkv) analyses
+ * instead of nkv (a 131072-token causal mask: 20 000 instead of 10^6). */
+static bool classify_span(Worker *w, long row, int b, int h, int i, int j0, int j1) {
+  Shared *sh = w->sh;
+  const RtBlockMask *bm = sh->bm;
+  Rect r = block_rect(bm, b, h, i, j0);
+  r.k1 = block_rect(bm, b, h, i, j1 - 1).k1;
+  FlexBlockClass t = ir_interval_mask(sh->m, sh->ienv, r.b0, r.b1, r.h0, r.h1, r.q0, r.q1, r.k0, r.k1);
+  if (t == FLEX_BLOCK_EMPTY || t == FLEX_BLOCK_FULL) {
+    memset(sh->cls + (size_t)row * bm->nkv + j0, t == FLEX_BLOCK_EMPTY ? FLEX_BLOCK_EMPTY : FLEX_BLOCK_FULL,
+           (size_t)(j1 - j0));
+    return true;
+  }
+  if (j1 - j0 == 1) return classify_open(w, row, b, h, i, j0, true);
+  int mid = j0 + (j1 - j0) / 2;
+  return classify_span(w, row, b, h, i, j0, mid) && classify_span(w, row, b, h, i, mid, j1);
+}
+
 /* Classify one row of blocks; false when an evaluation failed. */
 static bool classify_row(Worker *w, long row) {
   Shared *sh = w->sh;
@@ -320,24 +360,9 @@ static bool classify_row(Worker *w, long row) {
   int i = (int)(row % bm->nq);
   long bh = row / bm->nq;
   int h = (int)(bh % bm->H), b = (int)(bh / bm->H);
-  for (int j = 0; j < bm->nkv; j++) {
-    Rect r = block_rect(bm, b, h, i, j);
-    int c = FLEX_BLOCK_PARTIAL;
-    if (sh->mode != RT_MASK_BLOCKWISE) {
-      FlexBlockClass t = ir_interval_mask(sh->m, sh->ienv, r.b0, r.b1, r.h0, r.h1, r.q0, r.q1, r.k0, r.k1);
-      c = t == FLEX_BLOCK_EMPTY ? FLEX_BLOCK_EMPTY : t == FLEX_BLOCK_FULL ? FLEX_BLOCK_FULL : FLEX_BLOCK_PARTIAL;
-      if (c == FLEX_BLOCK_PARTIAL) w->undecided++;
-    }
-    if (c == FLEX_BLOCK_PARTIAL && sh->mode != RT_MASK_ANALYSIS) {
-      c = w->vector ? eval_block_vec(&w->ve, &w->ev, &r) : eval_block(&w->ev, &r);
-      if (c < 0) {
-        snprintf(w->error, sizeof w->error, "%s", w->ev.env.error);
-        return false;
-      }
-      if (c != FLEX_BLOCK_PARTIAL && sh->mode == RT_MASK_EVAL) w->refined++;
-    }
-    sh->cls[(size_t)row * bm->nkv + j] = (uint8_t)c;
-  }
+  if (sh->mode != RT_MASK_BLOCKWISE) return classify_span(w, row, b, h, i, 0, bm->nkv);
+  for (int j = 0; j < bm->nkv; j++)
+    if (!classify_open(w, row, b, h, i, j, false)) return false;
   return true;
 }
 

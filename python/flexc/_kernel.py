@@ -96,24 +96,29 @@ class BlockMask:
     them. `stats` holds what building it found. Any object with these
     attributes (PyTorch's own BlockMask too) can be passed as block_mask."""
 
-    def __init__(self, arrays, block_size, stats, seq_lengths):
+    def __init__(self, arrays, block_size, stats, seq_lengths, mask_mod=None, device="cpu"):
         for name in C.MASK_ARRAYS:
             setattr(self, name, arrays.get(name))
         self.BLOCK_SIZE = tuple(block_size)
         self.stats = stats
         self.seq_lengths = tuple(seq_lengths)  # (Q_LEN, KV_LEN)
+        self.mask_mod = mask_mod  # the Python mask_mod it was made from (flexc.torch), or None
+        self.device = device      # where as_torch() puts the arrays by default
 
-    def as_torch(self, mask_mod=None, device="cpu"):
+    def as_torch(self, mask_mod=None, device=None):
         """The same blocks as PyTorch's BlockMask, for PyTorch's own
-        flex_attention (which evaluates mask_mod inside partial blocks)."""
+        flex_attention (which evaluates mask_mod inside partial blocks);
+        mask_mod None: the one this mask was made from."""
         import torch
         from torch.nn.attention.flex_attention import BlockMask as TorchBlockMask
+        device = self.device if device is None else device
 
         def t(a):
             return None if a is None else torch.from_numpy(a).to(device)
         return TorchBlockMask.from_kv_blocks(
             t(self.kv_num_blocks), t(self.kv_indices), t(self.full_kv_num_blocks),
-            t(self.full_kv_indices), BLOCK_SIZE=self.BLOCK_SIZE, mask_mod=mask_mod,
+            t(self.full_kv_indices), BLOCK_SIZE=self.BLOCK_SIZE,
+            mask_mod=self.mask_mod if mask_mod is None else mask_mod,
             seq_lengths=self.seq_lengths)
 
     def __repr__(self):
@@ -415,8 +420,10 @@ def _copy_out(p):
     n = int(np.prod(shape)) if shape else 1
     if t.strides:
         raise FlexError(C.ERR_RUNTIME, "flexc: a block-mask array the library made is not compact")
-    buf = (ctypes.c_int32 * n).from_address(t.data + t.byte_offset) if n else []
-    return np.array(buf, dtype=np.int32).reshape(shape)
+    if not n:
+        return np.zeros(shape, dtype=np.int32)
+    buf = (ctypes.c_int32 * n).from_address(t.data + t.byte_offset)
+    return np.frombuffer(buf, dtype=np.int32).reshape(shape).copy()
 
 
 _DOCS = "docs/language.md and docs/from-pytorch.md in the flexc repository"

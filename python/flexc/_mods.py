@@ -276,13 +276,14 @@ def _parts(score_fn, mask_fn, device):
     return out
 
 
-def call_values(score_fn, mask_fn, query, params=None, buffers=None):
-    """(kernel, params, buffers) for a call of Python functions."""
+def call_values(score_fn, mask_fn, query, params=None, buffers=None, device=None):
+    """(kernel, params, buffers) for a call of Python functions (on
+    query's device, or `device` when query is None)."""
     if params or buffers:
         raise ValueError("flexc.torch.flex_attention: params= and buffers= go with a kernel from "
                          "flexc.compile; a Python score_mod or mask_mod passes the numbers and "
                          "tensors it captures itself")
-    parts = _parts(score_fn, mask_fn, query.device)
+    parts = _parts(score_fn, mask_fn, query.device if query is not None else device)
     flags = sorted_flags([(tr, b) for tr, _, b in parts])
     plan = plan_for(parts[0][0], parts[1][0], flags)
     p, b = bind(plan, [(lv, b) for _, lv, b in parts])

@@ -279,3 +279,23 @@ def to_score(score_mod=None, mask_mod=None):
     values a call passes: the source declares no defaults)."""
     from . import _mods
     return _mods.to_score(score_mod, mask_mod)
+
+
+def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128):
+    """The BlockMask of a Python mask_mod, like PyTorch's create_block_mask
+    (same arguments), built by flexc: mask_mod is traced into .score, the
+    interval analysis decides the blocks it can, and only the blocks it
+    leaves open are evaluated element by element (no dense Q_LEN x KV_LEN
+    pass where the analysis decides). Returns a flexc.BlockMask (int32
+    NumPy arrays in PyTorch's layout, mask_mod kept): pass it as
+    flex_attention's block_mask, or .as_torch() for PyTorch's own
+    BlockMask. B, H: None for 1 (the mask is the same for every batch or
+    head). device: where .as_torch() puts the arrays (None: cpu)."""
+    from . import _mods as M
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    kernel, params, buffers = M.call_values(None, mask_mod, None, device=torch.device("cpu"))
+    bm = kernel.block_mask(1 if B is None else int(B), 1 if H is None else int(H), int(Q_LEN),
+                           int(KV_LEN), block_size=BLOCK_SIZE, params=params,
+                           buffers={n: t.detach() for n, t in buffers.items()})
+    bm.mask_mod, bm.device = mask_mod, dev
+    return bm
