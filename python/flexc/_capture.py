@@ -128,8 +128,10 @@ def _walk(v, name, key, leaves, depth, seen):
         leaves.append(v)
     elif isinstance(v, int):  # too wide for an int param: traced as the value it is
         key.append(("const", v))
-    elif isinstance(v, types.FunctionType):
+    elif isinstance(v, types.FunctionType) and not _library(v):
         _walk_function(v, name, key, leaves, depth, seen)
+    elif isinstance(v, types.FunctionType):
+        key.append(("object", v))  # torch.nn.functional.gelu ...: PyTorch's own, traced as it is
     elif isinstance(v, functools.partial):
         key.append(("partial", len(v.args), tuple(v.keywords)))
         _walk(v.func, name, key, leaves, depth + 1, seen)
@@ -163,10 +165,16 @@ def _walk(v, name, key, leaves, depth, seen):
         key.append(("object", v))
 
 
+def _library(fn):
+    """Whether fn is PyTorch's (or flexc's) own code, not the user's."""
+    mod = fn.__module__ or ""
+    return mod == "torch" or mod.startswith(("torch.", "flexc."))
+
+
 def _walk_function(fn, name, key, leaves, depth, seen):
     code = fn.__code__
     if code in seen:  # a function that reaches itself (recursion through a global)
-        key.append(("again", code))
+        key.append(("object", fn))
         return
     seen.append(code)
     closure = fn.__closure__ or ()
@@ -265,9 +273,6 @@ def _make(it, vals):
         return _Namespace(e[1], {k: _make(it, vals) for k in e[2]})
     if tag == "function":
         return _make_function(e, it, vals)
-    if tag == "again":
-        raise TypeError("flexc: a traced function that reaches itself (recursion) "
-                        "cannot be traced")
     raise AssertionError(f"flexc: unknown key entry {e!r}")
 
 

@@ -37,6 +37,7 @@ def _constant(fn):
 
 
 _reg = {}       # id string -> Traced / Plan: what the constant-result functions name
+stats = {"traces": 0, "compiles": 0}  # functions traced and kernels compiled, for tests
 
 
 @_constant
@@ -48,6 +49,7 @@ def _trace_id(key, kind, numbers):
         k = (key, kind, numbers)
         t = _traces.get(k, _MISSING)
         if t is _MISSING:
+            stats["traces"] += 1
             t = _traces[k] = T.trace(key, kind, numbers=None if numbers is None else list(numbers))
         if t is None:
             return ""
@@ -158,6 +160,7 @@ def _plan_id(score_id, mask_id, sorted_flags):
             score, mask = _reg.get(score_id), _reg.get(mask_id)
             text, parts = source_of(score, mask, sorted_flags=sorted_flags,
                                     header=_header(score, mask))
+            stats["compiles"] += 1
             p = _plans[pk] = Plan(text, K.compile(text), parts)
         pid = f"p{id(p)}"
         _reg[pid] = p
@@ -199,6 +202,8 @@ def buffer_values(tr, leaves, device):
             t = t.to(_WIDE[t.dtype])
         if t.dim() == 0:
             t = t.reshape(1)
+        elif not t.is_contiguous():  # the cpu backend reads buffers row-major
+            t = t.contiguous()
         if device is not None and t.device != device:
             t = t.to(device)
         out.append(t)
@@ -345,6 +350,7 @@ def _combined_id(kernel_id, mask_id, flags):
             text, parts = source_of(None, tr, taken=taken, sorted_flags=((), flags),
                                     kernel_line=block)
             text = kernel.source.rstrip("\n") + "\n\n" + _header(None, tr) + "\n" + text
+            stats["compiles"] += 1
             entry = _combined[ck] = (K.compile(text, name), parts, own is None)
         cid = f"c{id(entry)}"
         _reg[cid] = entry

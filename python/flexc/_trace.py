@@ -212,7 +212,9 @@ def trace(key, kind, numbers=None, name_hint=None):
     values = []
     for i, s in enumerate(specs):
         if s.kind == "tensor":
-            d = torch.empty(s.shape, dtype=s.dtype, device="meta")
+            # Host tensors (never written: pages stay unallocated), so that they
+            # mix with the index arguments as the captured tensors would.
+            d = torch.empty(s.shape, dtype=s.dtype)
             dummies[id(d)] = i
             values.append(d)
         elif numbers is not None:
@@ -430,7 +432,7 @@ class _Walk:
                 ty = X.ty_of(val.dtype)
                 return X._v(bool(v) if ty == "b" else v, ty)
             return ("pro", node)
-        ty = X.ty_of(val.dtype) if isinstance(val, torch.Tensor) else None
+        ty = X.ty_of(val.dtype) if isinstance(val, torch.Tensor) else X.sym_ty(val)
         if ty is None:
             raise error(f"makes a value of type {getattr(val, 'dtype', type(val).__name__)}",
                         node, self.desc)
@@ -454,8 +456,16 @@ class _Walk:
         for k in ("dtype", "layout", "device", "pin_memory", "memory_format", "non_blocking",
                   "copy"):
             kwargs.pop(k, None)
+        if name == "_local_scalar_dense":  # x.item() passed on as a Python number
+            return X._v(args[0])
+        name = X.SYM_OPS.get(name, name)
         if name == "index":
             return self._index(args[0], args[1], node)
+        if name in ("dot", "vdot", "inner"):
+            return self._dot(X._v(args[0]), X._v(args[1]), node, ty)
+        if name in ("any", "all", "mean", "amax", "amin"):
+            return self._reduce(name, X._v(args[0]), args[1] if len(args) > 1 else None,
+                                node, ty)
         if name == "select":
             base, dim, i = args
             idx = [None] * dim + [i]
@@ -556,6 +566,49 @@ class _Walk:
                 text = f"sum({names[d]}, 0, {v.shape[d]}, {text})"
             return text
         return X.Vec(t, out_shape, at)
+
+    def _dot(self, a, b, node, ty):
+        if len(a.shape) != 1 or a.shape != b.shape:
+            raise error("takes a dot product of tensors that are not two vectors of one length",
+                        node, self.desc)
+        prod = X.elementwise(ty, [a, b], lambda x, y: f"({X.conv(x, a.ty, ty)} * "
+                             f"{X.conv(y, b.ty, ty)})")
+        return self._sum(prod, None, node, ty)
+
+    def _reduce(self, name, v, dims, node, ty):
+        """any, all, mean (through sum), amax and amin (unrolled, up to 64 values)."""
+        nd = len(v.shape)
+        if isinstance(dims, int):
+            dims = [dims]
+        dims = list(range(nd)) if not dims else [d % nd for d in dims]
+        count = 1
+        for d in dims:
+            count *= v.shape[d]
+        if name in ("any", "all"):
+            ones = X.elementwise("i", [v], lambda x: f"int({X.conv(x, v.ty, 'b')})")
+            total = self._sum(ones, dims, node, "i")
+            test = "!= 0" if name == "any" else f"== {count}"
+            return X.elementwise("b", [total], lambda x: f"({x} {test})")
+        if name == "mean":
+            total = self._sum(v, dims, node, "f")
+            return X.elementwise("f", [total], lambda x: f"({x} / {X.literal(count, 'f')})")
+        if count > 64 or len(dims) != 1:
+            raise error(f"takes {name} over {count} values (.score unrolls at most 64, "
+                        "over one dimension)", node, self.desc)
+        d, fname = dims[0], "max" if name == "amax" else "min"
+        keep = [i for i in range(nd) if i != d]
+        shape = tuple(v.shape[i] for i in keep)
+
+        def at(idx):
+            it = iter(idx)
+            base = [next(it) if i != d else None for i in range(nd)]
+            terms = [v.at(tuple(str(j) if x is None else x for x in base))
+                     for j in range(v.shape[d])]
+            text = terms[0]
+            for t in terms[1:]:
+                text = f"{fname}({text}, {t})"
+            return text
+        return X.Vec(v.ty, shape, at)
 
     def _finish(self, out):
         want = "f" if self.kind == "score" else "b"

@@ -32,7 +32,7 @@ _FLT_MAX = 3.4028234663852886e38
 
 # aten ops that .score cannot express, with what to write instead.
 _INSTEAD = {
-    "log1p": "torch.log(1 + x)", "expm1": "torch.exp(x) - 1", "tan": "torch.sin(x) / torch.cos(x)",
+    "log1p": "torch.log(1 + x)", "expm1": "torch.exp(x) - 1",
     "softplus": "torch.log(1 + torch.exp(x))", "square": "x * x", "reciprocal": "1.0 / x",
     "frac": "x - torch.floor(x)", "hardtanh": "torch.clamp(x, lo, hi)",
     "logsumexp": "torch.maximum(...) and torch.log(torch.exp(..) + ..)",
@@ -424,6 +424,24 @@ def _reciprocal(out, a):
     return elementwise("f", [a], lambda x: f"(1.0 / {conv(x, a.ty, 'f')})")
 
 
+def sym_ty(v):
+    """The type of a SymInt, SymFloat or SymBool (a 0-d value made a Python
+    number while tracing), or None."""
+    return {"SymInt": "i", "SymFloat": "f", "SymBool": "b"}.get(type(v).__name__)
+
+
+# Python operators on such numbers, as the aten op they stand for.
+SYM_OPS = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "div", "floordiv": "floor_divide",
+           "mod": "remainder", "neg": "neg", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
+           "eq": "eq", "ne": "ne", "and_": "bitwise_and", "or_": "bitwise_or", "pow": "pow",
+           "sym_max": "maximum", "sym_min": "minimum", "sym_not": "logical_not"}
+
+
+def _tan(out, a):
+    a = _v(a)
+    return elementwise("f", [a], lambda x: (lambda f: f"(sin({f}) / cos({f}))")(conv(x, a.ty, "f")))
+
+
 RULES = {
     "add": _binary("add", "+"), "sub": _binary("sub", "-"), "mul": _binary("mul", "*"),
     "rsub": _rsub, "div": _div, "true_divide": _div, "floor_divide": _floordiv,
@@ -432,6 +450,7 @@ RULES = {
     "log": _unary_float("log"), "log2": _unary_float("log2"), "sqrt": _unary_float("sqrt"),
     "rsqrt": _unary_float("rsqrt"), "tanh": _unary_float("tanh"), "sigmoid": _sigmoid,
     "sin": _unary_float("sin"), "cos": _unary_float("cos"), "erf": _unary_float("erf"),
+    "tan": _tan,
     "floor": _same_int_identity("floor"), "ceil": _same_int_identity("ceil"),
     "round": _same_int_identity("round"), "trunc": _same_int_identity("trunc"),
     "fix": _same_int_identity("trunc"),
