@@ -382,3 +382,16 @@ def test_packed_call_matches_each_sequence_alone(backend):
         assert rel_err(grads.dv[ks], g1.dv[0].permute(1, 0, 2)) < 1e-3
     with pytest.raises(ValueError, match="both cu_seqlens_q and cu_seqlens_kv"):
         k(q, kk, v, cu_seqlens_q=cq)
+
+
+def test_emit_takes_the_cli_dtype_spellings():
+    k = flexc.compile(GEMMA)
+    bf16 = k.emit(dtype="bfloat16")
+    for spelling in ("bf16", torch.bfloat16, "torch.bfloat16"):
+        assert k.emit(dtype=spelling) == bf16
+    assert k.emit(dtype="fp16") == k.emit(dtype="float16") == k.emit()
+    assert k.emit(dtype="fp32") == k.emit(dtype=torch.float32) != bf16
+    with pytest.raises(ValueError, match="fp16, bf16 or fp32"):
+        k.emit(dtype="int8")
+    with pytest.raises(ValueError, match="cuda, ptx, cubin"):
+        k.emit(target="sass")
