@@ -22,12 +22,12 @@
  * it, and key tile kt adds its ds K when the count is kt (wait_turn); its
  * buffer gradients go into exact accumulators (kernels/exact.cuh).
  *
- * Dropout (DSL.md; p->drop_p > 0): the keep bits of kernels/philox.cuh,
+ * Dropout (docs/language.md; p->drop_p > 0): the keep bits of kernels/philox.cuh,
  * as on every backend. The forward zeroes dropped P after the row sums and
  * before P V, and scales O by 1 / (1 - p); the backward multiplies P by
  * M = keep / (1 - p) for dV and dP by M.
  *
- * Non-finite values follow DSL.md: a NaN in a row makes LSE and O NaN, a
+ * Non-finite values follow docs/language.md: a NaN in a row makes LSE and O NaN, a
  * +inf makes LSE +inf and O NaN, a fully masked row gives O = 0 and
  * LSE = -inf, and elements with P = 0 contribute nothing to gradients.
  */

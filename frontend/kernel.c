@@ -1,4 +1,4 @@
-/* kernel.c: fe_pick_kernel(): which kernel a run means (DSL.md "Which
+/* kernel.c: fe_pick_kernel(): which kernel a run means (docs/language.md "Which
  * kernel a file means"). */
 #include <string.h>
 

@@ -1,4 +1,4 @@
-/* paged.c: a paged key/value cache (DSL.md "Paged key/value cache";
+/* paged.c: a paged key/value cache (docs/language.md "Paged key/value cache";
  * docs/paged.md). Forward only.
  *
  * The call is checked as a whole (pools, page table, lengths, q and the

@@ -1,4 +1,4 @@
-/* varlen.c: packed variable-length batches (DSL.md "Packed variable-length
+/* varlen.c: packed variable-length batches (docs/language.md "Packed variable-length
  * batches"; docs/varlen.md).
  *
  * A packed call is checked as a whole (the offsets, then every packed
