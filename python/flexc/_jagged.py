@@ -4,7 +4,7 @@ calls.
 flexc.torch.flex_attention takes q, k, v as the [B, H, j, E] nested
 tensors SDPA takes after `.transpose(1, 2)` of a [B, j, H, E] one; their
 values are the packed (TOTAL, H, E) tensors and their offsets the
-cu_seqlens of a packed call (DSL.md, "Packed variable-length batches";
+cu_seqlens of a packed call (docs/language.md, "Packed variable-length batches";
 docs/varlen.md). Every function sees b as the sequence and q_idx, kv_idx
 as positions inside it. The output (and LSE) are nested tensors of the
 same sequences, and gradients flow to the inputs' values.

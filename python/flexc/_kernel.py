@@ -286,14 +286,14 @@ class Kernel:
         packed variable-length batches: cu_seqlens_q and cu_seqlens_kv (int32
         [B + 1] offsets, on q's device) with q [TOTAL_Q, H, E], k and v
         [TOTAL_KV, HKV, E|EV]; then out is [TOTAL_Q, H, EV] and LSE
-        [H, TOTAL_Q] (DSL.md, "Packed variable-length batches");
+        [H, TOTAL_Q] (docs/language.md, "Packed variable-length batches");
         params: {name: number}; buffers: {name: tensor of the declared dtype};
         block_mask: flexc.BlockMask or PyTorch's BlockMask (which blocks to
         visit; the kernel's mask function decides inside partial blocks);
         backend: 'reference', 'emu', 'cuda' or 'cpu' (default:
         default_backend(q)). CUDA tensors run on PyTorch's current stream.
         dropout_p in [0, 1), dropout_seed, dropout_offset (unsigned 64-bit):
-        dropout by Philox bits (DSL.md); pass the same three to backward.
+        dropout by Philox bits (docs/language.md); pass the same three to backward.
         kv_splits: split-KV decoding on emu and cuda (docs/decoding.md): 0
         automatic, 1 never, N key chunks (ignored by reference and cpu).
         arch: the emu backend's target ('sm_80' by default; 'sm_90a' runs
@@ -328,7 +328,7 @@ class Kernel:
         buffer_grads names the `grad` buffers whose gradient to return
         (float32, the buffer's shape). dropout_p, dropout_seed and
         dropout_offset: the forward's. deterministic: gradients bitwise the
-        same on every run (DSL.md "Determinism"; no float atomics). arch as
+        same on every run (docs/language.md "Determinism"; no float atomics). arch as
         for the forward."""
         backend = backend or default_backend(q)
         q, k, v, out, lse, dout = (T.readable(x) for x in (q, k, v, out, lse, dout))

@@ -279,7 +279,7 @@ class _Walk:
         self.nums, self.desc, self.burned = nums, desc, burned
         self.n = _NARGS[kind]
         taken = set()
-        # score, mask, sink, grad and sorted may name parameters (DSL.md)
+        # score, mask, sink, grad and sorted may name parameters (docs/language.md)
         self.argnames = [a if a in ("score", "mask", "sink", "grad", "sorted") and a not in taken
                          and not taken.add(a) else sanitize(a, taken) for a in argnames]
         self.taken = taken

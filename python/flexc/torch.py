@@ -187,7 +187,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     for host tensors where this build has it, else `reference`;
     check_bounds: report out-of-range buffer reads; fast_math: hardware
     approximations on emu and cuda; deterministic: the backward's
-    gradients bitwise the same on every run (DSL.md "Determinism")."""
+    gradients bitwise the same on every run (docs/language.md "Determinism")."""
     want_lse = bool(return_lse)
     if return_aux is not None:
         if getattr(return_aux, "max_scores", False):

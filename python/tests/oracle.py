@@ -1,6 +1,6 @@
 """The oracles: PyTorch's own flex_attention, and a dense float64
 attention written with torch ops whose gradients come from torch autograd
-(DSL.md's "Semantics", materialised)."""
+(docs/language.md's "Semantics", materialised)."""
 import math
 
 import torch
@@ -64,7 +64,7 @@ def torch_reference(case, q, k, v, bufs, block_mask=None):
 
 
 def dense(case, q, k, v, bufs, scale=None):
-    """(out, lse) of DSL.md's semantics, materialised, differentiable."""
+    """(out, lse) of docs/language.md's semantics, materialised, differentiable."""
     B, H, QL, E = q.shape
     G = H // k.shape[1]
     p = dict(sizes(q, k), **case.params)
@@ -89,7 +89,7 @@ def dense(case, q, k, v, bufs, scale=None):
 def dense_mods(q, k, v, score_mod=None, mask_mod=None, scale=None):
     """(out, lse) of Python score_mod and mask_mod functions over every
     (b, h, q_idx, kv_idx), evaluated the way PyTorch's own eager
-    FlexAttention does (torch.vmap over each index), then DSL.md's
+    FlexAttention does (torch.vmap over each index), then docs/language.md's
     semantics materialised: differentiable with respect to q, k, v and
     every tensor the functions capture. (PyTorch's eager path also turns
     `t[i]` into its own index op, whose backward fails under vmap for

@@ -12,7 +12,7 @@ this matrix, about two minutes on two cores, has the CTest label `slow`.)
 Tolerances (relative norm error): float32 1e-4 forward, 1e-3 gradients;
 bfloat16 3e-2 and 6e-2; the float64 reference 1e-6: a captured float
 tensor is a binary32 buffer and a float literal a binary32 constant in
-.score (DSL.md), so the float64 result is exact only up to those.
+.score (docs/language.md), so the float64 result is exact only up to those.
 Inputs are fresh random every run (seed printed)."""
 import os
 import random

@@ -1,5 +1,5 @@
 /* `sorted` promises are verified on every run, not only checked ones
- * (DSL.md): flex_forward and flex_backward on the reference, the emulator
+ * (docs/language.md): flex_forward and flex_backward on the reference, the emulator
  * and the cpu backend, flex_block_mask_create, `flexc run` and `flexc
  * mask` all fail on a buffer that decreases, naming the buffer, the index
  * and the two values; flex_args.trust_sorted / `flexc run --trust-sorted` waive it.
