@@ -20,6 +20,7 @@ from . import _capture
 from . import _kernel as K
 from . import _trace as T
 from ._capi import ERR_INVALID, FlexError
+from ._pretty import pretty
 
 _lock = threading.RLock()
 _traces = {}    # (key, kind, numbers) -> Traced, or None: trace with the numbers' values
@@ -97,23 +98,10 @@ def _body(tr, fname, pnames, bnames):
         return re.sub(r"@B(\d+)@", lambda m: bnames[int(m.group(1))], text)
     head = "score" if tr.kind == "score" else "mask"
     lines = [f"{head} {fname}({', '.join(tr.argnames)}) {{"]
-    lines += [f"    let {n} = {_strip(sub(t))};" for n, t in tr.lets]
-    lines.append(f"    return {_strip(sub(tr.ret))};")
+    lines += [f"    let {n} = {pretty(sub(t))};" for n, t in tr.lets]
+    lines.append(f"    return {pretty(sub(tr.ret))};")
     lines.append("}")
     return lines
-
-
-def _strip(text):
-    """text without one pair of outer parentheses that enclose all of it."""
-    if not (text.startswith("(") and text.endswith(")")):
-        return text
-    depth = 0
-    for i, c in enumerate(text):
-        depth += c == "("
-        depth -= c == ")"
-        if depth == 0 and i < len(text) - 1:
-            return text
-    return text[1:-1]
 
 
 def source_of(score, mask, taken=(), sorted_flags=((), ()), kernel_line=None, header=None):

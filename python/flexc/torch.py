@@ -188,6 +188,11 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     check_bounds: report out-of-range buffer reads; fast_math: hardware
     approximations on emu and cuda; deterministic: the backward's
     gradients bitwise the same on every run (docs/language.md "Determinism")."""
+    if block_mask is not None and not hasattr(block_mask, "kv_num_blocks"):
+        raise TypeError("flexc.torch.flex_attention: block_mask must be PyTorch's BlockMask "
+                        "(create_block_mask) or a flexc.BlockMask (flexc.torch.create_block_mask), "
+                        f"got {type(block_mask).__name__}; see docs/from-pytorch.md in the flexc "
+                        "repository")
     want_lse = bool(return_lse)
     if return_aux is not None:
         if getattr(return_aux, "max_scores", False):

@@ -120,6 +120,8 @@ def test_score_mod_of_a_wrong_type_names_what_is_taken():
         assert "docs/from-pytorch.md" in str(e.value) and "docs/language.md" in str(e.value)
     with pytest.raises(TypeError, match="docs/language.md"):
         flexc.compile(3.0)
+    with pytest.raises(TypeError, match="docs/from-pytorch.md"):
+        flex_attention(q, q, q, block_mask=lambda b, h, i, j: i >= j)
 
 
 def test_errors_name_what_is_wrong():
