@@ -18,7 +18,6 @@ import keyword
 import os
 import re
 import sys
-import threading
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -185,20 +184,22 @@ class Traced:
 
 
 def _arg_names(fn, n):
-    f = fn
-    while hasattr(f, "func") and not hasattr(f, "__code__"):
-        f = f.func
-    f = getattr(f, "__func__", f)
-    code = getattr(f, "__code__", None)
-    names = list(code.co_varnames[:code.co_argcount]) if code else []
-    if isinstance(fn, type(_arg_names)) is False and hasattr(fn, "__self__") and names:
-        names = names[1:]
+    """The names fn gives its first n positional arguments (PyTorch's
+    names where it has none: a builtin, *args)."""
+    import inspect
+    names = []
+    try:
+        for p in inspect.signature(fn).parameters.values():
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                names.append(p.name)
+    except (TypeError, ValueError):
+        pass
     names = names[:n]
     defaults = ["score", "b", "h", "q_idx", "kv_idx"][5 - n:]
-    return names + defaults[len(names):] if len(names) < n else names
+    return names + defaults[len(names):]
 
 
-def trace(key, kind, numbers=None, name_hint=None):
+def trace(key, kind, numbers=None):
     """Trace the function `key` describes. numbers: None to trace captured
     numbers as params; else their values, traced as constants."""
     specs = _capture.leaf_specs(key)
@@ -510,8 +511,8 @@ class _Walk:
             text = v.expr()
             if v.ty == "f":
                 raise error("indexes with a float", node, self.desc)
-            if v.simple and text.startswith("(-"):  # a negative literal counts from the end
-                text = str(base.shape[d] + int(text.strip("()")))
+            if v.value is not None and v.value < 0:  # a negative literal counts from the end
+                text = str(base.shape[d] + int(v.value))
             parts.append(text)
         keep = [d for d in range(len(base.shape)) if d >= len(parts) or parts[d] is None]
         shape = tuple(base.shape[d] for d in keep)

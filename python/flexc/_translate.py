@@ -26,7 +26,6 @@ import operator
 
 import torch
 
-from ._capi import ERR_INVALID, FlexError
 
 _FLT_MAX = 3.4028234663852886e38
 
@@ -48,18 +47,19 @@ class Vec:
     (float); `shape` () for a scalar; `at(idx)` the .score expression of
     the element at index expressions idx (len(idx) == len(shape))."""
 
-    __slots__ = ("ty", "shape", "at", "simple")
+    __slots__ = ("ty", "shape", "at", "simple", "value")
 
-    def __init__(self, ty, shape, at, simple=False):
+    def __init__(self, ty, shape, at, simple=False, value=None):
         self.ty, self.shape, self.at, self.simple = ty, tuple(shape), at, simple
+        self.value = value  # the Python number of a literal, else None
 
     def expr(self):
         assert not self.shape
         return self.at(())
 
 
-def scalar(ty, text, simple=False):
-    return Vec(ty, (), lambda idx: text, simple)
+def scalar(ty, text, simple=False, value=None):
+    return Vec(ty, (), lambda idx: text, simple, value)
 
 
 def ty_of(dtype):
@@ -161,7 +161,7 @@ def _v(x, ty=None):
         t = "f"
     else:
         raise Untranslatable("argument", why=f"an argument of type {type(x).__name__}")
-    return scalar(ty or t, literal(x, ty or t), simple=True)
+    return scalar(ty or t, literal(x, ty or t), simple=True, value=x)
 
 
 def _binary(opname, sym):
@@ -302,8 +302,8 @@ def _sign(out, a):
 
 def _pow(out, a, b):
     a, b = _v(a), _v(b)
-    if b.simple and b.ty in "if" and not b.shape:
-        e = float(b.expr().strip("()"))
+    if b.value is not None and not isinstance(b.value, bool):
+        e = float(b.value)
         if e == int(e) and 0 <= e <= 4 and (out == "i" or e != 0):
             if e == 0:
                 return scalar(out, literal(1, out))

@@ -7,14 +7,12 @@ that names the op and the user's line; a .score kernel meets a BlockMask's
 mask_mod; flexc.compile(score_mod=, mask_mod=); PyTorch's signature;
 jagged nested tensors."""
 import inspect
-import math
 
-import numpy as np
 import pytest
 import torch
 from mods import BY_NAME, MODS
 from oracle import dense_mods, eager_only, rel_err
-from test_mods import B, H, HKV, E, _grads_match, _setup, _torch_block_mask
+from test_mods import H, HKV, E, _grads_match, _setup, _torch_block_mask
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
 from torch.nn.attention.flex_attention import flex_attention as torch_flex_attention
 
@@ -279,3 +277,64 @@ def test_jagged_inputs_are_checked_as_pytorch_checks_them():
     ft.flex_attention(q.transpose(1, 2), other.transpose(1, 2), other.transpose(1, 2))
     with pytest.raises(ValueError, match="key and value to have the same sequence lengths"):
         ft.flex_attention(q.transpose(1, 2), k.transpose(1, 2), other.transpose(1, 2))
+
+
+# ---- the op set, each against the dense float64 evaluation of the same function ----
+
+_T = torch.randn(4, 4, 5, generator=torch.Generator().manual_seed(9))
+OPS = {  # name -> (score_mod, whether the result is continuous in the score; None:
+    # neither, and PyTorch has no derivative of float floor_divide for the oracle)
+    "round_half_even": (lambda s, b, h, q, kv: s + torch.round((q - kv) / 2.0), True),
+    "sign": (lambda s, b, h, q, kv: s * torch.sign(s) + torch.sign(q - kv), False),
+    "exp2_log2": (lambda s, b, h, q, kv: torch.exp2(s) + torch.log2(torch.abs(s) + 1), True),
+    "sqrt_rsqrt": (lambda s, b, h, q, kv: torch.rsqrt(s * s + 1) + torch.sqrt(torch.abs(s)), True),
+    "erf_sigmoid": (lambda s, b, h, q, kv: torch.erf(s) + torch.sigmoid(s), True),
+    "pow": (lambda s, b, h, q, kv: torch.pow(torch.abs(s) + 0.5, 1.5) + s ** 2
+            + torch.pow(1.5, s), True),
+    "floor_ceil": (lambda s, b, h, q, kv: torch.floor(s * 3) + torch.ceil(s * 3) / 4, False),
+    "clamp": (lambda s, b, h, q, kv: s + torch.clamp(s, -0.5, 0.5) + s.clamp(min=0)
+              + (q - kv).clamp(max=3), True),
+    "minimum_maximum": (lambda s, b, h, q, kv: torch.minimum(s, (q - kv).float() / 8)
+                        + torch.maximum(s, torch.zeros_like(s)), True),
+    "int_division": (lambda s, b, h, q, kv: s + torch.floor_divide(q - kv, 5)
+                     + torch.remainder(q - kv, 7) - torch.fmod(q - kv, 7)
+                     + torch.div(q - kv, 3, rounding_mode="trunc") + (q - kv) / 3, True),
+    "float_division": (lambda s, b, h, q, kv: s + torch.remainder(s * 4, 1.5)
+                       + torch.floor_divide(s * 4, 1.5) + torch.fmod(s * 4, 1.5), None),
+    "bitwise": (lambda s, b, h, q, kv: s + ((q ^ kv) & 7) + ((q << 2) >> 3) + (~kv & 1)
+                + (q | 3), True),
+    "logical": (lambda s, b, h, q, kv: torch.where(
+        torch.logical_xor(q > kv, (q + kv) % 2 == 0) | torch.logical_not(h == 1)
+        & torch.logical_and(q != 3, torch.logical_or(kv < 20, b == 0)), s, -float("inf")), True),
+    "conversions": (lambda s, b, h, q, kv: s + (s * 10).to(torch.int32) + (q > kv).float()
+                    + (q - kv).to(torch.float16) + s.to(torch.bool).float() + (s > 0).int(),
+                    False),
+    "transcendental": (lambda s, b, h, q, kv: s + torch.tanh(s) * torch.sin(s)
+                       - torch.cos(s) * torch.log(torch.abs(s) + 1e-3) + torch.exp(-s * s), True),
+    "neg_abs": (lambda s, b, h, q, kv: -s.abs() + (q - kv).abs() - torch.abs(-s), True),
+    "activations": (lambda s, b, h, q, kv: torch.nn.functional.gelu(s, approximate="tanh")
+                    + torch.nn.functional.relu(s) + torch.nn.functional.silu(s), True),
+    "indexing": (lambda s, b, h, q, kv: s + _T[h][q % 4, kv % 5] + _T[h, q % 4][kv % 5]
+                 + _T[0, 1, 2] + _T[-1][h, 0], True),
+}
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_op_set(name):
+    fn, continuous = OPS[name]
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 4, 32, 8, generator=g, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    out, lse = ft.flex_attention(q, k, v, score_mod=fn, backend="reference", return_lse=True)
+    ref, ref_lse = dense_mods(q, k, v, fn)
+    assert rel_err(out, ref) < 1e-6 and rel_err(lse, ref_lse) < 1e-6
+    dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad((out * dout).sum(), (q, k, v))
+    if continuous is not None:
+        want = torch.autograd.grad((ref * dout).sum(), (q, k, v))
+        for a, w in zip(got, want):
+            assert rel_err(a, w) < 1e-6
+    if continuous:  # a float32 score may cross a step of floor, round or int()
+        out32 = ft.flex_attention(q.detach().float(), k.detach().float(), v.detach().float(),
+                                  score_mod=fn)
+        assert rel_err(out32, ref) < 1e-4
