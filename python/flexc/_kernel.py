@@ -360,11 +360,9 @@ class Kernel:
         lib.check(lib.flex_block_mask_create(ctypes.byref(m), self._handle,
                                              ctypes.byref(call.args), B, H, q_len, kv_len,
                                              bq, bkv, ctypes.byref(stats)))
-        try:
-            arrays = {name: _copy_out(getattr(m.contents, name)) for name in C.MASK_ARRAYS}
-            bs = (m.contents.block_q, m.contents.block_kv)
-        finally:
-            lib.flex_block_mask_free(m)
+        owner = _MaskMemory(m)  # freed with the last array that views it
+        arrays = {name: _view(getattr(m.contents, name), owner) for name in C.MASK_ARRAYS}
+        bs = (m.contents.block_q, m.contents.block_kv)
         return BlockMask(arrays, bs, {n: getattr(stats, n) for n, _ in C.MaskStats._fields_},
                          (q_len, kv_len))
 
@@ -410,20 +408,41 @@ def _dtype_name(dtype):
     return name
 
 
-def _copy_out(p):
-    """A NumPy copy of a host DLTensor the library owns (None for NULL)."""
+class _MaskMemory:
+    """A flex_block_mask the library made, freed when no array views it."""
+
+    def __init__(self, m):
+        self.m = m
+        self._free = lib.flex_block_mask_free
+
+    def __del__(self):
+        if self.m:
+            self._free(self.m)
+            self.m = None
+
+
+class _HostArray:
+    """NumPy's view of int32 host memory that `owner` keeps alive."""
+
+    def __init__(self, address, shape, owner):
+        self.owner = owner
+        self.__array_interface__ = {"shape": shape, "typestr": "<i4", "data": (address, False),
+                                    "version": 3}
+
+
+def _view(p, owner):
+    """A NumPy array over a host DLTensor the library owns (None for NULL),
+    without a copy: a 131072-token mask's eight arrays are 16 MB."""
     if not p:
         return None
     import numpy as np
     t = p.contents
     shape = tuple(t.shape[i] for i in range(t.ndim))
-    n = int(np.prod(shape)) if shape else 1
     if t.strides:
         raise FlexError(C.ERR_RUNTIME, "flexc: a block-mask array the library made is not compact")
-    if not n:
+    if not int(np.prod(shape)):
         return np.zeros(shape, dtype=np.int32)
-    buf = (ctypes.c_int32 * n).from_address(t.data + t.byte_offset)
-    return np.frombuffer(buf, dtype=np.int32).reshape(shape).copy()
+    return np.asarray(_HostArray(t.data + t.byte_offset, shape, owner))
 
 
 _DOCS = "docs/language.md and docs/from-pytorch.md in the flexc repository"
