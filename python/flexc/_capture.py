@@ -77,8 +77,8 @@ _MISSING = object()
 
 
 class _Globals:
-    """The globals of a function that no module holds (exec'd code), kept
-    by identity in a key."""
+    """An unhashable value kept by identity in a key: the globals of a
+    function that no module holds (exec'd code), a NumPy array."""
 
     __slots__ = ("d",)
 
@@ -150,7 +150,7 @@ def _walk(v, name, key, leaves, depth, seen):
     elif isinstance(v, dict):
         ks = tuple(v)
         if not all(isinstance(k, (str, int)) for k in ks):
-            key.append(("object", v))
+            key.append(("object", _hashable(v)))
             return
         key.append(("dict", ks))
         for k in ks:
@@ -162,7 +162,16 @@ def _walk(v, name, key, leaves, depth, seen):
     elif isinstance(v, torch.nn.Module) or hasattr(v, "__dict__"):
         _walk_object(v, name, key, leaves, depth, seen)
     else:
-        key.append(("object", v))
+        key.append(("object", _hashable(v)))
+
+
+def _hashable(v):
+    """v, or a wrapper that compares it by identity when v is unhashable."""
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return _Globals(v)
 
 
 def _library(fn):
@@ -255,7 +264,7 @@ def _make(it, vals):
     if tag in ("tensor", "number"):
         return next(vals)
     if tag in ("const", "object"):
-        return e[1]
+        return e[1].d if isinstance(e[1], _Globals) else e[1]
     if tag == "partial":
         func = _make(it, vals)
         args = [_make(it, vals) for _ in range(e[1])]

@@ -227,7 +227,7 @@ def trace(key, kind, numbers=None):
         [torch.zeros((), dtype=torch.int32) for _ in range(4)] + \
         [torch.zeros((), dtype=torch.int32 if specs[i].ptype == "int" else torch.float32)
          for i in nums]
-    keep = list(values)  # the meta stand-ins stay alive while the graph holds them
+    keep = list(values)  # the stand-ins stay alive while the graph holds them
 
     def traced(*args):
         vals = list(keep)
