@@ -119,8 +119,9 @@ class TracedBlock(torch.nn.Module):
         return self.proj(o.transpose(1, 2).reshape(B, L, D))
 
 
-@pytest.mark.parametrize("mask", ["none", "torch", "flexc"])
-def test_compiled_model_with_a_python_score_mod(mask):
+@pytest.mark.parametrize("mask,backend", [("none", "aot_eager"), ("torch", "inductor"),
+                                          ("flexc", "aot_eager")])
+def test_compiled_model_with_a_python_score_mod(mask, backend):
     torch._dynamo.reset()
     model = TracedBlock()
     x = torch.randn(2, 128, 32)
@@ -131,7 +132,7 @@ def test_compiled_model_with_a_python_score_mod(mask):
         causal, None, None, 128, 128, device="cpu", BLOCK_SIZE=64) if mask == "torch" else \
         ft.create_block_mask(causal, None, None, 128, 128, BLOCK_SIZE=64)
     y_eager, g_eager = _run(model, model, x, bm)
-    y_comp, g_comp = _run(torch.compile(model, fullgraph=True), model, x, bm)
+    y_comp, g_comp = _run(torch.compile(model, fullgraph=True, backend=backend), model, x, bm)
     assert rel_err(y_comp, y_eager) < 1e-5
     for n in g_eager:
         assert rel_err(g_comp[n], g_eager[n]) < 1e-4, n
