@@ -1,6 +1,6 @@
 /* seq.c: calls of several sequences, each attended on its own: packed
- * variable-length batches (DSL.md "Packed variable-length batches";
- * docs/varlen.md) and paged key/value caches (DSL.md "Paged key/value
+ * variable-length batches (docs/language.md "Packed variable-length batches";
+ * docs/varlen.md) and paged key/value caches (docs/language.md "Paged key/value
  * cache"; docs/paged.md, forward only).
  *
  * The call is checked as a whole in the words of its layout (offsets, the

@@ -22,12 +22,12 @@
  * it, and key tile kt adds its ds K when the count is kt (wait_turn); its
  * buffer gradients go into exact accumulators (kernels/exact.cuh).
  *
- * Dropout (DSL.md; p->drop_p > 0): the keep bits of kernels/philox.cuh,
+ * Dropout (docs/language.md; p->drop_p > 0): the keep bits of kernels/philox.cuh,
  * as on every backend. The forward zeroes dropped P after the row sums and
  * before P V, and scales O by 1 / (1 - p); the backward multiplies P by
  * M = keep / (1 - p) for dV and dP by M.
  *
- * Non-finite values follow DSL.md: a NaN in a row makes LSE and O NaN, a
+ * Non-finite values follow docs/language.md: a NaN in a row makes LSE and O NaN, a
  * +inf makes LSE +inf and O NaN, a fully masked row gives O = 0 and
  * LSE = -inf, and elements with P = 0 contribute nothing to gradients.
  */
@@ -246,7 +246,7 @@ static void fwd_tile(const CpuAttn *a, FwdTile *t, int64_t local, int b, int h, 
   }
 }
 
-/* O = O / l and the LSE, stored. A sink (DSL.md "Attention sinks") is one
+/* O = O / l and the LSE, stored. A sink (docs/language.md "Attention sinks") is one
  * more term of each row's sum, folded in here once: the keys' O scaled down
  * by it, a fully masked row O = 0 and LSE = sk, a NaN or +inf sink makes LSE
  * that and O NaN. */

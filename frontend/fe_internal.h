@@ -167,6 +167,8 @@ void fe_check_calls(Arena *a, const Program *p, Diags *d, const FeCall *calls, i
 /* fe_check() after syntax errors: skips the broken declarations and reports
  * no unknown names that a lost declaration may have defined. */
 int fe_check_rest(Arena *a, Program *p, Diags *d, const FeLost *lost);
+/* Edit distance of a and b, or cap + 1 when it exceeds cap ("did you mean"). */
+int fe_edit_distance(const char *a, const char *b, int cap);
 
 /* ---- scanner helpers (lex.l) ---- */
 /* Note an opening/closing bracket; the parser uses the stack for messages

@@ -67,7 +67,7 @@ const char *dtype_name(DType t);  /* "f32", ... */
 Type dtype_value_type(DType t);   /* the language type a load yields */
 
 /* Predefined integer sizes, bound at launch. */
-/* TOTAL_Q .. KV_START: packed batches (DSL.md); Q_LEN, KV_LEN, 0, 0 in an ordinary call */
+/* TOTAL_Q .. KV_START: packed batches (docs/language.md); Q_LEN, KV_LEN, 0, 0 in an ordinary call */
 typedef enum SizeName {
   SZ_B, SZ_H, SZ_HKV, SZ_Q_LEN, SZ_KV_LEN, SZ_TOTAL_Q, SZ_TOTAL_KV, SZ_Q_START, SZ_KV_START, SZ_COUNT
 } SizeName;
@@ -285,7 +285,7 @@ Program *fe_parse(Arena *a, const Source *src, Diags *d);
  * Returns the number of errors reported (0: the program is well-formed). */
 int fe_check(Arena *a, Program *p, Diags *d);
 
-/* Pick the kernel a run means (DSL.md "Which kernel a file means"): the
+/* Pick the kernel a run means (docs/language.md "Which kernel a file means"): the
  * named one, the only one, or the implicit `default` kernel (synthesised in
  * `a` and appended to the program). NULL after reporting an error. */
 Decl *fe_pick_kernel(Arena *a, Program *p, const char *name, Diags *d);

@@ -1,4 +1,4 @@
-/* kernel.c: fe_pick_kernel(): which kernel a run means (DSL.md "Which
+/* kernel.c: fe_pick_kernel(): which kernel a run means (docs/language.md "Which
  * kernel a file means": the named kernel block, the only one, or an
  * implicit `default` of the file's only score, mask and sink). */
 #include <string.h>

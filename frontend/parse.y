@@ -22,6 +22,7 @@ typedef void *yyscan_t;
 }
 
 %code {
+#include <stdio.h>
 #include <string.h>
 int fe_yylex(FE_YYSTYPE *lval, FE_YYLTYPE *lloc, yyscan_t scanner);
 static void fe_yyerror(FE_YYLTYPE *lloc, yyscan_t scanner, Parser *ps, const char *msg);
@@ -363,8 +364,56 @@ static const Bracket *open_bracket(Parser *ps, yysymbol_kind_t look) {
   return i >= 0 ? &ps->br[i] : NULL;
 }
 
+/* The keyword a misspelled word meant ('parm' for 'param', 'retrun' for
+ * 'return'), written to out: the closest of the keyword tokens among `exp`
+ * (or `only` when not NULL), within the typo distance sema's "did you
+ * mean" uses. False when none is that close. */
+static bool keyword_guess(const char *word, int len, const yysymbol_kind_t *exp, int n,
+                          const char *only, char out[16]) {
+  char w[32];
+  if (len < 2 || len >= (int)sizeof w) return false;
+  memcpy(w, word, (size_t)len);
+  w[len] = 0;
+  int cap = len <= 3 ? 1 : len <= 6 ? 2 : 3, bestd = cap + 1;
+  for (int i = 0; i < (only ? 1 : n); i++) {
+    char k[16];
+    if (only) {
+      snprintf(k, sizeof k, "%s", only);
+    } else {
+      const char *nm = yysymbol_name(exp[i]);
+      size_t l = strlen(nm);
+      if (py_token(exp[i]) != -1 || l < 4 || l - 2 >= sizeof k || nm[0] != '\'' ||
+          nm[l - 1] != '\'' || nm[1] < 'a' || nm[1] > 'z')
+        continue; /* not a word keyword */
+      snprintf(k, sizeof k, "%.*s", (int)l - 2, nm + 1);
+    }
+    int d = fe_edit_distance(w, k, cap);
+    if (d > 0 && d < len && d < bestd) bestd = d, snprintf(out, 16, "%s", k);
+  }
+  return bestd <= cap;
+}
+
+/* The word just before offset `at` when it starts a statement (it follows
+ * '{', ';' or '}'): its [start, end), else false. */
+static bool statement_word(const Source *src, uint32_t at, uint32_t *start, uint32_t *end) {
+  const char *t = src->text;
+  uint32_t e = at;
+  while (e > 0 && (t[e - 1] == ' ' || t[e - 1] == '\t' || t[e - 1] == '\n' || t[e - 1] == '\r')) e--;
+  uint32_t b = e;
+  while (b > 0 && (t[b - 1] == '_' || (t[b - 1] >= 'a' && t[b - 1] <= 'z') ||
+                   (t[b - 1] >= 'A' && t[b - 1] <= 'Z') || (t[b - 1] >= '0' && t[b - 1] <= '9')))
+    b--;
+  uint32_t p = b;
+  while (p > 0 && (t[p - 1] == ' ' || t[p - 1] == '\t' || t[p - 1] == '\n' || t[p - 1] == '\r')) p--;
+  if (b == e || p == 0 || (t[p - 1] != '{' && t[p - 1] != ';' && t[p - 1] != '}')) return false;
+  *start = b, *end = e;
+  return true;
+}
+
 /* "unexpected X, expected A, B or C", or "expected ')' to close '(' at line
- * N" when the parser wanted the bracket that closes an open one. */
+ * N" when the parser wanted the bracket that closes an open one, "expected
+ * ';' before X" when a ';' would have ended the statement, and "did you
+ * mean 'param'?" for a misspelled keyword. */
 static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, Parser *ps) {
   (void)scanner;
   yysymbol_kind_t look = yypcontext_token(ctx);
@@ -377,6 +426,31 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, Pars
   }
   yysymbol_kind_t exp[YYNTOKENS];
   int n = yypcontext_expected_tokens(ctx, exp, YYNTOKENS);
+  bool want_assign = false, want_semi = false;
+  for (int i = 0; i < n; i++) {
+    want_assign = want_assign || is_char(exp[i], '=');
+    want_semi = want_semi || is_char(exp[i], ';');
+  }
+  uint32_t ws, we;
+  if (want_assign && look != YYSYMBOL_YYEOF && statement_word(ps->src, loc.start, &ws, &we)) {
+    /* `retrun s;` parses as the start of an assignment to `retrun` */
+    char g[16];
+    if (keyword_guess(ps->src->text + ws, (int)(we - ws), exp, n, "return", g) ||
+        keyword_guess(ps->src->text + ws, (int)(we - ws), exp, n, "let", g)) {
+      Loc wl = {ws, we};
+      diag_error(ps->d, wl, "unknown statement '%.*s'; did you mean '%s'?", (int)(we - ws),
+                 ps->src->text + ws, g);
+      return 0;
+    }
+  }
+  if (look == YYSYMBOL_IDENT) {
+    char g[16];
+    if (keyword_guess(ps->src->text + loc.start, (int)(loc.end - loc.start), exp, n, NULL, g)) {
+      diag_error(ps->d, loc, "unexpected identifier '%.*s'; did you mean '%s'?",
+                 (int)(loc.end - loc.start), ps->src->text + loc.start, g);
+      return 0;
+    }
+  }
   const Bracket *br = open_bracket(ps, look);
   static const char closer[] = {['('] = ')', ['['] = ']', ['{'] = '}'};
   for (int i = 0; br && i < n; i++) {
@@ -388,6 +462,17 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, Pars
       diag_note(ps->d, br->loc, "the '%c' is here", br->ch);
       return 0;
     }
+  }
+  if (want_semi) {
+    Buf b = {0};
+    buf_printf(&b, "expected ';' before %s", tok_name(look));
+    if (look == YYSYMBOL_IDENT || look == YYSYMBOL_INTLIT || look == YYSYMBOL_FLOATLIT) {
+      uint32_t len = loc.end - loc.start;
+      buf_printf(&b, " '%.*s'", len > 40 ? 40 : (int)len, ps->src->text + loc.start);
+    }
+    diag_error(ps->d, loc, "%s", b.data);
+    buf_free(&b);
+    return 0;
   }
   const char *what[YYNTOKENS];
   int shown = 0;

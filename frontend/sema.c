@@ -193,8 +193,8 @@ static Type check_const(Sema *s, Decl *c) {
 typedef enum Want { W_VALUE, W_FUNCTION, W_BUFFER, W_MASK, W_SCORE, W_SINK } Want;
 
 /* Edit distance of a and b (insertions, deletions, substitutions), or
- * more than `cap` when it exceeds it. */
-static int edit_distance(const char *a, const char *b, int cap) {
+ * more than `cap` when it exceeds it (the parser's keyword guesses use it too). */
+int fe_edit_distance(const char *a, const char *b, int cap) {
   int la = (int)strlen(a), lb = (int)strlen(b);
   if (la > 64 || lb > 64 || abs(la - lb) > cap) return cap + 1;
   int row[65];
@@ -223,7 +223,7 @@ typedef struct Guess {
 
 static void consider(Guess *g, const char *id, const char *cand) {
   if (!strcmp(id, cand)) return;
-  int d = edit_distance(id, cand, g->cap);
+  int d = fe_edit_distance(id, cand, g->cap);
   if (d <= g->cap && (!g->id || d < g->d)) g->id = cand, g->d = d;
 }
 

@@ -18,7 +18,7 @@
 #define FLEX_DROP false
 #endif
 
-/* An attention sink (DSL.md "Attention sinks"; the generated flex_sink and
+/* An attention sink (docs/language.md "Attention sinks"; the generated flex_sink and
  * flex_sink_grad): FLEX_SINK defined. Without it the code below is dead. */
 #ifdef FLEX_SINK
 #define FLEX_HAS_SINK true
@@ -36,7 +36,7 @@
 #endif
 
 /* Whether element (qi, kj) of batch b (as the kernel indexes it; functions
- * and the bits see b + b0) and query head h is kept (DSL.md "Dropout"). */
+ * and the bits see b + b0) and query head h is kept (docs/language.md "Dropout"). */
 __device__ __forceinline__ bool flex_drop_keep(const FlexParams &p, int b, int h, int qi, int kj) {
   uint32_t w[4];
   flex_dropout_words(w, p.drop_seed[0], p.drop_seed[1], p.drop_ctr3,
@@ -102,7 +102,7 @@ __device__ __forceinline__ int flex_f2i(float x) {
 }
 
 /* ---- the DSL's inexact float builtins ------------------------------------
- * Accurate by default (CUDA's libm: a few ulp), as DSL.md requires. A
+ * Accurate by default (CUDA's libm: a few ulp), as docs/language.md requires. A
  * generated file that defines FLEX_FAST_MATH (flexc's explicit opt-in)
  * gets the hardware approximations instead (arch.cuh's flex_approx_*:
  * __expf and friends, tanh.approx.f32 for tanh and sigmoid). */

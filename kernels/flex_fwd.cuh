@@ -74,7 +74,7 @@ __device__ __forceinline__ float flex_softmax_rescale(float &row_max, float tile
  * sink2: the row's sink logit times log2 e (FLEX_SINK; -inf: none), one
  * more term of the sum with no value: the keys' O is scaled down by it,
  * and a fully masked row gets O = 0, LSE = the sink. A NaN or +inf sink
- * makes LSE that and O NaN (DSL.md). */
+ * makes LSE that and O NaN (docs/language.md). */
 __device__ __forceinline__ float flex_finish_row(float row_max, float row_sum, float *lse,
                                                  float sink2 = -INFINITY) {
   if (FLEX_HAS_SINK && !(sink2 < INFINITY)) { /* NaN or +inf */

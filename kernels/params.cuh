@@ -64,7 +64,7 @@ typedef struct FlexParams {
   int32_t page_size;               /* paged K/V: keys per page (key kv is row kv % page_size of
                                       page pages[kv / page_size]) */
   float scale;                     /* softmax scale (1/sqrt(E) by default) */
-  /* ---- dropout (DSL.md; read only by kernels generated with FLEX_DROPOUT) ---- */
+  /* ---- dropout (docs/language.md; read only by kernels generated with FLEX_DROPOUT) ---- */
   float drop_p;                    /* probability of dropping a weight, in [0, 1) */
   float drop_scale;                /* 1 / (1 - drop_p): what a kept weight is multiplied by */
   uint32_t drop_seed[2];           /* Philox key (seed_lo, seed_hi) */

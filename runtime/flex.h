@@ -6,7 +6,7 @@
  * went wrong in words (which tensor, what was expected, what came). The
  * library never exits the process and never prints.
  *
- * Shapes (DSL.md "Semantics"):
+ * Shapes (docs/language.md "Semantics"):
  *   q  [B, H,   Q_LEN,  E]     k [B, HKV, KV_LEN, E]    v [B, HKV, KV_LEN, EV]
  *   out[B, H,   Q_LEN,  EV]    lse [B, H, Q_LEN]        (natural log)
  *   dout like out, dlse like lse (optional), dq like q, dk like k, dv like v.
@@ -193,21 +193,21 @@ typedef struct flex_args {
                                       over each `sorted` buffer before any block is skipped and
                                       fails with the buffer, the index and the two values where it
                                       decreases (device buffers: copied to the host for it) */
-  /* A packed variable-length batch (DSL.md; docs/varlen.md): int32 [B + 1]
+  /* A packed variable-length batch (docs/language.md; docs/varlen.md): int32 [B + 1]
    * offsets on the call's device, from 0, non-decreasing, ending at TOTAL_Q
    * and TOTAL_KV. When set (both are needed), q is (TOTAL_Q, H, E), k
    * (TOTAL_KV, HKV, E), v (TOTAL_KV, HKV, EV), out and dout (TOTAL_Q, H, EV),
    * lse and dlse (H, TOTAL_Q), dq, dk, dv like q, k, v; block_mask must be
    * NULL. Device backends read the offsets back to the host once per call. */
   const DLTensor *cu_seqlens_q, *cu_seqlens_kv;
-  /* Dropout (DSL.md "Dropout"): attention weights dropped with probability
+  /* Dropout (docs/language.md "Dropout"): attention weights dropped with probability
    * dropout_p in [0, 1), kept ones scaled by 1 / (1 - dropout_p), by the bits
    * of Philox4x32-10 keyed by dropout_seed at dropout_offset. A backward
    * must get the forward's three values. 0: no dropout, at no cost (the
    * kernels are generated without it). */
   float dropout_p;
   uint64_t dropout_seed, dropout_offset;
-  /* A paged key/value cache (DSL.md; docs/paged.md), forward only: k is the
+  /* A paged key/value cache (docs/language.md; docs/paged.md), forward only: k is the
    * pool (NUM_PAGES, PAGE_SIZE, HKV, E), v (NUM_PAGES, PAGE_SIZE, HKV, EV),
    * PAGE_SIZE any integer in 16..256; page_table int32 [B, MAX_PAGES] and
    * kv_lens int32 [B] on q's device (both are needed). Sequence b's key kv
@@ -225,7 +225,7 @@ typedef struct flex_args {
    * to the number of key tiles. Negative: FLEX_ERR_INVALID. The reference
    * and cpu backends compute each row whole and ignore it. */
   int kv_splits;
-  /* A deterministic backward (DSL.md "Determinism"; docs/kernels.md): dq,
+  /* A deterministic backward (docs/language.md "Determinism"; docs/kernels.md): dq,
    * dk, dv and buffer gradients bitwise identical across runs with the same
    * inputs, configuration and device. dQ is summed in a fixed order over
    * groups of key tiles (emu, cuda: one fp32 dQ scratch per group, see

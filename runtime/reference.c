@@ -1,7 +1,7 @@
 /* reference.c: the float64 backend, the oracle every other backend is
  * checked against.
  *
- * It follows DSL.md "Semantics" line by line, fully materialised but one
+ * It follows docs/language.md "Semantics" line by line, fully materialised but one
  * (batch, query head) block at a time: the scores S and probabilities P of
  * one block are Q_LEN x KV_LEN doubles; nothing is ever B*H*Q_LEN*KV_LEN.
  * The mask, the score and the joint (backward) function run through the IR
@@ -13,7 +13,7 @@
  * blocks it does not list are masked, elements of its full blocks are kept
  * without evaluating the mask, and only its partial blocks run the mask.
  *
- * A sink (DSL.md "Attention sinks") is one more term of each row's LSE,
+ * A sink (docs/language.md "Attention sinks") is one more term of each row's LSE,
  * exp(sk), with no value: the keys' P are normalised by it, and the
  * backward gives it dsk = -Ps * D, which its gradient function adds into
  * `grad` buffers.
@@ -117,7 +117,7 @@ static void block_classes(Ref *r, int b, int h) {
   }
 }
 
-/* Dropout's M of element (b, h, i, j) (DSL.md "Dropout"): keep / (1 - p);
+/* Dropout's M of element (b, h, i, j) (docs/language.md "Dropout"): keep / (1 - p);
  * 1 without dropout. b is the batch index functions see (b + b0). */
 static double drop_mult(const RtCall *c, int b, int h, int i, int j) {
   const flex_args *a = c->args;
@@ -202,7 +202,7 @@ static bool block(Ref *r, int b, int h) {
       for (int j = 0; j < KL; j++) P[j] = 0;
       continue;
     }
-    /* IEEE throughout (DSL.md, non-finite values): a NaN t makes LSE NaN, a
+    /* IEEE throughout (docs/language.md, non-finite values): a NaN t makes LSE NaN, a
      * +inf one (and no NaN) makes it +inf; P = exp(t - LSE) is then NaN for
      * every unmasked element (NaN LSE) or for the +inf ones, so O is NaN.
      * The sink is one more term of the sum (exp(sk)). */

@@ -215,7 +215,7 @@ static flex_status mask_lists(RtRun *r, Work *w, FlexParams *p) {
 /* ---- `sorted` promises ------------------------------------------------------- */
 
 /* `sorted` promises, on every run unless waived (flex_args.trust_sorted):
- * the mask plan and the kernels skip blocks by them (DSL.md).
+ * the mask plan and the kernels skip blocks by them (docs/language.md).
  *
  * A backend without the entry (cpu, host memory) checks host views of the
  * caller's buffers, before anything else. */

@@ -1,6 +1,6 @@
 /* Dropout on the emulator (the generated CUDA templates run on the CPU),
  * and on the cpu backend where this build has it (TCase "cpu": the same
- * tests), against the float64 reference (DSL.md "Dropout"):
+ * tests), against the float64 reference (docs/language.md "Dropout"):
  *
  *  - the dropped elements themselves: identity score, V the identity
  *    matrix (EV = KV_LEN), so O[i, j] = P_ij M_ij and O's zeros are exactly

@@ -8,7 +8,7 @@
  * the reference decodes fp16/bf16 exactly), so the error measured is the
  * kernels' own. Outputs are NaN-poisoned before each run; each tensor is
  * compared by relative norm error, NaN never passes, and fully masked rows
- * must come back exactly as DSL.md says (O = 0, LSE = -inf, dQ = 0).
+ * must come back exactly as docs/language.md says (O = 0, LSE = -inf, dQ = 0).
  *
  * The default run covers every sample with every dtype once, the shape
  * variants spread over them; FLEXC_EMU_FULL=1 (or --full) runs the whole

@@ -16,7 +16,7 @@
  *    key tiles) and that the chunks together visited exactly the unsplit
  *    run's tiles;
  *  - +inf and NaN logits in one chunk of a row: LSE +inf / NaN and O NaN,
- *    as the unsplit kernel gives (DSL.md);
+ *    as the unsplit kernel gives (docs/language.md);
  *  - a paged K/V cache and a packed (varlen) batch, split per sequence;
  *  - grouped-query packing: on exactly for GQA calls without lists or
  *    dropout; packed against unpacked ($FLEXC_PACK_GQA=0) results and tile

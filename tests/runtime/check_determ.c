@@ -1,4 +1,4 @@
-/* A deterministic backward (flex_args.deterministic; DSL.md "Determinism")
+/* A deterministic backward (flex_args.deterministic; docs/language.md "Determinism")
  * on the emulator, the CPU backend and the reference.
  *
  * Each backward runs twice with deterministic on, the emulator's CTAs in

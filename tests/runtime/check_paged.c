@@ -1,4 +1,4 @@
-/* Paged key/value caches (page_table, kv_lens; DSL.md, docs/paged.md).
+/* Paged key/value caches (page_table, kv_lens; docs/language.md, docs/paged.md).
  *
  * Every case builds one random packed batch (ragged key lengths, one
  * sequence without keys, one longer than a few pages), then scatters its

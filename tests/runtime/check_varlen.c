@@ -1,4 +1,4 @@
-/* Packed variable-length batches (cu_seqlens; DSL.md, docs/varlen.md).
+/* Packed variable-length batches (cu_seqlens; docs/language.md, docs/varlen.md).
  *
  * Numerics: a packed call on the reference and on the emulator against the
  * same sequences run one by one as ordinary (padded, B = 1) calls on the
