@@ -116,9 +116,9 @@ decl
   : PARAM ptype IDENT opt_default ';'  { fe_decl_param(ps, $2, @2, $3, @3, $4, @$); }
   | CONST IDENT '=' expr ';'           { fe_decl_const(ps, $2, @2, $4, @$); }
   | BUFFER IDENT ':' dtype '[' dims ']' flags ';' { fe_decl_buffer(ps, $2, @2, $4, @4, $6, $8, @$); }
-  | SCORE IDENT '(' opt_params ')' '{' body '}' { fe_decl_fn(ps, D_SCORE, $2, @2, $4, $7, @$); }
-  | MASK IDENT '(' opt_params ')' '{' body '}'  { fe_decl_fn(ps, D_MASK, $2, @2, $4, $7, @$); }
-  | SINK IDENT '(' opt_params ')' '{' body '}'  { fe_decl_fn(ps, D_SINK, $2, @2, $4, $7, @$); }
+  | SCORE name '(' opt_params ')' '{' body '}'  { fe_decl_fn(ps, D_SCORE, $2, @2, $4, $7, @$); }
+  | MASK name '(' opt_params ')' '{' body '}'   { fe_decl_fn(ps, D_MASK, $2, @2, $4, $7, @$); }
+  | SINK name '(' opt_params ')' '{' body '}'   { fe_decl_fn(ps, D_SINK, $2, @2, $4, $7, @$); }
   | ptype IDENT '(' opt_tparams ')' '{' body '}' { fe_decl_helper(ps, $1, $2, @2, $4, $7, @$); }
   | KERNEL IDENT '{' kitems '}'        { fe_decl_kernel(ps, $2, @2, $4, @$); }
   | error ';'                          { fe_decl_lost(ps, @$); }
@@ -192,8 +192,8 @@ body
  * kitem := 'score' '=' identifier ';' | 'mask' '=' expr ';' | 'sink' '=' identifier ';' */
 kitems
   : %empty                        { $$ = NULL; }
-  | kitems SCORE '=' IDENT ';'    { $$ = fe_kitem_score(ps, $1, $4, @4, @2); }
-  | kitems SINK '=' IDENT ';'     { $$ = fe_kitem_sink(ps, $1, $4, @4, @2); }
+  | kitems SCORE '=' name ';'     { $$ = fe_kitem_score(ps, $1, $4, @4, @2); }
+  | kitems SINK '=' name ';'      { $$ = fe_kitem_sink(ps, $1, $4, @4, @2); }
   | kitems MASK '=' expr ';'      { $$ = fe_kitem_mask(ps, $1, $4, @2); }
   | kitems error ';'              { $$ = $1; }
   ;
@@ -262,7 +262,8 @@ index
 
 /* name := identifier | 'score' | 'mask' | 'sink' | 'grad' | 'sorted'
  * (those five are keywords only where a declaration, a kernel binding or a
- * buffer attribute is expected) */
+ * buffer attribute is expected: a function may be named `sink`, a mask of
+ * sink tokens, say) */
 name
   : IDENT   { $$ = $1; }
   | SCORE   { $$ = "score"; }
