@@ -96,7 +96,8 @@ static const Shape shape_caller_mask = {2, 4, 2, 300, 260, 64, 64, true, true, t
 static const char *const samples[] = {"alibi", "causal", "causal_lower_right", "chunked_gelu",
                                       "dilated", "document", "gemma2", "head_temperature",
                                       "natten", "prefix_lm", "relpos_bias", "sliding_window",
-                                      "softcap", "natten_gym", "natten_tiled", "paged"};
+                                      "softcap", "natten_gym", "natten_tiled", "paged",
+                                      "sink_gptoss", "sink_window", "sink_per_query"};
 #define NSAMPLES ((int)(sizeof samples / sizeof *samples))
 
 /* Params and buffers of one sample, valid for the shape. */
@@ -179,6 +180,15 @@ static void sample_extras(Extras *x, const char *name, const Shape *s) {
   if (!strcmp(name, "relpos_bias"))
     tl_arr_normal(add_buf(x, "rel_bias", f32, 2, s->H, 9, true), &rng);
   if (!strcmp(name, "sliding_window")) add_param(x, "window", 10);
+  /* Learned sinks around the rows' own logits (0 to a few), some above
+   * every key's: the keys' weights then sum well below 1. */
+  if (!strncmp(name, "sink_", 5) && strcmp(name, "sink_per_query"))
+    tl_arr_uniform(add_buf(x, "sinks", f32, 1, s->H, 0, true), -1.0, 3.0, &rng);
+  if (!strcmp(name, "sink_window")) add_param(x, "window", 6);
+  if (!strcmp(name, "sink_per_query")) {
+    tl_arr_uniform(add_buf(x, "base", f32, 1, s->H, 0, true), -1.0, 1.0, &rng);
+    tl_arr_uniform(add_buf(x, "growth", f32, 1, s->H, 0, true), 0.0, 0.5, &rng);
+  }
   if (!strcmp(name, "softcap")) add_param(x, "softcap", 2.5);
 }
 
