@@ -98,6 +98,7 @@ enum {
   FLEX_FEATURE_GRAD_BUFFERS = 1u << 2, /* some buffer is `grad` */
   FLEX_FEATURE_IMPLICIT_MASK = 1u << 3, /* the kernels classify blocks themselves: no BlockMask needed */
   FLEX_FEATURE_DS_IS_DT = 1u << 4,     /* d score / d s == 1: the backward skips the joint */
+  FLEX_FEATURE_SINK = 1u << 5,         /* a sink function (docs/language.md "Attention sinks") */
 };
 
 /* Everything a program needs to call a kernel it did not write. Pointers
@@ -112,6 +113,7 @@ typedef struct flex_kernel_info {
   const flex_param_info *params;   /* in declaration order */
   int nbuffers;
   const flex_buffer_info *buffers; /* in declaration order */
+  const char *sink;        /* the sink function's name, or NULL */
 } flex_kernel_info;
 
 flex_status flex_kernel_get_info(const flex_kernel *k, flex_kernel_info *out);

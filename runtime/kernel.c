@@ -177,6 +177,7 @@ static flex_status do_kernel_get_info(const flex_kernel *k, flex_kernel_info *ou
   out->file = k->src.path;
   out->score = m->score_is_identity ? NULL : m->score->name;
   out->mask = m->mask ? m->mask->name : NULL;
+  out->sink = m->sink ? m->sink->name : NULL;
   CgOptions o;
   char err[8];
   bool opts = cg_options_init(&o, m, CG_FP32, 64, 64, CG_SM80, true, err, sizeof err);
@@ -184,7 +185,8 @@ static flex_status do_kernel_get_info(const flex_kernel *k, flex_kernel_info *ou
                   (m->mask ? FLEX_FEATURE_MASK : 0u) |
                   (opts && o.grad_buffers ? FLEX_FEATURE_GRAD_BUFFERS : 0u) |
                   (m->mask && ir_interval_device_decidable(m) ? FLEX_FEATURE_IMPLICIT_MASK : 0u) |
-                  (opts && o.ds_is_dt ? FLEX_FEATURE_DS_IS_DT : 0u);
+                  (opts && o.ds_is_dt ? FLEX_FEATURE_DS_IS_DT : 0u) |
+                  (m->sink ? FLEX_FEATURE_SINK : 0u);
   out->nparams = m->nparams;
   out->params = mk->info_params;
   out->nbuffers = m->nbuffers;

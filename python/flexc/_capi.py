@@ -31,7 +31,7 @@ kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLBool = 0, 1, 2, 4, 6
 TYPE_NAMES = {0: "bool", 1: "int", 2: "float"}
 FEATURES = {
     "score": 1 << 0, "mask": 1 << 1, "grad_buffers": 1 << 2,
-    "implicit_mask": 1 << 3, "ds_is_dt": 1 << 4,
+    "implicit_mask": 1 << 3, "ds_is_dt": 1 << 4, "sink": 1 << 5,
 }
 
 # flex_target
@@ -89,6 +89,7 @@ class KernelInfo(ctypes.Structure):  # flex_kernel_info
         ("mask", ctypes.c_char_p), ("features", ctypes.c_uint),
         ("nparams", ctypes.c_int), ("params", ctypes.POINTER(ParamInfo)),
         ("nbuffers", ctypes.c_int), ("buffers", ctypes.POINTER(BufferInfo)),
+        ("sink", ctypes.c_char_p),
     ]
 
 

@@ -81,7 +81,7 @@ class _MaskOnly:
 
 
 def attention(query, key, value, score_mod, block_mask, scale, params, buffers, backend,
-              check_bounds, fast_math, deterministic):
+              check_bounds, fast_math, deterministic, sinks=None):
     """(out, lse) as nested tensors: out [B, H, j, EV], lse [B, H, j]."""
     from . import _mods
     from .torch import _call, _resolve
@@ -95,6 +95,8 @@ def attention(query, key, value, score_mod, block_mask, scale, params, buffers, 
     mask = _mods.mask_mod_of(block_mask)
     kernel, params, buffers = _resolve(score_mod, None if mask is None else _MaskOnly(mask),
                                        params, buffers, qv)
+    if sinks is not None:
+        kernel, buffers = _mods.with_sinks(kernel, buffers, sinks, qv.transpose(0, 1))
     cq = qo.to(device=qv.device, dtype=torch.int32)
     ck = ko.to(device=qv.device, dtype=torch.int32)
     out, lse = _call(kernel, qv, kv_, vv, None, scale, params, buffers, backend, check_bounds,

@@ -70,9 +70,10 @@ class KernelInfo:
     file: str
     score: object       # the score function's name, or None (identity)
     mask: object        # the mask function's name, or None
-    features: frozenset  # of 'score', 'mask', 'grad_buffers', 'implicit_mask', 'ds_is_dt'
+    features: frozenset  # of 'score', 'mask', 'grad_buffers', 'implicit_mask', 'ds_is_dt', 'sink'
     params: tuple       # ParamInfo, in declaration order
     buffers: tuple      # BufferInfo, in declaration order
+    sink: object = None  # the sink function's name, or None
 
 
 def _s(b):
@@ -266,7 +267,7 @@ class Kernel:
             for b in ci.buffers[:ci.nbuffers])
         feats = frozenset(n for n, bit in C.FEATURES.items() if ci.features & bit)
         return KernelInfo(_s(ci.name), _s(ci.file), _s(ci.score), _s(ci.mask), feats,
-                          params, buffers)
+                          params, buffers, _s(ci.sink))
 
     def info(self):
         """KernelInfo: name, file, score and mask names, features, params

@@ -96,7 +96,7 @@ def _body(tr, fname, pnames, bnames):
     def sub(text):
         text = re.sub(r"@P(\d+)@", lambda m: pnames[int(m.group(1))], text)
         return re.sub(r"@B(\d+)@", lambda m: bnames[int(m.group(1))], text)
-    head = "score" if tr.kind == "score" else "mask"
+    head = tr.kind  # score, mask or sink
     lines = [f"{head} {fname}({', '.join(tr.argnames)}) {{"]
     lines += [f"    let {n} = {pretty(sub(t))};" for n, t in tr.lets]
     lines.append(f"    return {pretty(sub(tr.ret))};")
@@ -104,19 +104,21 @@ def _body(tr, fname, pnames, bnames):
     return lines
 
 
-def source_of(score, mask, taken=(), sorted_flags=((), ()), kernel_line=None, header=None):
-    """(.score text, parts) for Traced score and mask (either may be None).
-    taken: names the text must not declare; sorted_flags: per buffer of
-    the score, and of the mask, whether it is declared `sorted`;
-    kernel_line: parts -> a last line (a kernel block)."""
+def source_of(score, mask, taken=(), sorted_flags=((), ()), kernel_line=None, header=None,
+              sink=None):
+    """(.score text, parts) for Traced score, mask and sink (any may be
+    None). taken: names the text must not declare; sorted_flags: per
+    buffer of the score, the mask (and the sink), whether it is declared
+    `sorted`; kernel_line: parts -> a last line (a kernel block)."""
     names = set(taken)
-    for tr in (score, mask):
+    for tr in (score, mask, sink):
         if tr is not None:
             names.update(tr.argnames)
             names.update(n for n, _ in tr.lets)
     decls, bodies, parts = [], [], []
-    for tr, default, flags in ((score, "score_mod", sorted_flags[0]),
-                               (mask, "mask_mod", sorted_flags[1])):
+    flags3 = tuple(sorted_flags) + ((),) * (3 - len(sorted_flags))
+    for tr, default, flags in ((score, "score_mod", flags3[0]), (mask, "mask_mod", flags3[1]),
+                               (sink, "sink_mod", flags3[2])):
         if tr is None:
             parts.append(None)
             continue
@@ -126,6 +128,8 @@ def source_of(score, mask, taken=(), sorted_flags=((), ()), kernel_line=None, he
         decls += _decl_lines(tr, pn, bn, tuple(flags) + (False,) * len(tr.buffers))
         bodies += _body(tr, fname, pn, bn)
         parts.append((tr, pn, bn, fname))
+    if sink is None:
+        parts.pop()  # (score, mask) as before
     lines = [header] if header else []
     lines += decls + bodies
     if kernel_line:
@@ -133,21 +137,21 @@ def source_of(score, mask, taken=(), sorted_flags=((), ()), kernel_line=None, he
     return "\n".join(lines) + "\n", parts
 
 
-def _header(score, mask):
-    said = [f"{tr.kind}_mod {tr.desc}" for tr in (score, mask) if tr is not None]
+def _header(score, mask, sink=None):
+    said = [f"{tr.kind}_mod {tr.desc}" for tr in (score, mask, sink) if tr is not None]
     return "# traced by flexc.torch from " + (" and ".join(said) or "no function")
 
 
 @_constant
-def _plan_id(score_id, mask_id, sorted_flags):
-    """The id of the Plan of traces score_id and mask_id ('' for none)."""
+def _plan_id(score_id, mask_id, sorted_flags, sink_id=""):
+    """The id of the Plan of traces score_id, mask_id and sink_id ('' for none)."""
     with _lock:
-        pk = (score_id, mask_id, sorted_flags)
+        pk = (score_id, mask_id, sorted_flags, sink_id)
         p = _plans.get(pk)
         if p is None:
-            score, mask = _reg.get(score_id), _reg.get(mask_id)
+            score, mask, sink = _reg.get(score_id), _reg.get(mask_id), _reg.get(sink_id)
             text, parts = source_of(score, mask, sorted_flags=sorted_flags,
-                                    header=_header(score, mask))
+                                    header=_header(score, mask, sink), sink=sink)
             stats["compiles"] += 1
             p = _plans[pk] = Plan(text, K.compile(text), parts)
         pid = f"p{id(p)}"
@@ -155,10 +159,10 @@ def _plan_id(score_id, mask_id, sorted_flags):
         return pid
 
 
-def plan_for(score, mask, sorted_flags=((), ())):
-    """The Plan of Traced score and mask (either may be None)."""
+def plan_for(score, mask, sorted_flags=((), ()), sink=None):
+    """The Plan of Traced score, mask and sink (any may be None)."""
     return _reg[_plan_id(f"t{id(score)}" if score else "", f"t{id(mask)}" if mask else "",
-                         sorted_flags)]
+                         sorted_flags, f"t{id(sink)}" if sink else "")]
 
 
 # ---- a call's values -----------------------------------------------------------
@@ -257,10 +261,12 @@ def mask_mod_of(block_mask):
     return None if mm is noop_mask else mm
 
 
-def _parts(score_fn, mask_fn, device):
-    """Traced functions, their leaves and buffer tensors for one call."""
+def _parts(score_fn, mask_fn, device, sink_fn=None):
+    """Traced functions, their leaves and buffer tensors for one call: the
+    score's and the mask's, and the sink's when there is one."""
     out = []
-    for fn, kind in ((score_fn, "score"), (mask_fn, "mask")):
+    fns = ((score_fn, "score"), (mask_fn, "mask")) + (((sink_fn, "sink"),) if sink_fn else ())
+    for fn, kind in fns:
         if fn is None:
             out.append((None, [], []))
             continue
@@ -269,24 +275,26 @@ def _parts(score_fn, mask_fn, device):
     return out
 
 
-def call_values(score_fn, mask_fn, query, params=None, buffers=None, device=None):
+def call_values(score_fn, mask_fn, query, params=None, buffers=None, device=None, sink_fn=None):
     """(kernel, params, buffers) for a call of Python functions (on
     query's device, or `device` when query is None)."""
     if params or buffers:
         raise ValueError("flexc.torch.flex_attention: params= and buffers= go with a kernel from "
                          "flexc.compile; a Python score_mod or mask_mod passes the numbers and "
                          "tensors it captures itself")
-    parts = _parts(score_fn, mask_fn, query.device if query is not None else device)
+    parts = _parts(score_fn, mask_fn, query.device if query is not None else device, sink_fn)
     flags = sorted_flags([(tr, b) for tr, _, b in parts])
-    plan = plan_for(parts[0][0], parts[1][0], flags)
+    plan = plan_for(parts[0][0], parts[1][0], flags, parts[2][0] if len(parts) > 2 else None)
     p, b = bind(plan, [(lv, b) for _, lv, b in parts])
     return plan.kernel, p, b
 
 
-def to_score(score_mod=None, mask_mod=None):
+def to_score(score_mod=None, mask_mod=None, sink_mod=None):
     """The .score source flexc compiles for these Python functions."""
-    parts = _parts(score_mod, mask_mod, None)
-    text, _ = source_of(parts[0][0], parts[1][0], header=_header(parts[0][0], parts[1][0]))
+    parts = _parts(score_mod, mask_mod, None, sink_mod)
+    sink = parts[2][0] if len(parts) > 2 else None
+    text, _ = source_of(parts[0][0], parts[1][0], header=_header(parts[0][0], parts[1][0], sink),
+                        sink=sink)
     return text
 
 
@@ -386,6 +394,59 @@ def _check_agree(check, kernel, block_mask, query, params, buffers):
             "elements that one keeps and the other masks); pass the BlockMask of the kernel's "
             "own mask, or a kernel without a mask"))
     _agreed[vk] = True
+
+
+_sinked = {}   # kernel id -> (the kernel with a per-head sink, its buffer's name)
+
+
+@_constant
+def _sinks_id(kernel_id):
+    """The id of `kernel_id` with a learnable per-head sink added (a buffer
+    of one logit per query head, `grad`, and `sink NAME(b, h, q) { return
+    buffer[h]; }`), compiled once."""
+    with _lock:
+        entry = _sinked.get(kernel_id)
+        if entry is None:
+            kernel = K.registry[kernel_id]
+            info = kernel.info()
+            if info.sink is not None:
+                raise ValueError(f"flexc.torch.flex_attention: {kernel.name} has a sink function "
+                                 f"of its own ({info.sink}); sinks= adds one to kernels without")
+            if kernel.source is None:
+                raise ValueError(f"flexc: {kernel!r} has no .score source to add sinks to")
+            taken = set(_IDENT.findall(kernel.source))
+            buf = T.sanitize("sinks", taken)
+            taken.add(buf)
+            fn = T.sanitize("per_head_sink", taken)
+            taken.add(fn)
+            name = T.sanitize("with_sinks", taken)
+            own = _kernel_mask(kernel)
+            items = (f"score = {info.score}; " if info.score else "") + \
+                    (f"mask = {own}; " if own else "") + f"sink = {fn};"
+            text = (kernel.source.rstrip("\n") + "\n\n# flexc.torch.flex_attention(..., sinks=): "
+                    "one learned logit per query head\n"
+                    f"buffer {buf}: f32[H] grad;\nsink {fn}(b, h, q) {{ return {buf}[h]; }}\n"
+                    f"kernel {name} {{ {items} }}\n")
+            stats["compiles"] += 1
+            entry = _sinked[kernel_id] = (K.compile(text, name), buf)
+        sid = f"s{id(entry)}"
+        _reg[sid] = entry
+        return sid
+
+
+def with_sinks(kernel, buffers, sinks, query):
+    """(kernel, buffers) of a call with flex_attention's sinks=: kernel with a
+    per-head sink whose logits are `sinks` (float32 [H]; a tensor that
+    requires grad gets its gradient)."""
+    H = int(query.shape[1])
+    if not isinstance(sinks, torch.Tensor) or sinks.dim() != 1 or int(sinks.shape[0]) != H:
+        raise ValueError(f"flexc.torch.flex_attention: sinks must be a 1-D tensor of one logit "
+                         f"per query head (shape [{H}]), got "
+                         f"{tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__}")
+    if not sinks.is_floating_point():
+        raise ValueError(f"flexc.torch.flex_attention: sinks must be float32, got {sinks.dtype}")
+    made, buf = _reg[_sinks_id(kernel.id)]
+    return made, dict(buffers, **{buf: sinks.to(device=query.device, dtype=torch.float32)})
 
 
 class TracedKernel(K.Kernel):

@@ -156,7 +156,7 @@ def _describe(fn):
     return f"`{code.co_name}` ({code.co_filename}:{code.co_firstlineno})"
 
 
-_NARGS = {"score": 5, "mask": 4}
+_NARGS = {"score": 5, "mask": 4, "sink": 3}  # sink_mod(b, h, q_idx) -> its logit
 
 
 def _make_fx(fn, example):
@@ -224,7 +224,7 @@ def trace(key, kind, numbers=None):
             values.append(None)
             nums.append(i)
     example = ([torch.zeros((), dtype=torch.float32)] if kind == "score" else []) + \
-        [torch.zeros((), dtype=torch.int32) for _ in range(4)] + \
+        [torch.zeros((), dtype=torch.int32) for _ in range(n - (kind == "score"))] + \
         [torch.zeros((), dtype=torch.int32 if specs[i].ptype == "int" else torch.float32)
          for i in nums]
     keep = list(values)  # the stand-ins stay alive while the graph holds them
@@ -612,7 +612,7 @@ class _Walk:
         return X.Vec(v.ty, shape, at)
 
     def _finish(self, out):
-        want = "f" if self.kind == "score" else "b"
+        want = "b" if self.kind == "mask" else "f"
         if isinstance(out, (list, tuple)):
             if len(out) != 1:
                 raise error(f"returns {len(out)} values", None, self.desc)

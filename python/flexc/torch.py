@@ -157,7 +157,7 @@ _TYPE_HELP = ("a Python function score_mod(score, b, h, q_idx, kv_idx) as PyTorc
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
                    enable_gqa=False, return_lse=False, kernel_options=None, *, return_aux=None,
                    params=None, buffers=None, backend=None, check_bounds=False, fast_math=False,
-                   deterministic=False):
+                   deterministic=False, sinks=None):
     """Attention like torch.nn.attention.flex_attention.flex_attention, on
     flexc's kernels. The first ten arguments are PyTorch's, with its
     defaults.
@@ -187,7 +187,12 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     for host tensors where this build has it, else `reference`;
     check_bounds: report out-of-range buffer reads; fast_math: hardware
     approximations on emu and cuda; deterministic: the backward's
-    gradients bitwise the same on every run (docs/language.md "Determinism")."""
+    gradients bitwise the same on every run (docs/language.md "Determinism");
+    sinks: one learned logit per query head (a float32 [H] tensor; a
+    tensor that requires grad gets its gradient), an extra key of every
+    row's softmax with no value, as gpt-oss trains them (docs/language.md
+    "Attention sinks"; the kernel must not have a sink of its own), or a
+    Python function sink_mod(b, h, q_idx) -> logit, traced like score_mod."""
     if block_mask is not None and not hasattr(block_mask, "kv_num_blocks"):
         raise TypeError("flexc.torch.flex_attention: block_mask must be PyTorch's BlockMask "
                         "(create_block_mask) or a flexc.BlockMask (flexc.torch.create_block_mask), "
@@ -202,9 +207,14 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if getattr(query, "is_nested", False):
         from . import _jagged
         out, lse = _jagged.attention(query, key, value, score_mod, block_mask, scale, params,
-                                     buffers, backend, check_bounds, fast_math, deterministic)
+                                     buffers, backend, check_bounds, fast_math, deterministic,
+                                     sinks)
     else:
-        kernel, params, buffers = _resolve(score_mod, block_mask, params, buffers, query)
+        sink_fn = sinks if callable(sinks) and not isinstance(sinks, torch.Tensor) else None
+        kernel, params, buffers = _resolve(score_mod, block_mask, params, buffers, query, sink_fn)
+        if sinks is not None and sink_fn is None:
+            from . import _mods
+            kernel, buffers = _mods.with_sinks(kernel, buffers, sinks, query)
         out, lse = _call(kernel, query, key, value, block_mask, scale, params, buffers, backend,
                          check_bounds, fast_math, deterministic)
     if return_aux is not None:
@@ -213,12 +223,21 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     return (out, lse) if want_lse else out
 
 
-def _resolve(score_mod, block_mask, params, buffers, query):
-    """(kernel, params, buffers) of a call: score_mod and the block mask's
-    mask_mod traced and compiled, or the caller's flexc.Kernel (with the
-    BlockMask's mask where it has none)."""
+def _resolve(score_mod, block_mask, params, buffers, query, sink_fn=None):
+    """(kernel, params, buffers) of a call: score_mod, the block mask's
+    mask_mod and sink_fn traced and compiled, or the caller's flexc.Kernel
+    (with the BlockMask's mask where it has none)."""
     from . import _mods as M
     mask_mod = M.mask_mod_of(block_mask)
+    if sink_fn is not None:
+        if isinstance(score_mod, M.TracedKernel):
+            return M.call_values(score_mod.score_mod, mask_mod or score_mod.mask_mod, query,
+                                 params, buffers, sink_fn=sink_fn)
+        if score_mod is not None and (isinstance(score_mod, K.Kernel) or not callable(score_mod)):
+            raise TypeError("flexc.torch.flex_attention: a Python sink function goes with a "
+                            "Python score_mod (or none); with a .score kernel, declare the sink "
+                            "in the .score file or pass sinks= as a tensor of per-head logits")
+        return M.call_values(score_mod, mask_mod, query, params, buffers, sink_fn=sink_fn)
     if score_mod is None or isinstance(score_mod, K.Kernel) and \
             not isinstance(score_mod, M.TracedKernel):
         kernel = _PLAIN if score_mod is None else score_mod
@@ -277,13 +296,14 @@ def _as_tensor(a, like):
     return a.to(like.device)
 
 
-def to_score(score_mod=None, mask_mod=None):
-    """The .score source flexc compiles for a Python score_mod and mask_mod
-    (as flex_attention traces them), to read or to keep as a .score file:
-    captured numbers are `param`s, captured tensors `buffer`s (with the
-    values a call passes: the source declares no defaults)."""
+def to_score(score_mod=None, mask_mod=None, sink_mod=None):
+    """The .score source flexc compiles for a Python score_mod, mask_mod
+    and sink_mod(b, h, q_idx) (as flex_attention traces them), to read or
+    to keep as a .score file: captured numbers are `param`s, captured
+    tensors `buffer`s (with the values a call passes: the source declares
+    no defaults)."""
     from . import _mods
-    return _mods.to_score(score_mod, mask_mod)
+    return _mods.to_score(score_mod, mask_mod, sink_mod)
 
 
 def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128):
