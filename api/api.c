@@ -143,7 +143,7 @@ static flex_status do_block_mask_create(flex_block_mask **out, flex_kernel *k, c
   if (!st && !(a && a->trust_sorted)) st = rt_check_sorted(&c, c.bufs); /* host views */
   if (!st) {
     IrIntervalEnv env = {c.params, c.sizes, c.bufs};
-    RtMaskShape shape = {B, H, q_len, kv_len, block_q, block_kv};
+    RtMaskShape shape = {B, H, q_len, kv_len, block_q, block_kv, c.q_off, c.kv_off};
     st = rt_block_mask_build(&bm, k->mod, &env, &shape, RT_MASK_EVAL, &ms);
   }
   if (!st) {

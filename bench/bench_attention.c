@@ -129,7 +129,7 @@ static void problem_free(Problem *p) {
 static void mask_init(DevMask *dm, const flex_kernel *k, int L) {
   int32_t sizes[16] = {1, 1, 1, L, L};
   IrIntervalEnv env = {NULL, sizes, NULL};
-  RtMaskShape shape = {1, 1, L, L, 128, 128};
+  RtMaskShape shape = {1, 1, L, L, 128, 128, 0, 0};
   RtBlockMask bm;
   char err[256];
   if (rt_block_mask_build(&bm, k->mod, &env, &shape, RT_MASK_ANALYSIS, NULL)) {

@@ -63,6 +63,8 @@ typedef struct CgOptions {
                           kernels are exactly the unpaged ones */
   bool out_f32;        /* O is fp32 whatever the input dtype: flex_fwd writes it, flex_bwd_pre reads it */
   bool dropout;        /* dropout on (p > 0): FLEX_DROPOUT defined, the kernels draw Philox bits */
+  bool offsets;        /* position offsets (a shard): FLEX_OFFSETS defined, the functions, their
+                          classifier and dropout see q + p.q_off, kv + p.kv_off */
   bool kv_split;       /* a split-KV forward (FlexParams.kv_splits > 1): FLEX_KV_SPLIT defined,
                           flex_fwd writes partials per key chunk (docs/decoding.md) */
   bool pack_gqa;       /* forward only: grouped-query packing, the rows of a kernel head are the
@@ -222,6 +224,7 @@ typedef struct CgShape {
   int mask_block_q, mask_block_kv; /* a caller's BlockMask's blocks (0: none) */
   int kv_splits;          /* flex_args.kv_splits: 0 automatic, 1 never, N chunks */
   bool pack_ok;           /* a group's rows are evenly spaced in q, out and lse */
+  bool offsets;           /* position offsets (flex_args.q_offset, kv_offset nonzero) */
 } CgShape;
 
 /* Fill `o` for call `s` of module `m` on device `d`: tiles (re-picked for

@@ -288,7 +288,7 @@ static void put_preamble(Buf *out, const IrModule *m, const IrFunc *f, bool chec
  * `exact`: a deterministic backward's joint, which adds buffer gradients
  * into exact accumulators. */
 static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind kind, bool checked,
-                     const char *pre, bool exact) {
+                     const char *pre, bool exact, bool offsets) {
   static const char *const what[] = {[IRF_SCORE] = "score", [IRF_MASK] = "mask",
                                      [IRF_JOINT] = "joint (ds from dt)", [IRF_SINK] = "sink",
                                      [IRF_SINK_GRAD] = "sink gradient (into grad buffers)"};
@@ -325,6 +325,9 @@ static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind ki
                kind == IRF_SINK_GRAD ? "0.0f" : "dt");
     return;
   }
+  if (offsets) /* a shard: the whole sequence's positions (docs/language.md "Position offsets") */
+    buf_puts(out, kind == IRF_SINK || kind == IRF_SINK_GRAD ? "  q += p.q_off;\n"
+                                                            : "  q += p.q_off, kv += p.kv_off;\n");
   put_preamble(out, m, f, checked, exact);
   for (int i = 0; i < f->n; i++) put_inst(out, m, f, i, checked, exact);
   buf_puts(out, "  return ");
@@ -460,7 +463,7 @@ static void put_iv_inst(Buf *out, const IrModule *m, const IrFunc *f, int i) {
 /* flex_mask_block(): the mask over a block of (b, h, q, kv) (inclusive
  * bounds) with the interval rules of kernels/interval.cuh; returns
  * FLEX_BLOCK_EMPTY, _FULL or _PARTIAL, soundly (PARTIAL when unsure). */
-static void put_classifier(Buf *out, const IrModule *m, const char *pre) {
+static void put_classifier(Buf *out, const IrModule *m, const char *pre, bool offsets) {
   const IrFunc *f = m->mask;
   buf_printf(out, "/* block classifier of the mask of kernel %s (interval analysis) */\n"
                   "__device__ __forceinline__ int %smask_block(const FlexParams &p, int flex_b0, "
@@ -474,6 +477,8 @@ static void put_classifier(Buf *out, const IrModule *m, const char *pre) {
   live[f->ret] = true;
   for (int i = f->ret; i >= 0; i--)
     for (int k = 0; live[i] && k < f->inst[i].nargs; k++) live[f->inst[i].args[k]] = true;
+  if (offsets) /* a shard: the whole sequence's positions */
+    buf_puts(out, "  flex_q0 += p.q_off, flex_q1 += p.q_off, flex_kv0 += p.kv_off, flex_kv1 += p.kv_off;\n");
   put_preamble(out, m, f, false, false);
   for (int i = 0; i <= f->ret; i++)
     if (live[i]) put_iv_inst(out, m, f, i);
@@ -516,14 +521,17 @@ static void put_pack_wrappers(Buf *out, bool has_mask, bool has_sink) {
 
 void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o) {
   const char *pre = o->pack_gqa ? "flex_user_" : "flex_";
-  put_func(out, m, o->score_identity ? NULL : m->score, IRF_SCORE, o->check_bounds, pre, false);
-  put_func(out, m, m->mask, IRF_MASK, o->check_bounds, pre, false);
+  put_func(out, m, o->score_identity ? NULL : m->score, IRF_SCORE, o->check_bounds, pre, false,
+           o->offsets);
+  put_func(out, m, m->mask, IRF_MASK, o->check_bounds, pre, false, o->offsets);
   put_func(out, m, o->backward && !o->ds_is_dt ? m->joint : NULL, IRF_JOINT, o->check_bounds,
-           "flex_", o->deterministic);
+           "flex_", o->deterministic, o->offsets);
   if (m->sink) {
-    put_func(out, m, m->sink, IRF_SINK, o->check_bounds, pre, false);
-    if (o->backward) put_func(out, m, m->sink_grad, IRF_SINK_GRAD, o->check_bounds, "flex_", o->deterministic);
+    put_func(out, m, m->sink, IRF_SINK, o->check_bounds, pre, false, o->offsets);
+    if (o->backward)
+      put_func(out, m, m->sink_grad, IRF_SINK_GRAD, o->check_bounds, "flex_", o->deterministic,
+               o->offsets);
   }
-  if (o->has_mask) put_classifier(out, m, pre);
+  if (o->has_mask) put_classifier(out, m, pre, o->offsets);
   if (o->pack_gqa) put_pack_wrappers(out, o->has_mask, m->sink != NULL);
 }

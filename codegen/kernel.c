@@ -545,6 +545,7 @@ void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o) {
   if (o->kv_split && !o->backward) buf_puts(out, "#define FLEX_KV_SPLIT 1\n");
   if (o->deterministic && o->backward) buf_puts(out, "#define FLEX_DETERMINISTIC 1\n");
   if (o->has_sink) buf_puts(out, "#define FLEX_SINK 1\n");
+  if (o->offsets) buf_puts(out, "#define FLEX_OFFSETS 1\n");
   buf_puts(out, "#include \"common.cuh\"\n");
   if (o->has_mask) buf_puts(out, "#include \"interval.cuh\"\n");
   if (o->mask_mode == CG_MASK_IMPLICIT)

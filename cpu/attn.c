@@ -153,17 +153,18 @@ static void pack_kv_bf16(void *ctx, int64_t item, int worker) {
 }
 
 /* Dropout on keys kv0 .. kv0 + n - 1 of row qi of (b, h) (b as the call
- * indexes it; the bits see b + b0): x[j] zeroed where dropped, or with
+ * indexes it; the bits see b + b0 and a shard's positions, qi + q_off and
+ * kv + kv_off): x[j] zeroed where dropped, or with
  * `mult`, set to M = keep / (1 - p); xb instead of x (not NULL): a bf16
  * row, zeroed where dropped. One Philox call per four keys. */
 static void drop_row(const FlexParams *p, int b, int h, int qi, int kv0, int n, float *x,
                      uint16_t *xb, bool mult) {
   uint32_t bh = (uint32_t)((b + p->b0) * p->H + h), w[4] = {0, 0, 0, 0};
   for (int j = 0; j < n; j++) {
-    uint32_t kj = (uint32_t)(kv0 + j);
+    uint32_t kj = (uint32_t)(kv0 + p->kv_off + j);
     if (j == 0 || (kj & 3) == 0)
-      flex_dropout_words(w, p->drop_seed[0], p->drop_seed[1], p->drop_ctr3, bh, (uint32_t)qi,
-                         kj >> 2);
+      flex_dropout_words(w, p->drop_seed[0], p->drop_seed[1], p->drop_ctr3, bh,
+                         (uint32_t)(qi + p->q_off), kj >> 2);
     bool keep = flex_dropout_keep(w[kj & 3], p->drop_p);
     if (xb) {
       if (!keep) xb[j] = 0;

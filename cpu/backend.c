@@ -133,7 +133,8 @@ static void walk_init(const RtRun *r, const FlexParams *p, CpuWalk *w, int bm, i
   w->Bm = ir_interval_uses_arg(m, ARG_B) ? p->B : 1;
   w->Hm = ir_interval_uses_arg(m, ARG_H) ? p->H : 1;
   w->cls = base_alloc((size_t)w->Bm * w->Hm * w->nq * w->nkv + 1);
-  const RtBlockGrid g = {w->Bm, w->Hm, p->q_len, p->kv_len, bm, bn, w->nq, w->nkv, r->c->b0};
+  const RtBlockGrid g = {w->Bm, w->Hm, p->q_len, p->kv_len, bm, bn, w->nq, w->nkv, r->c->b0,
+                         p->q_off, p->kv_off};
   IrIntervalEnv env = {r->c->params, r->c->sizes, r->c->bufs};
   flex_status st = rt_classify_blocks(&g, m, &env, true, NULL, w->cls, NULL);
   CHECK(st == FLEX_OK); /* the analysis alone never fails */
@@ -166,7 +167,7 @@ static flex_status build_mask(const RtRun *r, const FlexParams *p) {
   JitEval j = {mod, p, base_alloc((size_t)p->block_q * p->block_kv * base_pool_size() + 1)};
   const RtBlockEval ev = {jit_block, &j, true};
   const RtBlockGrid g = {p->mask_B, p->mask_H, p->q_len, p->kv_len, p->block_q, p->block_kv,
-                         p->mask_nq, p->mask_nkv, r->c->b0};
+                         p->mask_nq, p->mask_nkv, r->c->b0, p->q_off, p->kv_off};
   IrIntervalEnv env = {r->c->params, r->c->sizes, r->c->bufs};
   flex_status st = rt_classify_blocks(&g, r->c->mod, &env, true, mod->mask ? &ev : NULL,
                                       p->mask_cls, NULL);

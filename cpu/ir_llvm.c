@@ -598,6 +598,9 @@ static bool build_tile(Lw *w, int kind, const char *name) {
   LLVMPositionBuilderAtEnd(w->b, LLVMAppendBasicBlockInContext(w->ctx, fn, "entry"));
   /* b is the sequence index of a packed call: the launch's offset added (FlexParams.b0). */
   w->arg[ARG_B] = LLVMBuildAdd(w->b, w->arg[ARG_B], pfield(w, offsetof(FlexParams, b0), w->i32), "b");
+  /* a shard's positions (FlexParams.q_off, kv_off: 0 unsharded) */
+  q0 = LLVMBuildAdd(w->b, q0, pfield(w, offsetof(FlexParams, q_off), w->i32), "q0");
+  kv0 = LLVMBuildAdd(w->b, kv0, pfield(w, offsetof(FlexParams, kv_off), w->i32), "kv0");
   Loop li = loop_begin(w, m, "row");
   w->arg[ARG_Q] = LLVMBuildAdd(w->b, q0, li.iv, "q");
   LLVMValueRef rowoff = LLVMBuildMul(w->b, LLVMBuildSExt(w->b, li.iv, w->i64, ""), ld, "");

@@ -313,8 +313,9 @@ static bool classify_open(Classify *c, int64_t row, int b, int h, int i, int j, 
 static bool classify_span(Classify *c, int64_t row, int b, int h, int i, int j0, int j1, int worker) {
   const RtBlockGrid *g = c->g;
   RtRect r = span_rect(g, b, h, i, j0, j1);
-  const int bb = b + g->b_base;
-  FlexBlockClass t = ir_interval_mask(c->m, c->ienv, bb, bb, h, h, r.q0, r.q1, r.k0, r.k1);
+  const int bb = b + g->b_base, qb = g->q_base, kb = g->kv_base;
+  FlexBlockClass t = ir_interval_mask(c->m, c->ienv, bb, bb, h, h, r.q0 + qb, r.q1 + qb, r.k0 + kb,
+                                      r.k1 + kb);
   if (t != FLEX_BLOCK_PARTIAL) {
     memset(c->cls + (size_t)row * g->nkv + j0, (int)t, (size_t)(j1 - j0));
     return true;
@@ -382,12 +383,15 @@ typedef struct Interp {
   InterpWorker *w;  /* one per worker */
   int nw;
   bool vector;
+  int q_base, kv_base; /* a shard's positions */
 } Interp;
 
 static int interp_block(void *ctx, int worker, const RtRect *rr, char *err, size_t cap) {
-  InterpWorker *w = &((Interp *)ctx)->w[worker];
-  Rect r = {rr->b, rr->b, rr->h, rr->h, rr->q0, rr->q1, rr->k0, rr->k1};
-  int k = ((Interp *)ctx)->vector ? eval_block_vec(&w->ve, &w->ev, &r) : eval_block(&w->ev, &r);
+  const Interp *in = ctx;
+  InterpWorker *w = &in->w[worker];
+  Rect r = {rr->b, rr->b, rr->h, rr->h, rr->q0 + in->q_base, rr->q1 + in->q_base,
+            rr->k0 + in->kv_base, rr->k1 + in->kv_base};
+  int k = in->vector ? eval_block_vec(&w->ve, &w->ev, &r) : eval_block(&w->ev, &r);
   if (k < 0) snprintf(err, cap, "%s", w->ev.env.error);
   return k;
 }
@@ -396,10 +400,10 @@ static int interp_block(void *ctx, int worker, const RtRect *rr, char *err, size
  * worker runs (an allocation must not fail on one). */
 static flex_status classify_interp(const RtBlockMask *bm, const IrModule *m,
                                    const IrIntervalEnv *ienv, Evaluator *ev, RtMaskMode mode,
-                                   uint8_t *cls, RtMaskStats *st) {
+                                   int q_off, int kv_off, uint8_t *cls, RtMaskStats *st) {
   const RtBlockGrid g = {bm->B, bm->H, bm->q_len, bm->kv_len, bm->block_q, bm->block_kv,
-                         bm->nq, bm->nkv, 0};
-  Interp in = {.nw = base_pool_size()};
+                         bm->nq, bm->nkv, 0, q_off, kv_off};
+  Interp in = {.nw = base_pool_size(), .q_base = q_off, .kv_base = kv_off};
   bool *varies = base_alloc((size_t)m->mask->n), *kv_only = base_alloc((size_t)m->mask->n);
   in.vector = cfg_vector && mode != RT_MASK_ANALYSIS && vec_plan(m->mask, varies, kv_only);
   in.w = base_alloc(sizeof *in.w * (size_t)in.nw);
@@ -434,7 +438,8 @@ static flex_status classify_interp(const RtBlockMask *bm, const IrModule *m,
 
 /* The dense oracle: every element into a B*H*Q*KV byte tensor, then each
  * block reduced from it. For tests only. */
-static flex_status classify_dense(const RtBlockMask *bm, Evaluator *ev, uint8_t *cls) {
+static flex_status classify_dense(const RtBlockMask *bm, Evaluator *ev, const RtMaskShape *sh,
+                                  uint8_t *cls) {
   size_t QL = (size_t)bm->q_len, KL = (size_t)bm->kv_len;
   uint8_t *dense = base_alloc((size_t)bm->B * bm->H * QL * KL);
   size_t e = 0;
@@ -442,7 +447,8 @@ static flex_status classify_dense(const RtBlockMask *bm, Evaluator *ev, uint8_t 
     for (int h = 0; h < bm->H; h++)
       for (int q = 0; q < bm->q_len; q++)
         for (int kv = 0; kv < bm->kv_len; kv++, e++) {
-          Rect r = {b, b, h, h, q, q, kv, kv};
+          const int qq = q + sh->q_off, kk = kv + sh->kv_off;
+          Rect r = {b, b, h, h, qq, qq, kk, kk};
           int c = eval_block(ev, &r);
           if (c < 0) {
             base_free(dense);
@@ -493,8 +499,8 @@ flex_status rt_block_mask_build(RtBlockMask *out, const IrModule *m, const IrInt
     ev.env.bufs = env->bufs;
     ev.env.mod = m;
     ev.vals = base_alloc((size_t)m->mask->n * sizeof *ev.vals);
-    rc = mode == RT_MASK_DENSE ? classify_dense(out, &ev, cls)
-                               : classify_interp(out, m, env, &ev, mode, cls, st);
+    rc = mode == RT_MASK_DENSE ? classify_dense(out, &ev, shape, cls)
+                               : classify_interp(out, m, env, &ev, mode, shape->q_off, shape->kv_off, cls, st);
     st->evaluated = ev.count;
     base_free(ev.vals);
   }

@@ -52,6 +52,7 @@ typedef enum RtMaskMode { RT_MASK_ANALYSIS, RT_MASK_EVAL, RT_MASK_BLOCKWISE, RT_
 typedef struct RtMaskShape {
   int B, H, q_len, kv_len; /* attention sizes (all >= 1) */
   int block_q, block_kv;   /* block sizes (0: 128) */
+  int q_off, kv_off;       /* a shard's position offsets: the mask sees q + q_off, kv + kv_off */
 } RtMaskShape;
 
 /* What a build found. */
@@ -89,9 +90,11 @@ typedef struct RtBlockGrid {
   int block_q, block_kv; /* block sizes */
   int nq, nkv;           /* blocks: ceil(len / block) */
   int b_base;            /* the mask sees batch b + b_base (a packed call's sequence) */
+  int q_base, kv_base;   /* and rows q + q_base, keys kv + kv_base (a shard's positions) */
 } RtBlockGrid;
 
-/* One block: stored batch and head, rows q0..q1 and keys k0..k1 (inclusive). */
+/* One block: stored batch and head, rows q0..q1 and keys k0..k1
+ * (inclusive), in the grid's own coordinates (without its bases). */
 typedef struct RtRect {
   int b, h, q0, q1, k0, k1;
 } RtRect;

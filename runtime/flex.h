@@ -240,6 +240,19 @@ typedef struct flex_args {
    * TMA and wgmma, docs/kernels.md); any of sm_80, sm_86, sm_89, sm_90, sm_90a. Other
    * backends ignore it (cuda compiles for the device's own). */
   const char *arch;
+  /* Position offsets (docs/language.md "Position offsets"): the call is a
+   * shard of a longer sequence, for context parallelism. Row i of q is
+   * position q_offset + i of the whole sequence and row j of k and v
+   * position kv_offset + j; score, mask and sink functions see those
+   * positions as q and kv, Q_LEN and KV_LEN are the whole lengths
+   * q_len_total and kv_len_total, and masks, dropout bits and block
+   * classification use them too, so merging the shard pairs' results by
+   * LSE gives the unsharded call's. Offsets >= 0; a total of 0 means this
+   * call's own length (offset 0). The shard must lie in the whole
+   * sequence, whose positions must fit in int32. Not with cu_seqlens or a
+   * page table. */
+  int64_t q_offset, kv_offset;
+  int64_t q_len_total, kv_len_total;
 } flex_args;
 
 /* ---- block masks ---------------------------------------------------------- */

@@ -121,6 +121,7 @@ flex_status rt_launch_fill(const RtCall *c, FlexParams *p, const char *backend) 
   p->B = c->B, p->H = c->H, p->HKV = c->HKV, p->G = c->G;
   p->q_len = c->QL, p->kv_len = c->KL, p->E = c->E, p->EV = c->EV;
   p->b0 = c->b0;
+  p->q_off = c->q_off, p->kv_off = c->kv_off;
   p->pages = c->pages, p->page_size = c->page_size;
   p->scale = (float)c->scale;
   p->drop_p = a->dropout_p;
@@ -158,7 +159,7 @@ flex_status rt_launch_check_geometry(const char *backend, const char *entry, con
  * into the kernels' tiles. */
 static flex_status user_plan(const RtCall *c, const CgOptions *o, RtMaskPlan *plan) {
   const flex_block_mask *u = c->args->block_mask;
-  RtMaskShape shape = {c->B, c->H, c->QL, c->KL, u->block_q, u->block_kv};
+  RtMaskShape shape = {c->B, c->H, c->QL, c->KL, u->block_q, u->block_kv, 0, 0};
   flex_status st = rt_block_mask_from_user(&plan->bm, u, &shape);
   if (st) return st;
   plan->user = true;

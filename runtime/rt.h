@@ -74,6 +74,8 @@ typedef struct RtCall {
   const DLTensor **buf_grads;        /* by buffer slot: grad outputs (NULL: none) */
   bool backward;
   int b0;                            /* a packed call's sequence: functions see b as b + b0 */
+  int q_off, kv_off;                 /* position offsets: functions see q + q_off, kv + kv_off
+                                        (flex_args.q_offset, kv_offset; 0 unsharded) */
   bool accumulate;                   /* a later sequence of a packed call: run statistics add up,
                                         buffer gradients add into the tensors given (not zeroed) */
   const int32_t *pages;              /* paged K/V (api/seq.c): this sequence's page table

@@ -553,7 +553,8 @@ static flex_status plan(RtRun *r, Work *w, int *splits) {
                .out_f32 = (a->out && !rt_dtype_same(a->out->dtype, kd)) || needs_exact_out(c),
                .mask_block_q = bm ? (bm->block_q ? bm->block_q : 128) : 0,
                .mask_block_kv = bm ? (bm->block_kv ? bm->block_kv : 128) : 0,
-               .kv_splits = a->kv_splits, .pack_ok = rows_packable(c)};
+               .kv_splits = a->kv_splits, .pack_ok = rows_packable(c),
+               .offsets = c->q_off != 0 || c->kv_off != 0};
   char err[512];
   if (!cg_plan(&r->opts, splits, c->mod, &s, &r->dev, err, sizeof err))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
