@@ -166,6 +166,35 @@ flex_status flex_block_mask_create(flex_block_mask **out, flex_kernel *k, const 
   RT_TRY(do_block_mask_create(out, k, a, B, H, q_len, kv_len, block_q, block_kv, stats));
 }
 
+_Static_assert(FLEX_MASK_EMPTY == (int)FLEX_BLOCK_EMPTY && FLEX_MASK_FULL == (int)FLEX_BLOCK_FULL &&
+                   FLEX_MASK_PARTIAL == (int)FLEX_BLOCK_PARTIAL,
+               "flex_mask_class is the public face of FlexBlockClass");
+
+static flex_status do_mask_classify(const flex_kernel *k, const flex_args *a, int B, int H,
+                                    int q_len, int kv_len, flex_mask_class *out) {
+  if (!k || !out) return rt_err(FLEX_ERR_INVALID, "flex_mask_classify: NULL argument");
+  if (B < 1 || H < 1 || q_len < 1 || kv_len < 1)
+    return rt_err(FLEX_ERR_INVALID, "flex_mask_classify: B=%d H=%d Q_LEN=%d KV_LEN=%d (expected "
+                  "sizes >= 1)", B, H, q_len, kv_len);
+  flex_args none;
+  memset(&none, 0, sizeof none);
+  Arena arena = {0};
+  RtCall c;
+  flex_status st = rt_validate_bindings(&c, &arena, k, a ? a : &none, B, H, q_len, kv_len);
+  if (!st) {
+    IrIntervalEnv env = {c.params, c.sizes, c.bufs};
+    *out = (flex_mask_class)ir_interval_mask(k->mod, &env, 0, B - 1, 0, H - 1, c.q_off,
+                                             c.q_off + q_len - 1, c.kv_off, c.kv_off + kv_len - 1);
+  }
+  arena_free(&arena);
+  return st;
+}
+
+flex_status flex_mask_classify(const flex_kernel *k, const flex_args *a, int B, int H, int q_len,
+                               int kv_len, flex_mask_class *out) {
+  RT_TRY(do_mask_classify(k, a, B, H, q_len, kv_len, out));
+}
+
 void flex_block_mask_free(flex_block_mask *m) {
   if (!m) return;
   OwnedMask *o = (OwnedMask *)m;

@@ -279,6 +279,21 @@ flex_status flex_block_mask_create(flex_block_mask **out, flex_kernel *k, const 
                                    flex_mask_stats *stats);
 void flex_block_mask_free(flex_block_mask *m);
 
+/* How k's mask covers a whole call (docs/blockmask.md). */
+typedef enum flex_mask_class {
+  FLEX_MASK_EMPTY = 0,   /* no element kept: the call's O is 0 and its LSE -inf (a shard pair
+                            of a causal mask above the diagonal contributes nothing) */
+  FLEX_MASK_FULL = 1,    /* every element kept */
+  FLEX_MASK_PARTIAL = 2, /* mixed, or not decided by the interval analysis */
+} flex_mask_class;
+
+/* The class of the whole B x H x q_len x kv_len call of k, by the interval
+ * analysis of its mask over the call's ranges of b, h, q and kv (with a's
+ * position offsets, params and host buffers, validated as
+ * flex_block_mask_create validates them): O(1), no element evaluated. */
+flex_status flex_mask_classify(const flex_kernel *k, const flex_args *a, int B, int H, int q_len,
+                               int kv_len, flex_mask_class *out);
+
 /* ---- what the compiler makes (flexc check, ir, emit) ------------------------- */
 
 /* Check every declaration and kernel of a .score file: FLEX_OK, or

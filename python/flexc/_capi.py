@@ -132,6 +132,8 @@ class Args(ctypes.Structure):  # flex_args
         ("kv_splits", ctypes.c_int),
         ("deterministic", ctypes.c_bool),
         ("arch", ctypes.c_char_p),
+        ("q_offset", ctypes.c_int64), ("kv_offset", ctypes.c_int64),
+        ("q_len_total", ctypes.c_int64), ("kv_len_total", ctypes.c_int64),
     ]
 
 
@@ -175,6 +177,7 @@ _PROTOTYPES = {
                                      ctypes.POINTER(MaskStats)]),
     "flex_block_mask_free": (None, [ctypes.POINTER(BlockMask)]),
     "flex_mask_explain": (_st, [_p, ctypes.POINTER(_i), ctypes.POINTER(_p)]),
+    "flex_mask_classify": (_st, [_p, ctypes.POINTER(Args), _i, _i, _i, _i, ctypes.POINTER(_i)]),
     "flex_check_file": (_st, [_cs]),
     "flex_ir_text": (_st, [ctypes.POINTER(_p), _cs, _cs, _b, _cs]),
     "flex_ir_pass_names": (_cs, []),

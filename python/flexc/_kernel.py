@@ -168,7 +168,7 @@ class _Call:
 
     def __init__(self, kernel, backend, q, k, v, scale, params, buffers, block_mask,
                  check_bounds, fast_math, buffer_grads=None, dropout=(0.0, 0, 0),
-                 deterministic=False, arch=None):
+                 deterministic=False, arch=None, offsets=(0, 0, 0, 0)):
         self.keep = []
         a = self.args = C.Args()
         if backend not in C.BACKENDS:
@@ -205,6 +205,8 @@ class _Call:
         a.dropout_seed, a.dropout_offset = _u64("dropout_seed", seed), _u64("dropout_offset", offset)
         a.deterministic = bool(deterministic)
         a.arch = None if arch is None else str(arch).encode()  # validated by the library
+        # validated by the library: >= 0, inside the whole lengths
+        a.q_offset, a.kv_offset, a.q_len_total, a.kv_len_total = (int(x) for x in offsets)
         self.kernel = kernel
 
     def ptr(self, x):
@@ -279,7 +281,8 @@ class Kernel:
     def __call__(self, q, k, v, *, scale=None, params=None, buffers=None, block_mask=None,
                  return_lse=False, backend=None, check_bounds=False, fast_math=False,
                  cu_seqlens_q=None, cu_seqlens_kv=None, dropout_p=0.0, dropout_seed=0,
-                 dropout_offset=0, kv_splits=0, arch=None):
+                 dropout_offset=0, kv_splits=0, arch=None, q_offset=0, kv_offset=0,
+                 q_len_total=0, kv_len_total=0):
         """out [B, H, Q_LEN, EV] in q's dtype (and LSE [B, H, Q_LEN], float32;
         float64 for float64 inputs on the reference, with return_lse).
 
@@ -298,7 +301,11 @@ class Kernel:
         kv_splits: split-KV decoding on emu and cuda (docs/decoding.md): 0
         automatic, 1 never, N key chunks (ignored by reference and cpu).
         arch: the emu backend's target ('sm_80' by default; 'sm_90a' runs
-        the TMA + wgmma forward and backward); other backends ignore it."""
+        the TMA + wgmma forward and backward); other backends ignore it.
+        q_offset, kv_offset, q_len_total, kv_len_total: the call is a shard
+        of a longer sequence (docs/language.md "Position offsets"): q's rows
+        are positions q_offset.., k's and v's kv_offset.., of sequences of
+        those whole lengths (0: the call's own)."""
         backend = backend or default_backend(q)
         q, k, v = (T.readable(x) for x in (q, k, v))
         packed = _packed(cu_seqlens_q, cu_seqlens_kv)
@@ -312,7 +319,7 @@ class Kernel:
             lse = T.empty(q, (B, H, L), lse_dtype(q, backend))
         call = _Call(self, backend, q, k, v, scale, params, buffers, block_mask,
                      check_bounds, fast_math, dropout=(dropout_p, dropout_seed, dropout_offset),
-                     arch=arch)
+                     arch=arch, offsets=(q_offset, kv_offset, q_len_total, kv_len_total))
         call.seqlens(cu_seqlens_q, cu_seqlens_kv)
         call.args.kv_splits = int(kv_splits)  # validated by the library: >= 0
         call.args.out, call.args.lse = call.ptr(out), call.ptr(lse)
@@ -322,15 +329,17 @@ class Kernel:
     def backward(self, q, k, v, out, lse, dout, dlse=None, *, scale=None, params=None,
                  buffers=None, block_mask=None, backend=None, buffer_grads=(),
                  check_bounds=False, fast_math=False, cu_seqlens_q=None, cu_seqlens_kv=None,
-                 dropout_p=0.0, dropout_seed=0, dropout_offset=0, deterministic=False, arch=None):
+                 dropout_p=0.0, dropout_seed=0, dropout_offset=0, deterministic=False, arch=None,
+                 q_offset=0, kv_offset=0, q_len_total=0, kv_len_total=0):
         """Grads(dq, dk, dv, buffers) of the call that gave out and lse, for
         the incoming gradients dout (q's dtype) and dlse (optional); packed
         calls pass the forward's cu_seqlens_q and cu_seqlens_kv.
         buffer_grads names the `grad` buffers whose gradient to return
         (float32, the buffer's shape). dropout_p, dropout_seed and
         dropout_offset: the forward's. deterministic: gradients bitwise the
-        same on every run (docs/language.md "Determinism"; no float atomics). arch as
-        for the forward."""
+        same on every run (docs/language.md "Determinism"; no float atomics). arch
+        and the position offsets as for the forward (a shard's backward is
+        given the whole sequence's merged out and lse)."""
         backend = backend or default_backend(q)
         q, k, v, out, lse, dout = (T.readable(x) for x in (q, k, v, out, lse, dout))
         dq, dk, dv = (T.empty(x, tuple(x.shape), T.dtype_name(x)) for x in (q, k, v))
@@ -339,7 +348,7 @@ class Kernel:
               for n in buffer_grads if n in bufs}
         call = _Call(self, backend, q, k, v, scale, params, bufs, block_mask,
                      check_bounds, fast_math, gb, (dropout_p, dropout_seed, dropout_offset),
-                     deterministic, arch)
+                     deterministic, arch, (q_offset, kv_offset, q_len_total, kv_len_total))
         call.seqlens(cu_seqlens_q, cu_seqlens_kv)
         a = call.args
         a.out, a.lse, a.dout = call.ptr(out), call.ptr(lse), call.ptr(dout)
@@ -366,6 +375,19 @@ class Kernel:
         bs = (m.contents.block_q, m.contents.block_kv)
         return BlockMask(arrays, bs, {n: getattr(stats, n) for n, _ in C.MaskStats._fields_},
                          (q_len, kv_len))
+
+    def mask_class(self, B, H, q_len, kv_len, *, params=None, buffers=None, q_offset=0,
+                   kv_offset=0, q_len_total=0, kv_len_total=0):
+        """'empty', 'full' or 'partial': how the kernel's mask covers a whole
+        call of B x H x q_len x kv_len (with position offsets: a shard pair),
+        by the interval analysis alone (O(1); buffers must be host tensors).
+        An empty call contributes nothing (O = 0, LSE = -inf)."""
+        call = _Call(self, "reference", None, None, None, None, params, buffers, None,
+                     False, False, offsets=(q_offset, kv_offset, q_len_total, kv_len_total))
+        cls = ctypes.c_int()
+        lib.check(lib.flex_mask_classify(self._handle, ctypes.byref(call.args), B, H, q_len,
+                                         kv_len, ctypes.byref(cls)))
+        return ("empty", "full", "partial")[cls.value]
 
     def emit(self, *, target="cuda", arch="sm_80", dtype="float16", head_dim=64, head_dim_v=0,
              forward_only=False, fast_math=False, resource_usage=False):

@@ -29,13 +29,16 @@ _HOST_BACKEND = "cpu" if K.backend_available("cpu") else "reference"
 class _Spec:
     """The non-tensor part of a call, which the custom ops take as one
     string (they take no lists of strings): 'KERNEL;BACKEND;P=V,...;
-    BUFFER,...;WANT;FLAGS;BLOCK' where WANT is one 0/1 per buffer (its
+    BUFFER,...;WANT;FLAGS;BLOCK;CALL' where WANT is one 0/1 per buffer (its
     gradient is wanted), FLAGS check_bounds, fast_math and deterministic
-    as 0/1, and BLOCK
-    'BQ,BKV' or empty (no block mask)."""
+    as 0/1, BLOCK 'BQ,BKV' or empty (no block mask), and CALL the position
+    offsets and dropout, 'QO,KO,QT,KT,P,SEED,OFFSET' (empty: none)."""
 
     def __init__(self, spec):
-        kid, self.backend, params, bnames, want, flags, block = spec.split(";")
+        kid, self.backend, params, bnames, want, flags, block, *call = spec.split(";")
+        extra = call[0].split(",") if call and call[0] else ["0"] * 4 + ["0.0", "0", "0"]
+        self.offsets = tuple(int(x) for x in extra[:4])
+        self.dropout = (float(extra[4]), int(extra[5]), int(extra[6]))
         self.kernel = K.registry[kid]
         self.params = {p.split("=")[0]: float(p.split("=")[1]) for p in params.split(",") if p}
         self.bnames = [n for n in bnames.split(",") if n]
@@ -74,10 +77,14 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: str, sca
                seqlens: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     sp = _parse(spec)
     cq, ckv = _seqlens(seqlens)
+    qo, ko, qt, kt = sp.offsets
+    dp, ds, do = sp.dropout
     return sp.kernel(q, k, v, scale=scale or None, params=sp.params,
                      buffers=dict(zip(sp.bnames, buffers)), block_mask=_mask(mask, sp),
                      return_lse=True, backend=sp.backend, check_bounds=sp.check_bounds,
-                     fast_math=sp.fast_math, cu_seqlens_q=cq, cu_seqlens_kv=ckv)
+                     fast_math=sp.fast_math, cu_seqlens_q=cq, cu_seqlens_kv=ckv,
+                     dropout_p=dp, dropout_seed=ds, dropout_offset=do, q_offset=qo,
+                     kv_offset=ko, q_len_total=qt, kv_len_total=kt)
 
 
 @_attention.register_fake
@@ -103,11 +110,15 @@ def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
     bufs = dict(zip(sp.bnames, buffers))
     wanted = [n for n, w in zip(sp.bnames, sp.want) if w]
     cq, ckv = _seqlens(seqlens)
+    qo, ko, qt, kt = sp.offsets
+    dp, ds, do = sp.dropout
     g = sp.kernel.backward(q, k, v, out, lse, dout, dlse, scale=scale or None, params=sp.params,
                            buffers=bufs, block_mask=_mask(mask, sp), backend=sp.backend,
                            buffer_grads=wanted, check_bounds=sp.check_bounds,
                            fast_math=sp.fast_math, deterministic=sp.deterministic,
-                           cu_seqlens_q=cq, cu_seqlens_kv=ckv)
+                           cu_seqlens_q=cq, cu_seqlens_kv=ckv, dropout_p=dp, dropout_seed=ds,
+                           dropout_offset=do, q_offset=qo, kv_offset=ko, q_len_total=qt,
+                           kv_len_total=kt)
     dbufs = [g.buffers[n].to(bufs[n].dtype) for n in wanted]
     return g.dq, g.dk, g.dv, dbufs
 
@@ -157,7 +168,8 @@ _TYPE_HELP = ("a Python function score_mod(score, b, h, q_idx, kv_idx) as PyTorc
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
                    enable_gqa=False, return_lse=False, kernel_options=None, *, return_aux=None,
                    params=None, buffers=None, backend=None, check_bounds=False, fast_math=False,
-                   deterministic=False, sinks=None):
+                   deterministic=False, sinks=None, q_offset=0, kv_offset=0, q_len_total=0,
+                   kv_len_total=0, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
     """Attention like torch.nn.attention.flex_attention.flex_attention, on
     flexc's kernels. The first ten arguments are PyTorch's, with its
     defaults.
@@ -192,7 +204,12 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     tensor that requires grad gets its gradient), an extra key of every
     row's softmax with no value, as gpt-oss trains them (docs/language.md
     "Attention sinks"; the kernel must not have a sink of its own), or a
-    Python function sink_mod(b, h, q_idx) -> logit, traced like score_mod."""
+    Python function sink_mod(b, h, q_idx) -> logit, traced like score_mod;
+    q_offset, kv_offset, q_len_total, kv_len_total: the call is a shard of
+    a longer sequence (docs/language.md "Position offsets"; what
+    flexc.torch.distributed uses); dropout_p, dropout_seed, dropout_offset:
+    dropout of the attention weights by Philox bits (docs/language.md
+    "Dropout"), the backward using the same."""
     if block_mask is not None and not hasattr(block_mask, "kv_num_blocks"):
         raise TypeError("flexc.torch.flex_attention: block_mask must be PyTorch's BlockMask "
                         "(create_block_mask) or a flexc.BlockMask (flexc.torch.create_block_mask), "
@@ -216,7 +233,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             from . import _mods
             kernel, buffers = _mods.with_sinks(kernel, buffers, sinks, query)
         out, lse = _call(kernel, query, key, value, block_mask, scale, params, buffers, backend,
-                         check_bounds, fast_math, deterministic)
+                         check_bounds, fast_math, deterministic,
+                         call=(q_offset, kv_offset, q_len_total, kv_len_total, dropout_p,
+                               dropout_seed, dropout_offset))
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
         return out, AuxOutput(lse=lse if getattr(return_aux, "lse", False) else None)
@@ -261,7 +280,7 @@ def _resolve(score_mod, block_mask, params, buffers, query, sink_fn=None):
 
 
 def _call(kernel, query, key, value, block_mask, scale, params, buffers, backend, check_bounds,
-          fast_math, deterministic, seqlens=()):
+          fast_math, deterministic, seqlens=(), call=None):
     """(out, lse) through the custom op (autograd, torch.compile)."""
     pnames = list(params)
     bnames = list(buffers)
@@ -282,7 +301,11 @@ def _call(kernel, query, key, value, block_mask, scale, params, buffers, backend
         bs = (bs, bs) if isinstance(bs, int) else bs
         block = str(int(bs[0])) + "," + str(int(bs[1]))
     ptext = ",".join(n + "=" + repr(float(params[n])) for n in pnames)
-    spec = ";".join([kernel.id, backend, ptext, ",".join(bnames), want, flags, block])
+    extra = ""
+    if call and any(call):
+        qo, ko, qt, kt, dp, ds, do = call
+        extra = f"{int(qo)},{int(ko)},{int(qt)},{int(kt)},{float(dp)!r},{int(ds)},{int(do)}"
+    spec = ";".join([kernel.id, backend, ptext, ",".join(bnames), want, flags, block, extra])
     return torch.ops.flexc.attention(query, key, value, spec, 0.0 if scale is None else float(scale),
                                      btensors, mask, list(seqlens))
 

@@ -38,8 +38,9 @@ once() { # WHAT PATTERN FILES: the library has PATTERN in FILES alone
 once "threads started (the pool)" 'pthread_create' base/pool.c
 once "the block-list step" 'void flex_block_side\(' kernels/blocklist.cuh
 once "per-block interval analysis (the host classifier)" 'ir_interval_mask\(' \
-  ir/interval.c ir/interval.h runtime/blockmask.c
-once "the block-class enum" '(EMPTY|_EMPTY) *= *0' kernels/interval.cuh
+  api/api.c ir/interval.c ir/interval.h runtime/blockmask.c
+# (flex.h's flex_mask_class is its public face, the same values asserted in api/api.c)
+once "the block-class enum" '(EMPTY|_EMPTY) *= *0' kernels/interval.cuh runtime/flex.h
 
 # 4. layers: edges FOLDER -> FOLDER from includes and from calls
 edges=$(mktemp)

@@ -264,6 +264,13 @@ START_TEST(empty_pair_visits_no_tile) {
   a.kv_offset = 0;
   ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s", flex_last_error());
   ck_assert(rt_run_last_stats().fwd_tiles > 0);
+  flex_mask_class cls;
+  flex_args e = {.kv_offset = 64, .q_len_total = 128, .kv_len_total = 128};
+  ck_assert(flex_mask_classify(k, &e, 1, 2, 64, 64, &cls) == FLEX_OK && cls == FLEX_MASK_EMPTY);
+  e.kv_offset = 0, e.q_offset = 64;
+  ck_assert(flex_mask_classify(k, &e, 1, 2, 64, 64, &cls) == FLEX_OK && cls == FLEX_MASK_FULL);
+  e.q_offset = 0;
+  ck_assert(flex_mask_classify(k, &e, 1, 2, 64, 64, &cls) == FLEX_OK && cls == FLEX_MASK_PARTIAL);
   flex_block_mask *bm = NULL;
   flex_mask_stats st;
   flex_args s = {.q_offset = 0, .kv_offset = 256, .q_len_total = 512, .kv_len_total = 512};
