@@ -290,8 +290,10 @@ static bool classify_open(Classify *c, int64_t row, int b, int h, int i, int j, 
   const RtBlockGrid *g = c->g;
   int k = FLEX_BLOCK_PARTIAL;
   if (c->analysis) c->undecided[worker]++;
-  if (c->ev) {
-    RtRect r = span_rect(g, b, h, i, j, j + 1);
+  RtRect r = span_rect(g, b, h, i, j, j + 1);
+  if (r.q1 < r.q0 || r.k1 < r.k0) {
+    k = FLEX_BLOCK_EMPTY;
+  } else if (c->ev) {
     k = c->ev->block(c->ev->ctx, worker, &r, c->error[worker], sizeof c->error[worker]);
     if (k < 0) {
       c->failed_row[worker] = row;
@@ -312,7 +314,12 @@ static bool classify_open(Classify *c, int64_t row, int b, int h, int i, int j, 
  * instead of nkv (a 131072-token causal mask: 20 000 instead of 10^6). */
 static bool classify_span(Classify *c, int64_t row, int b, int h, int i, int j0, int j1, int worker) {
   const RtBlockGrid *g = c->g;
+  if (j0 >= j1) return true;
   RtRect r = span_rect(g, b, h, i, j0, j1);
+  if (r.q1 < r.q0 || r.k1 < r.k0) { /* blocks past the rows or keys hold no element */
+    memset(c->cls + (size_t)row * g->nkv + j0, FLEX_BLOCK_EMPTY, (size_t)(j1 - j0));
+    return true;
+  }
   const int bb = b + g->b_base, qb = g->q_base, kb = g->kv_base;
   FlexBlockClass t = ir_interval_mask(c->m, c->ienv, bb, bb, h, h, r.q0 + qb, r.q1 + qb, r.k0 + kb,
                                       r.k1 + kb);
