@@ -237,7 +237,7 @@ static void fwd_tile(const CpuAttn *a, FwdTile *t, int64_t local, int b, int h, 
     for (int i = 0; i < m; i++)
       drop_row(p, b, h, t->q0 + i, kv0, n, S + (size_t)i * bnp, a->bf16 ? Pb + (size_t)i * bnp : NULL,
                false);
-  if (a->bf16) { /* P in bf16, as FlashAttention rounds it before P V (l summed the fp32 P) */
+  if (a->bf16) { /* P in bf16, as FlashAttention rounds it before P V (l sums the rounded P) */
     const uint32_t *vpb = (const uint32_t *)a->vp + local * ((p->kv_len + 1) / 2) * EVp;
     K->gemm_bf16(m, EVp, n2 / 2, (const uint32_t *)Pb, bnp / 2, vpb + (int64_t)(kv0 / 2) * EVp, EVp,
                  O, EVp, 1.0f, true);

@@ -122,7 +122,7 @@ typedef struct CpuKern {
                     int64_t ldb, float *C, int64_t ldc, float alpha, bool acc);
   /* The forward's bf16 P, x left as it was: dst[j] = exp(x[j] - mx)
    * rounded to bf16 (nearest even) for j < n and dst[n] = 0 when n is odd;
-   * returns the sum of the fp32 values. Its exp is a cheaper one than
+   * returns the sum of the bf16 values as stored. Its exp is a cheaper one than
    * exp_sum's (1.6e-7 relative, kern.h), as P is bf16 anyway. */
   float (*exp_sum_bf16)(uint16_t *dst, const float *x, int n, float mx);
 } CpuKern;

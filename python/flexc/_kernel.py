@@ -32,18 +32,21 @@ def backends():
 def default_backend(x):
     """The backend a call on x uses when none is named: `cuda` for CUDA
     tensors; for host memory `cpu` where this build has it, else
-    `reference` (exact, float64, O(Q_LEN * KV_LEN) memory per head). `emu`
-    runs the CUDA kernels in emulation and is far too slow to be a
-    default."""
+    `reference` (exact, float64, O(Q_LEN * KV_LEN) memory per head), and
+    `reference` for float64 inputs, the one backend that computes in
+    float64 (so torch.autograd.gradcheck works as it is). `emu` runs the
+    CUDA kernels in emulation and is far too slow to be a default."""
     if T.device_of(x)[0] == C.kDLCUDA:
         return "cuda"
+    if T.dtype_name(x) == "float64":
+        return "reference"
     return "cpu" if backend_available("cpu") else "reference"
 
 
 def lse_dtype(q, backend):
-    """LSE is float32 (what every backend but the reference writes: the
-    others compute float64 inputs in float32), float64 for float64 inputs
-    on the reference."""
+    """LSE is float32 (what every backend but the reference writes; the
+    others refuse float64 inputs), float64 for float64 inputs on the
+    reference."""
     return "float64" if backend == "reference" and T.dtype_name(q) == "float64" else "float32"
 
 

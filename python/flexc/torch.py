@@ -291,7 +291,9 @@ def _call(kernel, query, key, value, block_mask, scale, params, buffers, backend
                              f"{kernel.name} does not declare it `grad`")
     want = "".join("1" if t.requires_grad else "0" for t in btensors)
     if backend is None:
-        backend = "cuda" if query.is_cuda else _HOST_BACKEND
+        # float64: the reference, the one backend that computes in float64
+        backend = "cuda" if query.is_cuda else \
+            "reference" if query.dtype == torch.float64 else _HOST_BACKEND
     flags = "".join("1" if f else "0" for f in (check_bounds, fast_math, deterministic))
     if block_mask is None:
         mask, block = [], ""
