@@ -5,6 +5,10 @@
  *   alloc    the one allocator everything goes through (replaceable)
  *   assert   internal-bug checks that name file and line
  *   config   every FLEXC_* environment variable, read in one place (config.h)
+ *
+ * Beside it: sha256.h (SHA-256), store.h (the content-addressed module
+ * store every backend compiles into), embed.c (the template embedder, a
+ * build tool).
  */
 #ifndef FLEXC_BASE_H
 #define FLEXC_BASE_H
