@@ -186,7 +186,7 @@ static int compiles(void) {
 }
 
 /* Files in root/store named *.emu.so (their names into names[0..), if given). */
-static int entries(char names[][80], int cap) {
+static int entries(char names[][256], int cap) {
   char dir[512];
   snprintf(dir, sizeof dir, "%s/store", root);
   DIR *d = opendir(dir);
@@ -196,7 +196,7 @@ static int entries(char names[][80], int cap) {
   while ((e = readdir(d))) {
     size_t len = strlen(e->d_name);
     if (len < 7 || strcmp(e->d_name + len - 7, ".emu.so") != 0) continue;
-    if (names && n < cap) snprintf(names[n], 80, "%s", e->d_name);
+    if (names && n < cap) snprintf(names[n], 256, "%s", e->d_name);
     n++;
   }
   closedir(d);
@@ -269,7 +269,7 @@ END_TEST
 START_TEST(unloadable_entry_is_rebuilt) {
   setup();
   child("plain");
-  char names[1][80];
+  char names[1][256];
   ck_assert_int_eq(entries(names, 1), 1);
   uint8_t key[BASE_STORE_KEY_BYTES];
   for (int i = 0; i < BASE_STORE_KEY_BYTES; i++) {
