@@ -6,6 +6,10 @@
  *   assert   internal-bug checks that name file and line
  *   config   every FLEXC_* environment variable, read in one place (config.h)
  *   pool     the one thread pool (pool.c)
+ *
+ * Beside it: sha256.h (SHA-256), store.h (the content-addressed module
+ * store every backend compiles into), embed.c (the template embedder, a
+ * build tool).
  */
 #ifndef FLEXC_BASE_H
 #define FLEXC_BASE_H

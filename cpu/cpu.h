@@ -43,7 +43,7 @@ typedef void (*CpuJointFn)(float *DS, const float *S, const float *P, int64_t ld
 typedef void (*CpuSinkGradFn)(float *DT, int64_t ld, int32_t m, int32_t n, int32_t b, int32_t h,
                               int32_t q0, int32_t kv0, const FlexParams *p, float *const *acc);
 
-/* The compiled functions of one module and option set (owned by the cache). */
+/* The compiled functions of one module and option set (owned by the JIT). */
 typedef struct CpuModule {
   CpuScoreFn score;      /* t = score(s); NULL when the score is the identity */
   CpuScoreFn score_mask; /* t = mask ? score(s) : -inf; NULL without a mask */
@@ -52,7 +52,7 @@ typedef struct CpuModule {
   CpuScoreFn sink;       /* S[i * ld] = sink(b, h, q0 + i) (n is 1, S not read); NULL without a sink */
   CpuSinkGradFn sink_grad; /* NULL when not asked for or no sink */
   double compile_s;      /* seconds its lowering, optimisation, compilation and linking took */
-  bool from_disk;        /* the object code came from the disk cache */
+  bool from_disk;        /* the object code came from the module store */
 } CpuModule;
 
 /* What cpu_jit_get compiles. */
@@ -64,13 +64,14 @@ typedef struct CpuJitOpts {
   bool sink_grad;    /* also the sink's gradient (a backward of a kernel with a sink) */
 } CpuJitOpts;
 
-/* The module's functions, compiled or found in the in-memory cache (keyed by
- * the printed IR and the options). FLEX_OK, or a status with the message
- * set (rt_err). Thread-safe. */
+/* The module's functions: linked already, or their object code from the
+ * module store (base/store.h), or compiled and stored (keyed by the printed
+ * IR, the options and the host). FLEX_OK, or a status with the message set
+ * (rt_err). Thread-safe. */
 flex_status cpu_jit_get(const IrModule *m, const CpuJitOpts *o, const CpuModule **out);
 /* FLEX_OK when the JIT starts on this host (created on first use), else why not. */
 flex_status cpu_jit_ready(void);
-/* How many modules the cache holds (tests, benchmarks). */
+/* How many modules are linked into the JIT (tests, benchmarks). */
 int cpu_jit_cache_size(void);
 
 /* Lower m's functions into `llvm_module` (an LLVMModuleRef) named with

@@ -40,7 +40,7 @@
 #include <unistd.h>
 
 #include "cpu/cpu.h"
-#include "cuda/cache.h"
+#include "base/store.h"
 #include "runtime/backend.h"
 #include "runtime/rt.h"
 #include "testlib.h"
@@ -561,7 +561,7 @@ static const char *self;
 
 START_TEST(disk_cache) {
   char dir[512];
-  if (!rt_cache_dir(dir, sizeof dir)) return; /* disk cache off here */
+  if (!base_store_dir(dir, sizeof dir)) return; /* the store's disk is off here */
   char cmd[1024];
   /* Not from the seeded generator: a run repeated with the same FLEXC_SEED
    * must not find the first run's module on disk. */
