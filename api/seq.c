@@ -468,6 +468,15 @@ static flex_status one(const Seqs *s, const flex_args *a, bool backward, int64_t
   return st;
 }
 
+/* Validate one sequence's call without running it. */
+static flex_status validate(const flex_kernel *k, const flex_args *c, const RtSeq *seq) {
+  Arena arena = {0};
+  RtCall call;
+  flex_status st = rt_validate(&call, &arena, k, c, false, seq);
+  arena_free(&arena);
+  return st;
+}
+
 /* The sub-calls. Buffer gradients add up over sequences in accumulators of
  * ours (zeroed), copied into the caller's tensors at the end. */
 static flex_status run_seqs(const flex_kernel *k, const flex_args *a, bool backward, const Seqs *s) {
@@ -490,17 +499,23 @@ static flex_status run_seqs(const flex_kernel *k, const flex_args *a, bool backw
   }
   const RtBackend *be = rt_backend_of(a->backend);
   int64_t kv_start = 0;
+  bool ran = false;
   for (int64_t b = 0; b < s->B && !st; b++) {
     int64_t nq = s->cq ? s->cq[b + 1] - s->cq[b] : s->QL;
     int64_t nk = s->ck ? s->ck[b + 1] - s->ck[b] : s->lens[b];
-    if (nq > 0 || backward) { /* a forward of no queries writes nothing */
+    /* A forward of no queries writes nothing; but the last sequence of a
+     * call that ran none is still validated (arch, params, buffers,
+     * dtypes...), so such a call is not waved through. */
+    bool validate_only = nq == 0 && !backward && !ran && b + 1 == s->B;
+    if (nq > 0 || backward || validate_only) {
+      ran = true;
       SeqViews w;
       flex_args c;
       RtSeq seq;
       DLTensor *gk = NULL, *gv = NULL;
       st = one(s, a, backward, b, kv_start, total_kv, &w, &c, &seq, &gk, &gv);
       c.buffers = bufs;
-      if (!st) st = rt_call_one(be, k, &c, backward, &seq);
+      if (!st) st = validate_only ? validate(k, &c, &seq) : rt_call_one(be, k, &c, backward, &seq);
       if (st) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", flex_last_error());
