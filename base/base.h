@@ -48,7 +48,13 @@ char *base_strdup(const char *s);
  *   base_try_pop(&t);
  *
  * Code that holds a lock or runs a once-initialiser suspends recovery
- * (base_try_hold / base_try_restore) so that no jump leaves a lock held. */
+ * (base_try_hold / base_try_restore) so that no jump leaves a lock held.
+ *
+ * A BaseTry owns the blocks allocated while it is innermost and not yet
+ * freed: the jump frees them (nothing leaks), its pop hands them to the
+ * enclosing BaseTry (or to nobody). A block published where it outlives
+ * the call (a cache entry, a list a kernel keeps) is handed to nobody with
+ * base_keep; blocks allocated while recovery is held belong to nobody. */
 typedef struct BaseTry {
   jmp_buf jb;            /* where an exhausted allocation jumps */
   struct BaseTry *prev;  /* the enclosing one */
@@ -58,6 +64,7 @@ void base_try_push(BaseTry *t);
 void base_try_pop(BaseTry *t);
 BaseTry *base_try_hold(void);
 void base_try_restore(BaseTry *held);
+void base_keep(void *ptr);
 
 /* ---- arena -------------------------------------------------------------- */
 
@@ -74,6 +81,8 @@ char *arena_strndup(Arena *a, const char *s, size_t n);
 char *arena_printf(Arena *a, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void arena_free(Arena *a);
+/* base_keep of every chunk: an arena published where it outlives the call. */
+void arena_keep(Arena *a);
 
 /* Growable array in an arena: `ARENA_PUSH(a, arr, n, cap, value)`. */
 #define ARENA_PUSH(arena, arr, n, cap, value)                                  \

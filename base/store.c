@@ -93,30 +93,38 @@ static void count(long *counter) {
   pthread_mutex_unlock(&lock);
 }
 
-/* A heap copy of n bytes with a NUL after them. */
-static void *copy_out(const void *p, size_t n) {
-  uint8_t *c = base_alloc(n + 1);
-  memcpy(c, p, n);
-  c[n] = 0;
-  return c;
+/* The entry of `key` (under the lock); NULL if none. Entries are never
+ * freed while the process runs (but by base_store_clear_memory). */
+static const MemEntry *mem_find(BaseStoreKind kind, const uint8_t *key) {
+  const MemEntry *e = mem;
+  while (e && (e->kind != kind || memcmp(e->key, key, BASE_STORE_KEY_BYTES) != 0)) e = e->next;
+  return e;
 }
 
+/* The copy is allocated outside the lock, so an exhausted allocation
+ * jumps out as anywhere else (no lock is held). */
 static bool mem_get(BaseStoreKind kind, const uint8_t *key, void **bytes, size_t *len) {
-  bool hit = false;
-  BaseTry *held = base_try_hold(); /* no exhaustion jump may leave the lock held */
+  pthread_mutex_lock(&lock); /* nothing allocates while it is held */
+  const MemEntry *e = mem_find(kind, key);
+  size_t n = e ? e->len : 0;
+  pthread_mutex_unlock(&lock);
+  if (!e) return false;
+  uint8_t *c = base_alloc(n + 1);
   pthread_mutex_lock(&lock);
-  for (MemEntry *e = mem; e; e = e->next) {
-    if (e->kind == kind && memcmp(e->key, key, BASE_STORE_KEY_BYTES) == 0) {
-      *bytes = copy_out(e->data, e->len);
-      *len = e->len;
-      stats[kind].mem_hits++;
-      hit = true;
-      break;
-    }
+  e = mem_find(kind, key); /* the same payload, whoever put it (same key) */
+  bool hit = e && e->len == n;
+  if (hit) {
+    memcpy(c, e->data, n);
+    stats[kind].mem_hits++;
   }
   pthread_mutex_unlock(&lock);
-  base_try_restore(held);
-  return hit;
+  if (!hit) {
+    base_free(c);
+    return false;
+  }
+  c[n] = 0;
+  *bytes = c, *len = n;
+  return true;
 }
 
 static void mem_put(BaseStoreKind kind, const uint8_t *key, const void *bytes, size_t len) {
@@ -125,6 +133,7 @@ static void mem_put(BaseStoreKind kind, const uint8_t *key, const void *bytes, s
   memcpy(n->key, key, BASE_STORE_KEY_BYTES);
   memcpy(n->data, bytes, len);
   n->len = len;
+  base_keep(n); /* the store's from now on */
   pthread_mutex_lock(&lock); /* nothing below allocates */
   MemEntry **pp = &mem;
   while (*pp && ((*pp)->kind != kind || memcmp((*pp)->key, key, BASE_STORE_KEY_BYTES) != 0))

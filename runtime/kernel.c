@@ -133,6 +133,8 @@ const IrModule *rt_kernel_module(const flex_kernel *k, const bool *keep) {
   v->mod.arena = &v->arena;
   v->mod.joint = ir_drop_accums(&v->arena, m->joint, v->keep);
   if (m->sink_grad) v->mod.sink_grad = ir_drop_accums(&v->arena, m->sink_grad, v->keep);
+  base_keep(v); /* the kernel's from now on, whatever becomes of this call */
+  arena_keep(&v->arena);
   v->next = atomic_load(&mk->variants);
   while (!atomic_compare_exchange_weak(&mk->variants, &v->next, v)) {}
   return &v->mod;
