@@ -386,6 +386,16 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
   }
   flex_cp_async_wait<0>();
 
+  /* A sink's logits, one row per thread into Q's shared memory (free now):
+   * evaluated here, one at a time, rather than the warp's rows at once
+   * beside the O accumulators, where their registers would spill. */
+  float *sSink = (float *)flex_smem;
+  if (FLEX_HAS_SINK) {
+    __syncthreads(); /* every warp is done with Q */
+    for (int i = tid; i < BM; i += NT) sSink[i] = flex_row_sink2(p, b, h, m0 + i, sp.split >= 0);
+    __syncthreads();
+  }
+
   /* Normalise and write O and LSE. */
   typename OutEl::T *out = (typename OutEl::T *)p.out + b * p.so.b + h * p.so.h;
 #pragma unroll
@@ -397,7 +407,7 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
       float lse;
       const int qi = m0 + wr + 16 * m + g + r * 8;
       float inv = flex_finish_row(row_max[m][r] * scale_log2, row_sum[m][r], &lse,
-                                  flex_row_sink2(p, b, h, qi, sp.split >= 0));
+                                  FLEX_HAS_SINK ? sSink[qi - m0] : -INFINITY);
       if (FLEX_DROP) inv *= p.drop_scale;
       if (qi >= p.q_len) continue;
       if (sp.split >= 0) { /* a partial: fp32, normalised by its own sum, into the workspace */
