@@ -71,9 +71,17 @@ def _span(pieces):
 
 
 def _world(group):
+    """(size, this process's rank) of group (None: the default group)."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"{_NAME}: torch.distributed is not initialized "
                            "(call torch.distributed.init_process_group first)")
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(f"{_NAME}: this process (global rank {dist.get_rank()}) is not a member "
+                         "of the group (torch.distributed.new_group gave it no group); call "
+                         "context parallel attention only on the group's ranks")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"{_NAME}: group must be a torch.distributed ProcessGroup or None (the "
+                        f"default group), got {type(group).__name__}")
     return dist.get_world_size(group), dist.get_rank(group)
 
 
@@ -307,6 +315,51 @@ def _merge(acc, o, lse):
     return ao * wa.unsqueeze(-1) + o.to(ao.dtype) * wb.unsqueeze(-1), m
 
 
+def _add_sink(o, lse, sk):
+    """The merged rows with the sink logits sk [B, H, L] added once: one
+    more key of score sk and no value (docs/language.md "Attention
+    sinks"). A NaN or +inf sink makes the row's O NaN and its LSE the sink."""
+    o, m = _merge((o, lse), torch.zeros_like(o), sk)
+    bad = (torch.isnan(sk) | (sk == math.inf)).unsqueeze(-1)
+    return torch.where(bad, torch.full_like(o, math.nan), o), torch.where(
+        torch.isnan(sk) | (sk == math.inf), sk, m)
+
+
+def _sink_grad(sk, out, lse, dout, dlse, acc):
+    """d loss / d sk = Ps * (dLSE - rowsum(dO * O)), Ps = exp(sk - LSE):
+    the sink's share of the row's softmax (0 where sk is -inf)."""
+    sk, lse = sk.to(acc), lse.to(acc)
+    ps = torch.where(sk == -math.inf, torch.zeros_like(sk), torch.exp(sk - lse))
+    d = (dout.to(acc) * out.to(acc)).sum(-1)
+    if dlse is not None:
+        d = d - dlse.to(acc)
+    return -ps * d
+
+
+def _sink_logits(sinks, B, H, rows, device):
+    """The sink logits [B, H, len(rows)] of this rank's rows (whole-sequence
+    positions), differentiable: per-head logits broadcast, or a Python
+    sink_mod(b, h, q_idx) evaluated by torch.vmap as PyTorch evaluates
+    mask_mod."""
+    if isinstance(sinks, torch.Tensor):
+        return sinks.to(device)[None, :, None].expand(B, H, len(rows))
+    b, h = torch.arange(B, device=device), torch.arange(H, device=device)
+    q = torch.tensor(rows, dtype=torch.int64, device=device)
+    f = torch.vmap(sinks, in_dims=(None, None, 0))
+    f = torch.vmap(f, in_dims=(None, 0, None))
+    f = torch.vmap(f, in_dims=(0, None, None))
+    try:
+        sk = f(b, h, q)
+    except Exception as e:  # noqa: BLE001 - said again with what failed
+        raise ValueError(f"{_NAME}: the sink function could not be evaluated on the ranks' "
+                         f"rows (torch.vmap over b, h, q_idx): {type(e).__name__}: {e}") from e
+    if not isinstance(sk, torch.Tensor) or not sk.is_floating_point() and \
+            sk.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{_NAME}: the sink function must return a number (a tensor), got "
+                         f"{type(sk).__name__}")
+    return sk.expand(B, H, len(rows))
+
+
 def _wait(reqs):
     for r in reqs:
         r.wait()
@@ -516,41 +569,44 @@ def _backward_allgather(plan, q, kf, vf, out, lse, dout, dlse, bufs):
 class _Attention(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, q, k, v, plan, *bufs):
+    def forward(ctx, q, k, v, plan, sink, *bufs):
         k, v = k.contiguous(), v.contiguous()  # they travel (isend and all-gather want that)
         if plan.method == "ring":
             accs, kv = _forward_ring(plan, q, k, v, bufs), (k, v)
         else:
             accs, kv = _forward_allgather(plan, q, k, v, bufs)
-        out = torch.cat([a[0] for a in accs], 2).to(q.dtype)
-        lse = torch.cat([a[1] for a in accs], 2).to(plan.lse_dtype)
+        o = torch.cat([a[0] for a in accs], 2)
+        lse = torch.cat([a[1] for a in accs], 2)
+        if sink is not None:
+            o, lse = _add_sink(o, lse, sink.to(plan.acc))
+        out, lse = o.to(q.dtype), lse.to(plan.lse_dtype)
         plan.finish("forward")
-        ctx.plan = plan
+        ctx.plan, ctx.has_sink = plan, sink is not None
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, *kv, out, lse, *bufs)
+        ctx.save_for_backward(q, *kv, out, lse, *bufs, *([sink] if sink is not None else []))
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         plan = ctx.plan
         q, k, v, out, lse, *bufs = ctx.saved_tensors
+        sink = bufs.pop() if ctx.has_sink else None
         if dout is None:  # only the LSE reached the loss
             dout = torch.zeros_like(out)
+        dsink = None
+        if sink is not None and ctx.needs_input_grad[4]:
+            dsink = _sink_grad(sink, out, lse, dout, dlse, plan.acc).to(sink.dtype)
         if plan.method == "ring":
             dq, dk, dv, dbuf = _backward_ring(plan, q, k, v, out, lse, dout, dlse, bufs)
         else:
             dq, dk, dv, dbuf = _backward_allgather(plan, q, k, v, out, lse, dout, dlse, bufs)
-        wanted = [n for n, w in zip(plan.bnames, plan.want) if w]
-        if wanted:  # every rank's pairs add to a buffer's gradient: one all-reduce of all
-            shapes = [tuple(b.shape) for b, w in zip(bufs, plan.want) if w]
-            vec = torch.cat([dbuf[n].reshape(-1).to(q.device) if n in dbuf else
-                             torch.zeros(math.prod(s), dtype=torch.float32, device=q.device)
-                             for n, s in zip(wanted, shapes)])
-            dist.all_reduce(vec, group=plan.group)
-            got = iter(_unflat(vec, shapes))
-        dbufs = [next(got).to(b.dtype) if w else None for b, w in zip(bufs, plan.want)]
+        # A buffer's gradient here is this rank's share (its pairs'), as
+        # every replicated input's: summed over the ranks it is the whole
+        # call's (docs/context-parallel.md "Gradients of replicated inputs").
+        dbufs = [None if not w else dbuf[n].to(b.dtype) if n in dbuf else torch.zeros_like(b)
+                 for n, b, w in zip(plan.bnames, bufs, plan.want)]
         plan.finish("backward")
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, *dbufs)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, dsink, *dbufs)
 
 
 # ---- the entry point ----------------------------------------------------------------
@@ -589,10 +645,22 @@ def _check_local(q, k, v, method, dropout_p):
         raise ValueError(f"{_NAME}: dropout_p must be in [0, 1), got {dropout_p}")
 
 
+def _check_sinks(sinks, q):
+    if sinks is None or callable(sinks) and not isinstance(sinks, torch.Tensor):
+        return
+    H = int(q.shape[1])
+    if not isinstance(sinks, torch.Tensor) or sinks.dim() != 1 or int(sinks.shape[0]) != H:
+        shape = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+        raise ValueError(f"{_NAME}: sinks must be a 1-D tensor of one logit per query head "
+                         f"(shape [{H}]) or a Python function sink_mod(b, h, q_idx), got {shape}")
+    if not sinks.is_floating_point():
+        raise ValueError(f"{_NAME}: sinks must be floating point, got {sinks.dtype}")
+
+
 def context_parallel_attention(q, k, v, *, score_mod=None, mask_mod=None, group=None,
                                method="ring", load_balance=True, scale=None, params=None,
                                buffers=None, return_lse=False, dropout_p=0.0, dropout_seed=0,
-                               dropout_offset=0, backend=None, check_bounds=False):
+                               dropout_offset=0, backend=None, check_bounds=False, sinks=None):
     """This rank's rows of attention over a sequence sharded across `group`
     (None: the default group), differentiable.
 
@@ -623,10 +691,20 @@ def context_parallel_attention(q, k, v, *, score_mod=None, mask_mod=None, group=
     the whole sequence's; unchecked, such a read gives 0); the ranks then
     agree after each pass, so every rank raises.
 
+    sinks: as flex_attention's (docs/language.md "Attention sinks"): one
+    logit per query head (a floating [H] tensor; one that requires grad
+    gets its gradient) or a Python sink_mod(b, h, q_idx) (whole-sequence
+    q_idx; evaluated with torch.vmap, its captured tensors get their
+    gradients through autograd). The sink is added once per row, to the
+    merged result, never to a shard pair; a .score kernel with a sink of
+    its own is refused for that reason.
+
     Every rank must call it with the same functions, method, load_balance
     and sizes: a mismatch is found by one small all-gather before any
-    attention and raised on every rank. The gradient of a buffer is the
-    whole call's (summed over pairs and ranks), the same on every rank.
+    attention and raised on every rank. The gradient of a buffer (and of
+    sinks) is this rank's share, as the gradient of any input every rank
+    holds alike: summed over the ranks (as DDP or FSDP reduce parameter
+    gradients) it is the whole call's.
     """
     group = group if group is not None else (dist.group.WORLD if dist.is_available() else None)
     W, rank = _world(group)
@@ -637,9 +715,11 @@ def context_parallel_attention(q, k, v, *, score_mod=None, mask_mod=None, group=
         info = kernel.info()
         if info.sink is not None:
             raise ValueError(f"{_NAME}: kernel {kernel.name!r} has a sink function "
-                             f"({info.sink}); sinks do not "
-                             "combine with position offsets (docs/language.md \"Position "
-                             "offsets\"), so a kernel with a sink cannot run context-parallel")
+                             f"({info.sink}); a shard pair cannot carry it (every pair would add "
+                             "it to its own softmax), so pass a kernel without a sink and the "
+                             "sink as sinks= (per-head logits or a Python sink_mod(b, h, q_idx)),"
+                             " which is added once, to the merged rows")
+        _check_sinks(sinks, q)
         bnames = list(buffers)
         btensors = [buffers[n] for n in bnames]
         grad_ok = kernel.grad_buffers
@@ -656,9 +736,9 @@ def context_parallel_attention(q, k, v, *, score_mod=None, mask_mod=None, group=
         _, HKV, lkv, EV = v.shape
         mine = [0, lq, lkv, B, H, HKV, E, EV, _METHODS.index(method), int(bool(load_balance)),
                 _DTYPES.index(q.dtype), sum(want), sum(t.numel() for t, w in zip(btensors, want)
-                                                     if w)]
+                                                     if w), int(sinks is not None)]
     else:
-        mine = [1] + [0] * 12
+        mine = [1] + [0] * 13
     everyone = _gather_ints(group, W, device, mine)
     if error is not None:
         raise error
@@ -667,7 +747,7 @@ def context_parallel_attention(q, k, v, *, score_mod=None, mask_mod=None, group=
         raise ValueError(f"{_NAME}: rank(s) {bad} of the group refused the call (their inputs "
                          "are invalid; see the error there)")
     names = ("B", "H", "HKV", "E", "EV", "method", "load_balance", "dtype",
-             "buffers wanting gradients", "their sizes")
+             "buffers wanting gradients", "their sizes", "sinks")
     for j, name in enumerate(names, start=3):
         vals = [e[j] for e in everyone]
         if len(set(vals)) != 1:
@@ -689,5 +769,19 @@ def context_parallel_attention(q, k, v, *, score_mod=None, mask_mod=None, group=
                  lays[1], lb, B, H, scale, backend or K.default_backend(q),
                  (float(dropout_p), int(dropout_seed), int(dropout_offset)), q.dtype, device,
                  check_bounds)
-    out, lse = _Attention.apply(q, k, v, plan, *btensors)
+    sink = None
+    if sinks is not None:  # a function may fail on some ranks' rows only: they agree first
+        try:
+            sink = _sink_logits(sinks, B, H, [i for s, e in lays[0][rank] for i in range(s, e)],
+                                device)
+        except ValueError as e:
+            error = e
+        failed = [i for i, f in enumerate(_gather_ints(group, W, device, [int(error is not None)]))
+                  if f[0]]
+        if error is not None:
+            raise error
+        if failed:
+            raise ValueError(f"{_NAME}: rank(s) {failed} could not evaluate the sink function "
+                             "(see the error there)")
+    out, lse = _Attention.apply(q, k, v, plan, sink, *btensors)
     return (out, lse) if return_lse else out
