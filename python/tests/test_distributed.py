@@ -1,13 +1,19 @@
-"""flexc.torch.distributed on 2 and 4 processes (gloo on the host, the cpu
-backend where built, FLEXC_THREADS=1 each) against the same inputs run
-unsharded in this process with flexc.torch.flex_attention: out, LSE, dq,
-dk, dv and buffer gradients of every case in cp_cases.CASES (causal; a
-document mask reading a whole-sequence id buffer; sliding window + softcap
-from a .score kernel; ALiBi with grouped heads and a `grad` buffer;
-dropout; unequal query and key lengths; float64 on the reference), by both
-methods, with and without load balancing, at lengths that do not divide
-evenly; the shard pairs the causal mask rules out are counted as skipped;
-invalid calls are refused on every rank without hanging."""
+"""flexc.torch.distributed on several processes (gloo on the host, the cpu
+backend where built, FLEXC_THREADS=1 each; one spawn of max(worlds)
+processes, worlds 2 and 3 by default, 4 too in python_distributed_world4)
+against the same inputs run in this process, unsharded, with
+flexc.torch.flex_attention on the same backend and on the float64
+reference: out, LSE, dq, dk, dv and buffer gradients (each rank's share,
+summed) of every case in cp_cases.CASES (causal; a document mask reading a
+whole-sequence id buffer; sliding window + softcap from a .score kernel;
+ALiBi with grouped heads and a `grad` buffer; dropout; unequal query and
+key lengths; float64 on the reference; a learned per-head sink with a
+causal window and 4:1 grouped heads; a position-dependent Python sink
+function sharing its tensor with a score_mod), by both methods, with and
+without load balancing, at lengths that do not divide evenly, on the
+default group and on a group whose ranks are not the global ones; the
+shard pairs a causal mask rules out are counted as skipped; invalid calls
+are refused on every rank without hanging."""
 import os
 import random
 
@@ -24,46 +30,67 @@ SEED = random.randrange(1 << 31)
 print(f"test_distributed: seed {SEED}")
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
-def world(request, tmp_path_factory):
-    """(world size, every rank's results) of one spawn of all the cases."""
+# World sizes: 2 and 3 by default (CTest python_distributed), 4 in
+# python_distributed_world4 (label slow); FLEXC_TEST_CP_WORLDS="2,3,4" picks.
+# One spawn of max(worlds) processes runs them all: the largest on the
+# default group, each smaller one on a group of the last ranks.
+WORLDS = [int(w) for w in os.environ.get("FLEXC_TEST_CP_WORLDS", "2,3").split(",")]
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory):
+    """Every rank's results (cp_cases.worker), one spawn for all worlds.
+    The workers fork from a server that imported torch and flexc once."""
     import torch.multiprocessing as mp
-    W = request.param
-    d = tmp_path_factory.mktemp(f"world{W}")
-    print(f"test_distributed: world {W}, seed {SEED}")
+    W = max(WORLDS)
+    d = tmp_path_factory.mktemp("cp")
+    print(f"test_distributed: {W} processes, worlds {WORLDS}, seed {SEED}")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(CC.PRELOAD)
     try:
-        mp.spawn(CC.worker, args=(W, str(d / "rendezvous"), str(d), SEED), nprocs=W)
+        mp.start_processes(CC.worker, args=(W, str(d / "rendezvous"), str(d), SEED, WORLDS),
+                           nprocs=W, start_method="forkserver")
     finally:
-        crashes = []
         for r in range(W):
             p = d / f"rank{r}.pt"
             if p.exists():
                 got = torch.load(p, weights_only=False)
                 if "crash" in got:
-                    crashes.append(f"rank {r}:\n{got['crash']}")
-        if crashes:
-            print("\n".join(crashes))
-    return W, [torch.load(d / f"rank{r}.pt", weights_only=False) for r in range(W)]
+                    print(f"rank {r}:\n{got['crash']}")
+    return [torch.load(d / f"rank{r}.pt", weights_only=False) for r in range(W)]
+
+
+@pytest.fixture(params=WORLDS, ids=lambda w: f"world{w}")
+def world(request, spawned):
+    """(world size, the results of the group of that size, rank by rank)."""
+    w = request.param
+    ranks = CC.groups_of(WORLDS)[w]
+    return w, [spawned[r] for r in (range(w) if ranks is None else ranks)]
 
 
 _refs = {}
 
 
-def reference(case):
-    """out, LSE and the gradients of the unsharded call (flex_attention)."""
-    if case.name not in _refs:
+def unsharded(case, oracle):
+    """out, LSE and the gradients of the unsharded call (flex_attention) on
+    the case's backend, or (oracle) in float64 on the reference."""
+    key = (case.name, oracle)
+    if key not in _refs:
         from flexc.torch import flex_attention
         q, k, v, dout, dlse, bufs = CC.inputs(case, SEED)
-        if case.name == "alibi_gqa":
-            bufs["slopes"].requires_grad_()
-        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        for n in CC.GRAD_BUFFERS:
+            if n in bufs:
+                bufs[n].requires_grad_()
+        cast = (lambda x: x.double()) if oracle else (lambda x: x)
+        leaves = [cast(x).clone().requires_grad_() for x in (q, k, v)]
         kw = CC.flex_keywords(CC.keywords(case, bufs))
-        out, lse = flex_attention(*leaves, return_lse=True, backend=case.backend, **kw)
-        ((out * dout).sum() + (lse * dlse).sum()).backward()
-        _refs[case.name] = {"out": out.detach(), "lse": lse.detach(), "dq": leaves[0].grad,
-                            "dk": leaves[1].grad, "dv": leaves[2].grad,
-                            "dbuf": {n: t.grad for n, t in bufs.items() if t.grad is not None}}
-    return _refs[case.name]
+        out, lse = flex_attention(*leaves, return_lse=True,
+                                  backend="reference" if oracle else case.backend, **kw)
+        ((out * cast(dout)).sum() + (lse * cast(dlse)).sum()).backward()
+        _refs[key] = {"out": out.detach(), "lse": lse.detach(), "dq": leaves[0].grad,
+                      "dk": leaves[1].grad, "dv": leaves[2].grad,
+                      "dbuf": {n: t.grad for n, t in bufs.items() if t.grad is not None}}
+    return _refs[key]
 
 
 def assemble(shards, lb):
@@ -90,22 +117,27 @@ def rel(x, ref):
 def test_matches_unsharded(world, name, method, lb):
     W, ranks = world
     case = CC.BY_NAME[name]
-    ref = reference(case)
-    got = [r[(name, method, lb)] for r in ranks]
-    fwd, grad = (1e-10, 1e-10) if case.dtype == torch.float64 else (1e-4, 1e-3)
-    errs = {}
-    for key in ("out", "lse", "dq", "dk", "dv"):
-        errs[key] = rel(assemble([g[key] for g in got], lb), ref[key])
-    for r, g in enumerate(got):  # unshard reassembles the same on every rank
-        errs[f"unshard{r}"] = rel(g["full_out"], ref["out"])
-        for n, t in ref["dbuf"].items():  # a buffer's gradient: the whole call's, on every rank
-            errs[f"d{n}{r}"] = rel(g["dbuf"][n], t)
-        assert set(g["dbuf"]) == set(ref["dbuf"])
-    print(f"{name} {method} {'balanced' if lb else 'contiguous'} world {W}: " +
-          " ".join(f"{k} {v:.2e}" for k, v in errs.items()))
-    for key, e in errs.items():
-        tol = fwd if key in ("out", "lse") or key.startswith("unshard") else grad
-        assert e < tol, f"{key}: relative error {e:.3e} over {tol:g} (seed {SEED})"
+    got = [r[(W, name, method, lb)] for r in ranks]
+    # against the same call unsharded (the same backend and dtype: the
+    # merge's error only), and against the float64 reference
+    for oracle in (False, True):
+        ref = unsharded(case, oracle)
+        tight = case.dtype == torch.float64 or not oracle and case.backend == "reference"
+        fwd, grad = (1e-10, 1e-10) if tight else (1e-4, 1e-3)
+        errs = {}
+        for key in ("out", "lse", "dq", "dk", "dv"):
+            errs[key] = rel(assemble([g[key] for g in got], lb), ref[key])
+        for r, g in enumerate(got):  # unshard reassembles the same on every rank
+            errs[f"unshard{r}"] = rel(g["full_out"], ref["out"])
+            assert set(g["dbuf"]) == set(ref["dbuf"])
+        for n, t in ref["dbuf"].items():  # a buffer's gradient: each rank's share, summed
+            errs[f"d{n}"] = rel(sum(g["dbuf"][n].double() for g in got), t)
+        print(f"{name} {method} {'balanced' if lb else 'contiguous'} world {W} against "
+              f"{'float64 reference' if oracle else 'unsharded'}: " +
+              " ".join(f"{k} {v:.2e}" for k, v in errs.items()))
+        for key, e in errs.items():
+            tol = fwd if key in ("out", "lse") or key.startswith("unshard") else grad
+            assert e < tol, f"{key}: relative error {e:.3e} over {tol:g} (seed {SEED})"
 
 
 @pytest.mark.parametrize("method", CC.METHODS)
@@ -115,7 +147,7 @@ def test_causal_skips_the_upper_triangle(world, method):
     rank computes the same 2W + 1 pairs, contiguous rank r computes r + 1."""
     W, ranks = world
     for lb in (True, False):
-        counts = [r[("causal", method, lb)]["counts"] for r in ranks]
+        counts = [r[(W, "causal", method, lb)]["counts"] for r in ranks]
         n = 2 * W if lb else W
         for phase in ("forward", "backward"):
             assert sum(c[f"{phase}_pairs"] for c in counts) == n * n
@@ -124,26 +156,50 @@ def test_causal_skips_the_upper_triangle(world, method):
         assert done == ([2 * W + 1] * W if lb else [r + 1 for r in range(W)]), done
 
 
-def test_refusals(world):
-    W, ranks = world
-    said = [r["errors"] for r in ranks]
+def test_refusals(spawned):
+    """Invalid calls on the default group: refused on every rank, with the
+    reason where it lies, and the group works afterwards."""
+    W = len(spawned)
+    said = [r["errors"] for r in spawned]
+    others = list(range(1, W))
     for r, s in enumerate(said):
-        assert "ValueError" in s["sink"] and "has a sink function" in s["sink"], s["sink"]
-        assert "ValueError" in s["layout"] and "not the layout" in s["layout"], s["layout"]
-        assert "ValueError" in s["method"], s["method"]
+        def has(key, *texts):
+            assert s[key] is not None and all(t in s[key] for t in texts), (r, key, s[key])
+        has("sink_kernel", "ValueError", "has a sink function", "sinks=")
+        has("sinks_shape", "ValueError", "sinks must be a 1-D tensor", "shape [2]")
         if r == 0:
-            assert "method must be 'ring' or 'allgather'" in s["method"]
+            has("sink_fn_some", "ValueError", f"rank(s) {others} could not evaluate the sink")
         else:
-            assert "rank(s) [0] of the group refused the call" in s["method"]
-        assert s["buffer"] is not None and ("out-of-range read of buffer" in s["buffer"] or
-                                            "failed on rank(s)" in s["buffer"]), s["buffer"]
+            has("sink_fn_some", "ValueError", "the sink function could not be evaluated")
+        has("layout", "ValueError", "not the layout", "flexc.torch.distributed.shard")
+        has("kv_rows", "ValueError", "k and v must hold the same rows, got 8 and 7")
+        has("heads", "ValueError", "a divisor of q's 3")
+        has("dtype", "ValueError", "must share a device and a dtype")
+        has("batch", "ValueError", "the ranks disagree on B: [2" + ", 1" * (W - 1) + "]")
         if r == 0:
-            assert s["buffer_some"].startswith("RuntimeError") and \
-                f"the forward failed on rank(s) {list(range(1, W))}" in s["buffer_some"], \
-                s["buffer_some"]
+            has("method", "ValueError", "method must be 'ring' or 'allgather', got 'zigzag'")
         else:
-            assert "out-of-range read of buffer 'doc'" in s["buffer_some"], s["buffer_some"]
+            has("method", "ValueError", "rank(s) [0] of the group refused the call")
+        has("group_type", "TypeError", "group must be a torch.distributed ProcessGroup", "str")
+        if r == 0:
+            has("not_member", "ValueError", "global rank 0", "is not a member of the group")
+        else:
+            assert s["not_member"] is None, s["not_member"]
+        has("buffer", "out-of-range read of buffer")
+        if r == 0:
+            has("buffer_some", "RuntimeError", f"the forward failed on rank(s) {others}")
+        else:
+            has("buffer_some", "out-of-range read of buffer 'doc'")
         assert s["after"] is None, s["after"]
         assert s["roundtripTrue"] and s["roundtripFalse"]
-    assert any("out-of-range read" in s["buffer"] for s in said)
     print("refusals:", said)
+
+
+def test_not_initialized():
+    """A call without torch.distributed initialized says so."""
+    import flexc.torch.distributed as cp
+    x = torch.randn(1, 2, 8, 16)
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
+        cp.context_parallel_attention(x, x, x)
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
+        cp.shard(x)
