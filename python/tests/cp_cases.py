@@ -41,6 +41,7 @@ CASES = [
     Case("causal_float64_reference", 29, 29, dtype=torch.float64, backend="reference"),
     Case("sink_gqa", 43, 43, H=4, HKV=1),
     Case("sink_fn", 40, 40),
+    Case("document_bf16", 56, 56, dtype=torch.bfloat16),
 ]
 BY_NAME = {c.name: c for c in CASES}
 
@@ -68,7 +69,7 @@ def inputs(case, seed):
     dout = torch.randn(case.B, case.H, case.Lq, case.E, generator=g).to(case.dtype)
     dlse = torch.randn(case.B, case.H, case.Lq, generator=g).float()
     bufs = {}
-    if case.name == "document":  # documents of random lengths, ids non-decreasing
+    if case.name.startswith("document"):  # documents of random lengths, ids non-decreasing
         cuts = sorted(torch.randperm(case.Lq - 1, generator=g)[:4].add(1).tolist())
         doc = torch.zeros(case.Lq, dtype=torch.int32)
         for c in cuts:
@@ -91,7 +92,7 @@ def keywords(case, bufs):
     import flexc
     if case.name in ("causal", "dropout", "causal_float64_reference"):
         kw = {"mask_mod": causal}
-    elif case.name == "document":
+    elif case.name.startswith("document"):
         doc = bufs["doc"]
 
         def document(b, h, q_idx, kv_idx):
