@@ -28,9 +28,20 @@ from ._capi import FlexError
 
 __all__ = ["context_parallel_attention", "shard", "unshard", "layout", "stats"]
 
-# Shard pairs counted by every call on this rank (forward and backward
-# separately): `pairs` classified, `skipped` of them empty (no launch).
-stats = {"forward_pairs": 0, "forward_skipped": 0, "backward_pairs": 0, "backward_skipped": 0}
+# What every call on this rank did, summed (forward and backward
+# separately): `pairs` shard pairs classified, `skipped` of them empty (no
+# launch), `area` the rows x keys of the kernel calls launched; `bytes_in`
+# the bytes of K, V, dK and dV that reached this rank from others (ring
+# steps; all-gather and reduce-scatter counted as a ring algorithm moves
+# them: W - 1 blocks in). The few int64 with which the ranks agree on a
+# call are not counted.
+stats = {"forward_pairs": 0, "forward_skipped": 0, "backward_pairs": 0, "backward_skipped": 0,
+         "forward_area": 0, "backward_area": 0, "forward_bytes_in": 0, "backward_bytes_in": 0}
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
 
 _NAME = "flexc.torch.distributed"
 _METHODS = ("ring", "allgather")
@@ -216,6 +227,7 @@ class _Plan:
         self.B, self.H, self.scale, self.backend = B, H, scale, backend
         self.dropout, self.device, self.check_bounds = dropout, device, bool(check_bounds)
         self.error = None  # the first kernel call of this pass that failed
+        self.phase = "forward"
         # Merged rows and gradients accumulate in float32 (float64 inputs: float64);
         # the LSE the kernels read and write has their dtype (K.lse_dtype).
         self.acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -292,6 +304,7 @@ class _Plan:
                for i, t in enumerate(send)]
         ops += [dist.P2POp(dist.irecv, t, self.peer[self.prev], self.group, tag + i)
                 for i, t in enumerate(recv)]
+        stats[self.phase + "_bytes_in"] += sum(_nbytes(t) for t in recv)
         return dist.batch_isend_irecv(ops)
 
 
@@ -372,6 +385,7 @@ def _pair_forward(plan, q, kq, vq, qpiece, kvpiece, bufs, acc):
     if plan.cls(qpiece, kvpiece) == "empty":
         stats["forward_skipped"] += 1
         return acc
+    stats["forward_area"] += q.shape[2] * kq.shape[2]
     r = plan.call(K.Kernel.__call__, plan.kernel, q, kq, vq, return_lse=True,
                   **plan.kw(qpiece, kvpiece, bufs))
     return acc if r is None else _merge(acc, r[0], r[1].to(acc[1].dtype))
@@ -414,6 +428,7 @@ def _gather_kv(plan, k, v):
     vec = _flat([k, v], size)
     out = [torch.empty_like(vec) for _ in range(plan.W)]
     dist.all_gather(out, vec, group=plan.group)
+    stats["forward_bytes_in"] += (plan.W - 1) * _nbytes(vec)
     kf = k.new_empty(k.shape[:2] + (plan.Lkv,) + k.shape[3:])
     vf = v.new_empty(v.shape[:2] + (plan.Lkv,) + v.shape[3:])
     for vec_r, shp, pieces in zip(out, shapes, plan.lkv):
@@ -450,6 +465,7 @@ def _forward_allgather(plan, q, k, v, bufs):
         if span is not None:
             qs = q.narrow(2, qat, qp[1] - qp[0])
             ks, vs = (x.narrow(2, span[0], span[1] - span[0]) for x in (kf, vf))
+            stats["forward_area"] += qs.shape[2] * ks.shape[2]
             r = plan.call(K.Kernel.__call__, plan.kernel, qs, ks, vs, return_lse=True,
                           **plan.kw(qp, span, bufs))
             if r is not None:
@@ -468,6 +484,7 @@ def _pair_backward(plan, q, k, v, o, lse, do, dlse, qpiece, kvpiece, bufs, check
             stats["backward_skipped"] += 1
             return None
     wanted = [n for n, w in zip(plan.bnames, plan.want) if w]
+    stats["backward_area"] += q.shape[2] * k.shape[2]
     return plan.call(K.Kernel.backward, plan.kernel, q, k, v, o, lse, do, dlse,
                      buffer_grads=wanted, **plan.kw(qpiece, kvpiece, bufs))
 
@@ -562,6 +579,7 @@ def _backward_allgather(plan, q, kf, vf, out, lse, dout, dlse, bufs):
               for pieces in plan.lkv]
     mine = torch.empty(size, dtype=plan.acc, device=kf.device)
     dist.reduce_scatter_tensor(mine, torch.cat(blocks), group=plan.group)
+    stats["backward_bytes_in"] += (plan.W - 1) * _nbytes(mine)
     dk, dv = _unflat(mine, shapes[plan.rank])
     return dq, dk, dv, dbuf
 
@@ -589,6 +607,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         plan = ctx.plan
+        plan.phase = "backward"
         q, k, v, out, lse, *bufs = ctx.saved_tensors
         sink = bufs.pop() if ctx.has_sink else None
         if dout is None:  # only the LSE reached the loss

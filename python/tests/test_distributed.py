@@ -157,6 +157,20 @@ def test_causal_skips_the_upper_triangle(world, method):
             assert sum(c[f"{phase}_skipped"] for c in counts) == n * (n - 1) // 2
         done = [c["forward_pairs"] - c["forward_skipped"] for c in counts]
         assert done == ([2 * W + 1] * W if lb else [r + 1 for r in range(W)]), done
+        # what travelled: K and V of every other rank (float32 here), and in
+        # the ring's backward the float32 dK and dV accumulators of every rank
+        from flexc.torch.distributed import layout
+        case = CC.BY_NAME["causal"]
+        row = case.B * case.HKV * case.E * 4 * 2  # one row of K and V, bytes
+        lengths = [sum(e - s for s, e in p) for p in layout(case.Lkv, W, lb)]
+        for r, c in enumerate(counts):
+            others = sum(n for j, n in enumerate(lengths) if j != r)
+            if method == "ring":
+                assert c["forward_bytes_in"] == row * others, (r, c)
+                assert c["backward_bytes_in"] == row * (others + (case.Lkv if W > 1 else 0)), (r, c)
+            else:  # padded to the longest shard
+                assert c["forward_bytes_in"] == row * (W - 1) * max(lengths), (r, c)
+                assert c["backward_bytes_in"] == row * (W - 1) * max(lengths), (r, c)
 
 
 def test_refusals(spawned):
