@@ -291,7 +291,8 @@ class _Plan:
         """The keywords of one pair's kernel call."""
         p, seed, off = self.dropout
         return dict(scale=self.scale, params=self.params, buffers=dict(zip(self.bnames, bufs)),
-                    backend=self.backend, check_bounds=self.check_bounds, dropout_p=p, dropout_seed=seed, dropout_offset=off,
+                    backend=self.backend, check_bounds=self.check_bounds, dropout_p=p,
+                    dropout_seed=seed, dropout_offset=off,
                     q_offset=qpiece[0], kv_offset=kvpiece[0], q_len_total=self.Lq,
                     kv_len_total=self.Lkv)
 

@@ -240,6 +240,7 @@ def worker(rank, world, rendezvous, out_dir, seed, worlds):
     then the refusals on the default group; saves what this rank got to
     out_dir/rankN.pt, keyed (world size, case, method, load_balance)."""
     os.environ["FLEXC_THREADS"] = "1"  # the processes share the machine's cores
+    torch.set_num_threads(1)  # as torchrun's OMP_NUM_THREADS=1
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=300))
