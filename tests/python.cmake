@@ -27,12 +27,3 @@ endforeach()
 # The 64 traced attention-gym and PyTorch mods, forward and gradients on
 # two backends (about two minutes on two cores): run by hand or with -L slow.
 set_tests_properties(python_mods PROPERTIES LABELS "python;slow")
-# Context parallelism on 4 processes too (worlds 1 to 4 in one spawn;
-# python_distributed runs 1 to 3): by hand or with -L slow.
-add_test(NAME python_distributed_world4
-  COMMAND ${PROJECT_SOURCE_DIR}/python/tests/run.sh ${FLEXC_PYTHON_VENV}
-    $<TARGET_FILE:flexc_shared> python/tests/test_distributed.py
-  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-set_tests_properties(python_distributed_world4 PROPERTIES SKIP_RETURN_CODE 77
-  LABELS "python;slow" TIMEOUT 900
-  ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache;FLEXC_TEST_CP_WORLDS=1,2,3,4")
