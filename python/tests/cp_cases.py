@@ -79,6 +79,8 @@ def inputs(case, seed):
         bufs["slopes"] = torch.rand(case.H, generator=g) * 0.5 + 0.1
     if case.name.startswith("sink"):  # logits near the rows' own, so the sink takes a share
         bufs["sinks"] = torch.randn(case.H, generator=g) + 2.0
+        if case.name == "sink_gqa":
+            bufs["sinks"][1] = -float("inf")  # a sink of -inf is no sink (its gradient 0)
     return q, k, v, dout, dlse, bufs
 
 

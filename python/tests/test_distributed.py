@@ -212,6 +212,17 @@ def test_refusals(spawned):
     print("refusals:", said)
 
 
+def test_layout():
+    """The chunks: torch.tensor_split's (the first ones a row longer), rank r
+    holding r and 2W - 1 - r when balanced; too short a sequence refused."""
+    from flexc.torch.distributed import layout
+    assert layout(23, 3, True) == [[(0, 4), (20, 23)], [(4, 8), (16, 20)], [(8, 12), (12, 16)]]
+    assert layout(23, 3, False) == [[(0, 8)], [(8, 16)], [(16, 23)]]
+    assert layout(4, 2, True) == [[(0, 1), (3, 4)], [(1, 2), (2, 3)]]
+    with pytest.raises(ValueError, match="a sequence of 3 rows cannot be cut into 4 chunks"):
+        layout(3, 2, True)
+
+
 def test_not_initialized():
     """A call without torch.distributed initialized says so."""
     import flexc.torch.distributed as cp
