@@ -349,3 +349,11 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128
                            buffers={n: t.detach() for n, t in buffers.items()})
     bm.mask_mod, bm.device = mask_mod, dev
     return bm
+
+
+# flexc.torch.distributed (context parallelism) is flexc/distributed.py:
+# importing it initializes nothing, and `import flexc.torch.distributed`
+# finds it here once flexc.torch is loaded.
+from . import distributed  # noqa: E402
+import sys as _sys  # noqa: E402
+_sys.modules[__name__ + ".distributed"] = distributed
