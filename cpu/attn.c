@@ -323,7 +323,9 @@ static void fwd_item(void *ctx, int64_t item, int worker) {
         tiles++;
         fwd_tile(a, &t[i], local, b, h, kv0, cls, S, Pb);
       }
-  for (int i = 0; i < nt; i++) fwd_end(a, &t[i], b, h, a->mod->sink ? S : NULL); /* S is free now */
+  /* a shard carries the sink when its keys begin the sequence (kv_off 0) */
+  float *sk = a->mod->sink && p->kv_off == 0 ? S : NULL; /* S is free now */
+  for (int i = 0; i < nt; i++) fwd_end(a, &t[i], b, h, sk);
   atomic_fetch_add(&a->tiles, tiles);
 }
 
@@ -397,7 +399,7 @@ static void pre_item(void *ctx, int64_t item, int worker) {
 
 void cpu_attn_bwd_pre(CpuAttn *a) {
   base_pool_run((int64_t)a->p->B * a->p->H, pre_item, a);
-  if (a->mod->sink_grad) sink_grads(a);
+  if (a->mod->sink_grad && a->p->kv_off == 0) sink_grads(a); /* the shard that carries the sink */
 }
 
 /* dq = scale * dq_acc in the input dtype, rows of (b, h) item. */

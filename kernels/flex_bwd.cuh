@@ -47,8 +47,10 @@ __device__ __forceinline__ void flex_bwd_pre(const FlexParams &p) {
 #ifdef FLEX_SINK
   /* The sink's logit gets dsk = -Ps D, Ps = exp(sk - LSE): once per row,
    * nothing when Ps = 0 (no sink, or a +inf key outweighs it). */
-  const float ps = expf(flex_sink(p, b, h, qi) - flex_gload(p.lse + b * p.lse_b + h * p.lse_h + qi));
-  if (ps != 0.0f) flex_sink_grad(p, b, h, qi, -ps * acc);
+  if (p.kv_off == 0) { /* the shard that carries the sink (flex_row_sink) */
+    const float ps = expf(flex_sink(p, b, h, qi) - flex_gload(p.lse + b * p.lse_b + h * p.lse_h + qi));
+    if (ps != 0.0f) flex_sink_grad(p, b, h, qi, -ps * acc);
+  }
 #endif
   float *dq = p.dq_acc + row * p.E;
   for (int e = 0; e < p.E; e++) flex_gstore(dq + e, 0.0f);

@@ -101,11 +101,13 @@ __device__ __forceinline__ float flex_finish_row(float row_max, float row_sum, f
 }
 
 /* The sink logit of row qi: -inf without a sink, past Q_LEN (whose rows
- * are never written) and for a split-KV partial, whose sink the combine
- * adds once. flex_row_sink2: the same times log2 e, for flex_finish_row. */
+ * are never written), for a split-KV partial, whose sink the combine
+ * adds once, and for a shard whose keys do not begin the sequence
+ * (kv_off > 0: the shard pair at kv_off 0 carries it, so merged pairs
+ * count it once). flex_row_sink2: the same times log2 e, for flex_finish_row. */
 __device__ __forceinline__ float flex_row_sink(const FlexParams &p, int b, int h, int qi, bool part) {
 #ifdef FLEX_SINK
-  if (qi < p.q_len && !part) return flex_sink(p, b, h, qi);
+  if (qi < p.q_len && !part && p.kv_off == 0) return flex_sink(p, b, h, qi);
 #else
   (void)p, (void)b, (void)h, (void)qi, (void)part;
 #endif

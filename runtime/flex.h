@@ -250,7 +250,8 @@ typedef struct flex_args {
    * LSE gives the unsharded call's. Offsets >= 0; a total of 0 means this
    * call's own length (offset 0). The shard must lie in the whole
    * sequence, whose positions must fit in int32. Not with cu_seqlens or a
-   * page table. */
+   * page table. A kernel's sink is added by the shards at kv_offset 0 only
+   * (and gets its gradient there), so the merge counts it once. */
   int64_t q_offset, kv_offset;
   int64_t q_len_total, kv_len_total;
 } flex_args;

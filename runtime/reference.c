@@ -182,7 +182,9 @@ static bool block(Ref *r, int b, int h, bool given) {
   for (int i = 0; i < QL; i++) {
     double *S = r->S + (size_t)i * KL, *P = r->P + (size_t)i * KL, mx = -INFINITY;
     r->env.args[ARG_Q] = ir_vi(i + c->q_off);
-    const double sk = r->sk[i] = m->sink ? ir_eval(m->sink, &r->env, r->vals).f : -INFINITY;
+    /* a shard carries the sink when its keys begin the sequence (kv_off 0) */
+    const double sk = r->sk[i] =
+        m->sink && c->kv_off == 0 ? ir_eval(m->sink, &r->env, r->vals).f : -INFINITY;
     if (failed(r)) return false;
     /* a NaN among the row's unmasked t or its sink: LSE and O are NaN */
     bool nan = isnan(sk);

@@ -449,11 +449,6 @@ static flex_status check_offset(const char *side, int64_t off, int64_t total, in
  * or paged calls (docs/language.md "Position offsets"). */
 static flex_status check_offsets(RtCall *c, const flex_args *a, bool packed, int *qtot, int *kvtot) {
   bool any = a->q_offset || a->kv_offset || a->q_len_total || a->kv_len_total;
-  if (any && c->mod->sink)
-    return rt_err(FLEX_ERR_UNSUPPORTED, "q_offset, kv_offset, q_len_total, kv_len_total: a kernel "
-                  "with a sink does not run as a shard of a longer sequence (each shard pair would "
-                  "add the sink to its own softmax, and merging the pairs would count it once per "
-                  "pair)");
   if (any && packed)
     return rt_err(FLEX_ERR_INVALID, "q_offset, kv_offset, q_len_total, kv_len_total: position "
                   "offsets are not combined with a packed (cu_seqlens) or paged call");

@@ -235,6 +235,9 @@ class _Plan:
         # The mask analysis reads buffers on the host (one copy per call).
         self.host = {n: t.detach().cpu() for n, t in zip(bnames, buffers)}
         self._classes = {}
+        # A .score sink rides with the pair whose keys begin the sequence
+        # (kv_offset 0, docs/language.md "Position offsets"): never skipped.
+        self.has_sink = kernel.info().sink is not None
         self.next, self.prev = (rank + 1) % W, (rank - 1) % W
         self.peer = {p: dist.get_global_rank(group, p) if group is not None and
                      group is not dist.group.WORLD else p for p in (self.next, self.prev)}
@@ -257,6 +260,8 @@ class _Plan:
                 self.kernel, self.B, self.H, qe - qs, ke - ks, params=self.params,
                 buffers=self.host, q_offset=qs, kv_offset=ks, q_len_total=self.Lq,
                 kv_len_total=self.Lkv)
+            if c == "empty" and self.has_sink and kvpiece[0] == 0:
+                c = self._classes[key] = "partial"
         return c
 
     def call(self, fn, *args, **kw):
@@ -695,8 +700,9 @@ def context_parallel_attention(q, k, v, *, score_mod=None, mask_mod=None, group=
     takes them (traced; a mask_mod alone too), or a flexc.Kernel from
     flexc.compile (with params= and buffers=). Functions see whole-sequence
     positions, and buffers indexed by position are the whole sequence's,
-    the same on every rank. A kernel with a sink is refused (sinks do not
-    combine with position offsets).
+    the same on every rank. A kernel's own sink is carried by the shard
+    pairs whose keys begin the sequence (kv_offset 0), which are never
+    skipped, so the merged rows count it once.
 
     method: 'ring' (K and V shards travel around the ring with isend/irecv
     while the current pair computes) or 'allgather' (one all-gather of K
@@ -716,8 +722,8 @@ def context_parallel_attention(q, k, v, *, score_mod=None, mask_mod=None, group=
     gets its gradient) or a Python sink_mod(b, h, q_idx) (whole-sequence
     q_idx; evaluated with torch.vmap, its captured tensors get their
     gradients through autograd). The sink is added once per row, to the
-    merged result, never to a shard pair; a .score kernel with a sink of
-    its own is refused for that reason.
+    merged result, never to a shard pair; a kernel with a sink of its own
+    takes no sinks=.
 
     Every rank must call it with the same functions, method, load_balance
     and sizes: a mismatch is found by one small all-gather before any
@@ -732,13 +738,9 @@ def context_parallel_attention(q, k, v, *, score_mod=None, mask_mod=None, group=
     try:
         _check_local(q, k, v, method, dropout_p)
         kernel, params, buffers = _resolve(score_mod, mask_mod, params, buffers, q)
-        info = kernel.info()
-        if info.sink is not None:
-            raise ValueError(f"{_NAME}: kernel {kernel.name!r} has a sink function "
-                             f"({info.sink}); a shard pair cannot carry it (every pair would add "
-                             "it to its own softmax), so pass a kernel without a sink and the "
-                             "sink as sinks= (per-head logits or a Python sink_mod(b, h, q_idx)),"
-                             " which is added once, to the merged rows")
+        if kernel.info().sink is not None and sinks is not None:
+            raise ValueError(f"{_NAME}: kernel {kernel.name!r} has a sink function of its own; "
+                             "sinks= would add a second one")
         _check_sinks(sinks, q)
         bnames = list(buffers)
         btensors = [buffers[n] for n in bnames]

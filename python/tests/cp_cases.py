@@ -41,6 +41,7 @@ CASES = [
     Case("causal_float64_reference", 29, 29, dtype=torch.float64, backend="reference"),
     Case("sink_gqa", 43, 43, H=4, HKV=1),
     Case("sink_fn", 40, 40),
+    Case("sink_kernel", 47, 47),
     Case("document_bf16", 56, 56, dtype=torch.bfloat16),
 ]
 BY_NAME = {c.name: c for c in CASES}
@@ -120,6 +121,11 @@ def keywords(case, bufs):
         def rel_bias(score, b, h, q_idx, kv_idx):
             return score + base[h] * 0.1 * (q_idx - kv_idx > 8)
         kw = {"score_mod": rel_bias, "mask_mod": causal, "sinks": sink}
+    elif case.name == "sink_kernel":  # a .score kernel's own sink, over a narrow window
+        # (the shard pairs whose keys begin the sequence carry it; for late
+        # rows the window rules them out, and they run all the same)
+        kw = {"score_mod": flexc.compile("samples/sink_window.score"),
+              "params": {"window": 7}, "buffers": {"sinks": bufs["sinks"]}}
     else:
         kw = {}
     kw.update(case.extra)
@@ -182,7 +188,8 @@ def errors(cp, rank, world):
             said[name] = f"{type(e).__name__}: {e}"
     cpa = cp.context_parallel_attention
     sink = flexc.compile("samples/sink_gptoss.score")
-    attempt("sink_kernel", lambda: cpa(x, x, x, score_mod=sink, buffers={"sinks": torch.zeros(2)}))
+    attempt("sink_twice", lambda: cpa(x, x, x, score_mod=sink, buffers={"sinks": torch.zeros(2)},
+                                      sinks=torch.zeros(2)))
     attempt("sinks_shape", lambda: cpa(x, x, x, mask_mod=causal, sinks=torch.zeros(3)))
     # a sink function reading a table of one shard's length: the ranks
     # whose rows lie past it fail, and every rank raises

@@ -182,7 +182,7 @@ def test_refusals(spawned):
     for r, s in enumerate(said):
         def has(key, *texts):
             assert s[key] is not None and all(t in s[key] for t in texts), (r, key, s[key])
-        has("sink_kernel", "ValueError", "has a sink function", "sinks=")
+        has("sink_twice", "ValueError", "sink function of its own", "sinks=")
         has("sinks_shape", "ValueError", "sinks must be a 1-D tensor", "shape [2]")
         if r == 0:
             has("sink_fn_some", "ValueError", f"rank(s) {others} could not evaluate the sink")
