@@ -6,7 +6,10 @@
  * backend on the call's stream, and copies the outputs back into the host
  * tensors, so the same suites can check the GPU against the float64
  * reference when there is one. flex.h and flex_mirror.h alone. */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/flex_mirror.h"
 #include "testlib.h"
@@ -62,4 +65,38 @@ flex_status tl_cuda_call(flex_kernel *k, const flex_args *host, bool backward) {
   for (int i = 0; !st && backward && i < a.nbuffers; i++) st = flex_mirror_pull(&m[10 + 2 * i + 1], a.stream);
   for (int i = 0; i < n; i++) flex_mirror_free(&m[i]);
   return st;
+}
+
+static char mock_path[512]; /* the compiled stand-in driver; "" if none */
+static pid_t mock_owner;     /* the process that built it (Check's forked tests exit too) */
+
+static void mock_remove(void) {
+  if (getpid() != mock_owner) return;
+  unlink(mock_path);
+  *strrchr(mock_path, '/') = 0;
+  rmdir(mock_path);
+}
+
+const char *tl_mock_driver(void) {
+  static bool tried;
+  if (tried) return mock_path[0] ? mock_path : NULL;
+  tried = true;
+  char dir[] = "/tmp/flexc-mockcuda-XXXXXX";
+  if (!mkdtemp(dir)) return NULL;
+  snprintf(mock_path, sizeof mock_path, "%s/libcuda.so.1", dir);
+  const char *cc = getenv("CC");
+  char cmd[1400];
+  snprintf(cmd, sizeof cmd, "%s -shared -fPIC -pthread -O1 -o '%s' '%s'", cc && *cc ? cc : "cc", mock_path,
+           tl_src_path("tests/cuda/mockcuda.c"));
+  Buf out = {0};
+  if (tl_run(cmd, &out) != 0) {
+    fprintf(stderr, "cannot build the stand-in driver:\n%s\n", out.data ? out.data : "");
+    rmdir(dir);
+    mock_path[0] = 0;
+  } else {
+    mock_owner = getpid();
+    atexit(mock_remove);
+  }
+  buf_free(&out);
+  return mock_path[0] ? mock_path : NULL;
 }
