@@ -367,19 +367,9 @@ START_TEST(concurrent_writers_never_corrupt) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("cache");
-  TCase *tc = tcase_create("sha256");
-  tcase_add_test(tc, sha256_vectors);
-  tcase_add_test(tc, sha256_streaming_matches_one_shot);
-  suite_add_tcase(s, tc);
-  tc = tcase_create("cache");
-  tcase_add_test(tc, key_depends_on_every_field);
-  tcase_add_test(tc, put_get_round_trip);
-  tcase_add_test(tc, directory_resolution);
-  tcase_add_test(tc, off_disables_disk);
-  tcase_add_test(tc, unwritable_directory_is_no_cache);
-  tcase_add_test(tc, damaged_entries_rejected_and_replaced);
-  tcase_add_test(tc, concurrent_writers_never_corrupt);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN(
+      "cache", 0, TL_CASE("sha256", 0), TL_TEST(sha256_vectors), TL_TEST(sha256_streaming_matches_one_shot),
+      TL_CASE("cache", 0), TL_TEST(key_depends_on_every_field), TL_TEST(put_get_round_trip),
+      TL_TEST(directory_resolution), TL_TEST(off_disables_disk), TL_TEST(unwritable_directory_is_no_cache),
+      TL_TEST(damaged_entries_rejected_and_replaced), TL_TEST(concurrent_writers_never_corrupt));
 }

@@ -296,28 +296,13 @@ END_TEST
 
 int main(void) {
   rng = tl_seed();
-  Suite *s = suite_create("emu_dropout");
-  TCase *tc = tcase_create("dropout");
-  tcase_set_timeout(tc, 300);
-  tcase_add_loop_test(tc, same_dropped_elements, 0, 3);
-  tcase_add_loop_test(tc, packed_dropped_elements, 0, 2);
-  tcase_add_test(tc, wide_head_dim);
-  tcase_add_loop_test(tc, against_reference, 0, 3 * 3);
-  tcase_add_loop_test(tc, p_zero_is_no_dropout, 0, 3);
-  suite_add_tcase(s, tc);
-  if (flex_backend_available(FLEX_BACKEND_CPU)) {
-    TCase *cpu = tcase_create("cpu");
-    tcase_set_timeout(cpu, 300);
-    tcase_add_checked_fixture(cpu, use_cpu, NULL);
-    tcase_add_loop_test(cpu, same_dropped_elements, 0, 3);
-    tcase_add_loop_test(cpu, packed_dropped_elements, 0, 2);
-    tcase_add_test(cpu, wide_head_dim);
-    tcase_add_loop_test(cpu, against_reference, 0, 3 * 3);
-    tcase_add_loop_test(cpu, p_zero_is_no_dropout, 0, 3);
-    suite_add_tcase(s, cpu);
-  } else {
-    fprintf(stderr, "cpu backend not in this build: its dropout tests skipped (%s)\n",
-            flex_last_error());
-  }
-  return tl_run_suite(s);
+  int n = flex_backend_available(FLEX_BACKEND_CPU);
+  if (!n)
+    fprintf(stderr, "cpu backend not in this build: its dropout tests skipped (%s)\n", flex_last_error());
+  return TL_MAIN("emu_dropout", 0, TL_CASE("dropout", 300), TL_LOOP(same_dropped_elements, 3),
+                 TL_LOOP(packed_dropped_elements, 2), TL_TEST(wide_head_dim),
+                 TL_LOOP(against_reference, 3 * 3), TL_LOOP(p_zero_is_no_dropout, 3),
+                 TL_FIXTURE("cpu", 300, use_cpu, NULL), TL_LOOP(same_dropped_elements, 3 * n),
+                 TL_LOOP(packed_dropped_elements, 2 * n), TL_LOOP(wide_head_dim, n),
+                 TL_LOOP(against_reference, 3 * 3 * n), TL_LOOP(p_zero_is_no_dropout, 3 * n));
 }

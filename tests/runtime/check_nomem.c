@@ -102,10 +102,5 @@ START_TEST(exhaustion_everywhere) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("nomem");
-  TCase *tc = tcase_create("nomem");
-  tcase_add_test(tc, exhaustion_everywhere);
-  tcase_set_timeout(tc, 300);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("nomem", 300, TL_TEST(exhaustion_everywhere));
 }

@@ -549,23 +549,10 @@ START_TEST(cli_run_paged) {
 }
 END_TEST
 
-static Suite *suite(void) {
-  Suite *s = suite_create("paged");
-  TCase *tc = tcase_create("paged");
-  tcase_set_timeout(tc, 600);
-  tcase_add_test(tc, validation);
-  tcase_add_test(tc, kv_len_buffer_refused);
-  tcase_add_test(tc, cli_run_paged);
-  tcase_add_loop_test(tc, reference_paged_bitwise, 0, 12);
-  tcase_add_loop_test(tc, emu_fp32_bitwise, 0, 12);
-  tcase_add_loop_test(tc, emu_against_reference, 0, 6);
-  tcase_add_loop_test(tc, cpu_against_reference, 0, 3);
-  tcase_add_loop_test(tc, cuda_against_reference, 0, 4);
-  suite_add_tcase(s, tc);
-  return s;
-}
-
 int main(void) {
   rng = tl_seed();
-  return tl_run_suite(suite());
+  return TL_MAIN("paged", 600, TL_TEST(validation), TL_TEST(kv_len_buffer_refused), TL_TEST(cli_run_paged),
+                 TL_LOOP(reference_paged_bitwise, 12), TL_LOOP(emu_fp32_bitwise, 12),
+                 TL_LOOP(emu_against_reference, 6), TL_LOOP(cpu_against_reference, 3),
+                 TL_LOOP(cuda_against_reference, 4));
 }
