@@ -258,6 +258,15 @@ typedef struct SeqViews {
   int64_t shape[5][4], strides[5][4];
 } SeqViews;
 
+/* Validate one sequence's call without running it. */
+static flex_status validate_only(const flex_kernel *k, const flex_args *s, const RtSeq *seq) {
+  Arena arena = {0};
+  RtCall c;
+  flex_status st = rt_validate(&c, &arena, k, s, false, seq);
+  arena_free(&arena);
+  return st;
+}
+
 static flex_status run_seqs(const flex_kernel *k, const flex_args *a, const Paged *g) {
   int64_t total_kv = 0;
   for (int64_t b = 0; b < g->B; b++) total_kv += g->lens[b];
@@ -265,12 +274,16 @@ static flex_status run_seqs(const flex_kernel *k, const flex_args *a, const Page
   int64_t kv_start = 0;
   const DLTensor *pt = a->page_table;
   flex_status st = FLEX_OK;
+  bool ran = false;
   for (int64_t b = 0; b < g->B && !st; b++) {
     int64_t q0 = g->packed ? g->cq[b] : 0, nq = g->packed ? g->cq[b + 1] - g->cq[b] : g->QL;
-    if (nq == 0) { /* no queries: nothing to write */
+    /* No queries: nothing to write; but the last sequence of a call that
+     * ran none is still validated (arch, params, buffers, dtypes...). */
+    if (nq == 0 && (ran || b + 1 < g->B)) {
       kv_start += g->lens[b];
       continue;
     }
+    ran = true;
     SeqViews w;
     memset(&w, 0, sizeof w);
     flex_args s = *a;
@@ -300,7 +313,7 @@ static flex_status run_seqs(const flex_kernel *k, const flex_args *a, const Page
       seq.k_pool = a->k, seq.v_pool = a->v;
     }
     s.q = &w.q, s.out = &w.out, s.lse = &w.lse;
-    if (!st) st = rt_call_one(k, &s, false, &seq);
+    if (!st) st = nq ? rt_call_one(k, &s, false, &seq) : validate_only(k, &s, &seq);
     if (st) {
       char msg[1024];
       snprintf(msg, sizeof msg, "%s", flex_last_error());
