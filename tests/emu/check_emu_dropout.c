@@ -299,6 +299,7 @@ int main(void) {
   int n = flex_backend_available(FLEX_BACKEND_CPU);
   if (!n)
     fprintf(stderr, "cpu backend not in this build: its dropout tests skipped (%s)\n", flex_last_error());
+  tl_one_process(); /* the emulator's modules serve several tests */
   return TL_MAIN("emu_dropout", 0, TL_CASE("dropout", 300), TL_LOOP(same_dropped_elements, 3),
                  TL_LOOP(packed_dropped_elements, 2), TL_TEST(wide_head_dim),
                  TL_LOOP(against_reference, 3 * 3), TL_LOOP(p_zero_is_no_dropout, 3),

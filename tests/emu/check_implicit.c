@@ -338,7 +338,7 @@ END_TEST
 
 int main(void) {
   rng = tl_seed();
-  setenv("CK_FORK", "no", 0); /* one process: the emulator's modules are built once for all tests */
+  tl_one_process();
   return TL_MAIN("implicit", 600, TL_LOOP(implicit_mask, NCASES - 1), TL_LOOP(user_mask, NCASES - 1),
                  TL_LOOP(builder, 2), TL_LOOP(visited_tiles, 2), TL_LOOP(float_mask_built, 3),
                  TL_TEST(builder_source));

@@ -422,6 +422,7 @@ int main(void) {
     return 77;
   }
   rng = tl_seed();
+  tl_one_process(); /* the emulator's modules serve several tests */
   return TL_MAIN("splitkv", 600, TL_LOOP(decoding, (int)(sizeof cases / sizeof cases[0])),
                  TL_LOOP(gqa_packing, 4), TL_LOOP(nonfinite_logits, 2), TL_LOOP(paged_split, 2),
                  TL_LOOP(varlen_split, 2), TL_TEST(clamped), TL_TEST(sm90a_falls_back),

@@ -81,6 +81,8 @@ int tl_run_suite(Suite *s) {
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
+void tl_one_process(void) { setenv("CK_FORK", "no", 0); }
+
 int tl_main(const char *name, int timeout, const TlTest *tests) {
   Suite *s = suite_create(name);
   TCase *tc = NULL;

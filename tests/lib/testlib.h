@@ -239,6 +239,11 @@ typedef struct TlTest {
 /* Build suite `name` from `tests` and run it (fork mode as CK_FORK says);
  * the process exit status. */
 int tl_main(const char *name, int timeout, const TlTest *tests);
+/* Run the suite's tests in this process (CK_FORK=no, unless the
+ * environment sets CK_FORK), so that the modules the emulator builds for one
+ * test serve the next (a test no longer starts from a fresh process, and a
+ * crash ends the suite). */
+void tl_one_process(void);
 /* The entries, and the whole call with its table:
  *   return TL_MAIN("nonfinite", 300, TL_LOOP(kept_inputs, 6), TL_TEST(masked));  */
 #define TL_TEST(t) {(t), 1, NULL, NULL, NULL}

@@ -238,6 +238,7 @@ END_TEST
 int main(void) {
   rng = tl_seed();
   setenv("FLEXC_EMU_THREADS", "2", 1); /* atomics race between OS threads */
+  tl_one_process(); /* the emulator's modules serve several tests */
   return TL_MAIN("determ", 300, TL_LOOP(emu, NCASES * 2), TL_LOOP(emu_two_splits, NCASES * 2),
                  TL_LOOP(cpu, NCASES * 2), TL_LOOP(reference, NCASES), TL_LOOP(emu_racecheck, 2),
                  TL_TEST(packed), TL_TEST(forward_ignores));

@@ -923,6 +923,7 @@ END_TEST
 
 int main(void) {
   rng = tl_seed();
+  tl_one_process(); /* the emulator's modules serve several tests */
   return TL_MAIN("varlen", 600, TL_LOOP(reference_matches_per_sequence, NCASES),
                  TL_LOOP(equal_lengths_equal_padded_call, 2), TL_TEST(valid_call_runs),
                  TL_TEST(validation_rows), TL_TEST(buffer_dims_q_len_refused),
