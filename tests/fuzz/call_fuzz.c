@@ -126,7 +126,8 @@ void spec_draw(Spec *s, flex_backend be, bool mock, uint64_t *rng) {
   static const float drops[3] = {0.1f, 0.3f, 0.6f};
   s->dropout = coin(rng, 6) ? drops[rnd(rng, 3)] : 0;
   s->kv_splits = coin(rng, 2) ? 0 : rnd(rng, 6);
-  if (s->layout == L_PADDED && s->QL && s->KL && coin(rng, 4)) { /* (flex_block_mask_create wants sizes >= 1) */
+  /* a caller's BlockMask (flex_block_mask_create wants sizes >= 1) */
+  if (s->layout == L_PADDED && s->QL && s->KL && coin(rng, 4)) {
     s->bm_q = coin(rng, 2) ? 64 : 128, s->bm_kv = coin(rng, 2) ? 64 : 128;
     s->bm_full = coin(rng, 2);
   }
@@ -153,19 +154,20 @@ static const char *const inject_names[I_COUNT] = {
 const char *inject_name(int inject) { return inject_names[inject]; }
 
 void spec_print(const Spec *s, char *out, size_t cap) {
-  snprintf(out, cap,
-           "{.kern = %d /* %s */, .dt = %d, .B = %d, .H = %d, .HKV = %d, .QL = %d, .KL = %d, .E = %d, .EV = %d,\n"
-           " .layout = %d, .lens_q = {%d, %d, %d, %d}, .lens_kv = {%d, %d, %d, %d}, .page_size = %d,\n"
-           " .spare_pages = %d, .out_dt = %d, .lse64 = %d, .odd = 0x%x, .dlse = %d, .backward = %d,\n"
-           " .deterministic = %d, .check_bounds = %d, .trust_sorted = %d, .set_params = %d, .grads = 0x%x,\n"
-           " .grad64 = %d, .scale = %.17g, .dropout = %gf, .kv_splits = %d, .bm_q = %d, .bm_kv = %d,\n"
-           " .bm_full = %d, .sm90 = %d, .inject = %d /* %s */}\n",
-           s->kern, kernels[s->kern].name, s->dt, s->B, s->H, s->HKV, s->QL, s->KL, s->E, s->EV, s->layout,
-           s->lens_q[0], s->lens_q[1], s->lens_q[2], s->lens_q[3], s->lens_kv[0], s->lens_kv[1],
-           s->lens_kv[2], s->lens_kv[3], s->page_size, s->spare_pages, s->out_dt, s->lse64, s->odd, s->dlse,
-           s->backward, s->deterministic, s->check_bounds, s->trust_sorted, s->set_params, s->grads,
-           s->grad64, s->scale, (double)s->dropout, s->kv_splits, s->bm_q, s->bm_kv, s->bm_full, s->sm90,
-           s->inject, inject_names[s->inject]);
+  snprintf(
+      out, cap,
+      "{.kern = %d /* %s */, .dt = %d, .B = %d, .H = %d, .HKV = %d, .QL = %d, .KL = %d, .E = %d, .EV = %d,\n"
+      " .layout = %d, .lens_q = {%d, %d, %d, %d}, .lens_kv = {%d, %d, %d, %d}, .page_size = %d,\n"
+      " .spare_pages = %d, .out_dt = %d, .lse64 = %d, .odd = 0x%x, .dlse = %d, .backward = %d,\n"
+      " .deterministic = %d, .check_bounds = %d, .trust_sorted = %d, .set_params = %d, .grads = 0x%x,\n"
+      " .grad64 = %d, .scale = %.17g, .dropout = %gf, .kv_splits = %d, .bm_q = %d, .bm_kv = %d,\n"
+      " .bm_full = %d, .sm90 = %d, .inject = %d /* %s */}\n",
+      s->kern, kernels[s->kern].name, s->dt, s->B, s->H, s->HKV, s->QL, s->KL, s->E, s->EV, s->layout,
+      s->lens_q[0], s->lens_q[1], s->lens_q[2], s->lens_q[3], s->lens_kv[0], s->lens_kv[1], s->lens_kv[2],
+      s->lens_kv[3], s->page_size, s->spare_pages, s->out_dt, s->lse64, s->odd, s->dlse, s->backward,
+      s->deterministic, s->check_bounds, s->trust_sorted, s->set_params, s->grads, s->grad64, s->scale,
+      (double)s->dropout, s->kv_splits, s->bm_q, s->bm_kv, s->bm_full, s->sm90, s->inject,
+      inject_names[s->inject]);
 }
 
 /* ---- one call's tensors ---- */
@@ -258,8 +260,8 @@ static bool buffers(Call *c, const int *sizes, int maxlen, uint64_t *rng, char *
     c->gtref[i] = rt_array_tensor(&c->gref[i]);
     c->rfb[i].grad = &c->gtref[i]; /* the reference always computes it */
     if (!((s->grads >> i) & 1)) continue;
-    tl_view_init(&c->gradv[i], rt_dtype(kDLFloat, s->grad64 ? 64 : 32), bi->ndim, sh, (s->odd >> (20 + i)) & 1,
-                 rng);
+    tl_view_init(&c->gradv[i], rt_dtype(kDLFloat, s->grad64 ? 64 : 32), bi->ndim, sh,
+                 (s->odd >> (20 + i)) & 1, rng);
     if (c->mock) c->gradv[i].t.device = (DLDevice){kDLCUDA, 0};
     tl_view_poison(&c->gradv[i]);
     c->tfb[i].grad = &c->gradv[i].t;
@@ -284,8 +286,8 @@ static bool block_mask(Call *c, char *why, size_t cap) {
   flex_args ma = c->ra;
   bool own = kernels[s->kern].mask;
   if (!own) ma.params = NULL, ma.nparams = 0, ma.buffers = NULL, ma.nbuffers = 0;
-  if (flex_block_mask_create(&c->bm, own ? c->kern : kernel(K_NKERNELS), &ma, s->B, s->H, s->QL, s->KL, s->bm_q,
-                             s->bm_kv, NULL) != FLEX_OK) {
+  if (flex_block_mask_create(&c->bm, own ? c->kern : kernel(K_NKERNELS), &ma, s->B, s->H, s->QL, s->KL,
+                             s->bm_q, s->bm_kv, NULL) != FLEX_OK) {
     snprintf(why, cap, "flex_block_mask_create: %s", flex_last_error());
     return false;
   }
@@ -302,7 +304,8 @@ static bool block_mask(Call *c, char *why, size_t cap) {
     int64_t inner = src[i]->shape[2] * (src[i]->ndim > 3 ? src[i]->shape[3] : 1);
     for (int b = 0; b < s->B; b++)
       for (int h = 0; h < s->H; h++) {
-        int64_t from = ((src[i]->shape[0] == 1 ? 0 : b) * src[i]->shape[1] + (src[i]->shape[1] == 1 ? 0 : h)) * inner;
+        int64_t from =
+            ((src[i]->shape[0] == 1 ? 0 : b) * src[i]->shape[1] + (src[i]->shape[1] == 1 ? 0 : h)) * inner;
         memcpy((int32_t *)c->bma[i].data + ((int64_t)b * s->H + h) * inner,
                (const int32_t *)src[i]->data + from, sizeof(int32_t) * (size_t)inner);
       }
@@ -366,10 +369,12 @@ bool call_init(Call *c, const Spec *s, flex_backend be, bool mock, uint64_t *rng
     memcpy(k, pk, sizeof pk), memcpy(v, pv, sizeof pv);
   }
   int ln = s->layout == L_PACKED ? 2 : 3, kn = s->layout == L_PAGED ? 4 : nd;
-  tensor(c, T_Q, dt, nd, q, true, rng), tensor(c, T_K, dt, kn, k, true, rng), tensor(c, T_V, dt, kn, v, true, rng);
+  tensor(c, T_Q, dt, nd, q, true, rng), tensor(c, T_K, dt, kn, k, true, rng),
+      tensor(c, T_V, dt, kn, v, true, rng);
   tensor(c, T_DOUT, dt, nd, o, true, rng), tensor(c, T_DLSE, d32, ln, l, true, rng);
   tensor(c, T_OUT, od, nd, o, false, rng), tensor(c, T_LSE, l32, ln, l, false, rng);
-  tensor(c, T_DQ, od, nd, q, false, rng), tensor(c, T_DK, od, kn, k, false, rng), tensor(c, T_DV, od, kn, v, false, rng);
+  tensor(c, T_DQ, od, nd, q, false, rng), tensor(c, T_DK, od, kn, k, false, rng),
+      tensor(c, T_DV, od, kn, v, false, rng);
   int sizes[5] = {B, H, HKV, s->QL, s->KL};
   if (!buffers(c, sizes, maxlen, rng, why, cap)) return false;
   params(c, maxlen, rng);
@@ -568,8 +573,8 @@ bool call_compare(Call *c, bool backward, long *masked, char *why, size_t cap) {
       return false;
   }
   for (int j = 0; backward && j < c->nb; j++)
-    if (c->gradv[j].mem &&
-        !compare_one(c->info.buffers[j].name, &c->gradv[j], &c->gref[j], tolerance(c, &c->gradv[j], true), why, cap))
+    if (c->gradv[j].mem && !compare_one(c->info.buffers[j].name, &c->gradv[j], &c->gref[j],
+                                        tolerance(c, &c->gradv[j], true), why, cap))
       return false;
   /* the reference's fully masked rows, exactly: LSE -inf, O 0, dQ 0 */
   RtArray lse, row;
@@ -582,7 +587,8 @@ bool call_compare(Call *c, bool backward, long *masked, char *why, size_t cap) {
     *masked += !backward;
     ok = backward || rt_array_get(&lse, r) == -INFINITY;
     for (int e = 0; e < cols && ok; e++) ok = rt_array_get(&row, row_at(c, r, cols, e)) == 0;
-    if (!ok) snprintf(why, cap, "fully masked row %lld: %s not exact", (long long)r, backward ? "dq" : "lse or out");
+    if (!ok)
+      snprintf(why, cap, "fully masked row %lld: %s not exact", (long long)r, backward ? "dq" : "lse or out");
   }
   rt_array_free(&lse), rt_array_free(&row);
   return ok && call_guards(c, why, cap);

@@ -201,17 +201,50 @@ static const struct {
 } regressions[] = {
     /* a `grad` buffer passed without a gradient tensor (5c9d370) */
     {"grad buffer without a gradient tensor",
-     {.kern = K_RELPOS, .dt = 1, .B = 1, .H = 2, .HKV = 1, .QL = 33, .KL = 47, .E = 16, .EV = 16, .backward = 1}},
+     {.kern = K_RELPOS,
+      .dt = 1,
+      .B = 1,
+      .H = 2,
+      .HKV = 1,
+      .QL = 33,
+      .KL = 47,
+      .E = 16,
+      .EV = 16,
+      .backward = 1}},
     /* a paged call without queries returned FLEX_OK before validating anything but its tensors'
      * shapes: here an unknown arch (FLEXC_SEED=4766742717556991069, call 643 on cpu) */
     {"paged call of no queries with an unknown arch",
-     {.kern = K_PARAMS, .B = 3, .H = 9, .HKV = 3, .QL = 0, .KL = 22, .E = 30, .EV = 35, .layout = L_PAGED,
-      .lens_kv = {12, 10, 21}, .page_size = 44, .spare_pages = 1, .out_dt = 1, .odd = 0x19551,
-      .deterministic = 1, .check_bounds = 1, .set_params = 1, .scale = 0.70694161431731672,
+     {.kern = K_PARAMS,
+      .B = 3,
+      .H = 9,
+      .HKV = 3,
+      .QL = 0,
+      .KL = 22,
+      .E = 30,
+      .EV = 35,
+      .layout = L_PAGED,
+      .lens_kv = {12, 10, 21},
+      .page_size = 44,
+      .spare_pages = 1,
+      .out_dt = 1,
+      .odd = 0x19551,
+      .deterministic = 1,
+      .check_bounds = 1,
+      .set_params = 1,
+      .scale = 0.70694161431731672,
       .inject = I_ARCH}},
     {"paged call of no queries, valid", /* ... and a valid one still runs */
-     {.kern = K_PARAMS, .B = 2, .H = 2, .HKV = 1, .QL = 0, .KL = 22, .E = 16, .EV = 8, .layout = L_PAGED,
-      .lens_kv = {12, 21}, .page_size = 16}},
+     {.kern = K_PARAMS,
+      .B = 2,
+      .H = 2,
+      .HKV = 1,
+      .QL = 0,
+      .KL = 22,
+      .E = 16,
+      .EV = 8,
+      .layout = L_PAGED,
+      .lens_kv = {12, 21},
+      .page_size = 16}},
 };
 #define NREGRESSIONS ((int)(sizeof regressions / sizeof *regressions))
 
@@ -290,8 +323,7 @@ int main(int argc, char **argv) {
   }
   int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGALRM};
   for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) signal(sigs[i], on_signal);
-  /* One process: the emulator's modules are built once for every call. */
-  setenv("CK_FORK", "no", 0);
+  tl_one_process();
   int budget = (int)(seconds + 900);
   return TL_MAIN("call_fuzz", budget, TL_LOOP(regression, only >= 0 ? 0 : NREGRESSIONS),
                  TL_TEST(random_calls));
