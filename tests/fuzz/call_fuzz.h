@@ -113,9 +113,14 @@ void call_free(Call *c);
  * must get. Returns whether the break is in the backward's tensors. */
 bool call_inject(Call *c, int inject, flex_status *want, const char **word);
 void call_inject_undo(Call *c);
+/* What comparisons counted. */
+typedef struct CallCounts {
+  long masked_rows; /* the reference's fully masked rows, found exact */
+  long unmeasured;  /* outputs the reference has as 0 but for rounding: not compared by a ratio */
+} CallCounts;
 /* The tested outputs (forward's or backward's) against the reference's;
- * guards and inputs intact. Adds the reference's fully masked rows to *masked. */
-bool call_compare(Call *c, bool backward, long *masked, char *why, size_t cap);
+ * guards and inputs intact. */
+bool call_compare(Call *c, bool backward, CallCounts *n, char *why, size_t cap);
 /* No byte outside a tensor's elements written, no input changed. */
 bool call_guards(Call *c, char *why, size_t cap);
 /* The tested backward again: the same gradient bits. */
