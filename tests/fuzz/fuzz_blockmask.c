@@ -85,7 +85,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int nd = idx ? 4 : 3;
     int64_t n = 1;
     for (int d = 0; d < nd; d++) n *= s[d] > 0 ? s[d] : 0;
-    if (n > 1 << 16) return 0;
+    if (n > 1 << 16) goto out; /* too big to be interesting */
     arr[i] = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
     for (int64_t e = 0; e < n; e++) arr[i][e] = value(&in, idx ? cols : cols + 1);
     t[i] = tensor(arr[i], i32, nd, s);
@@ -134,6 +134,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
 done:
   free(buf);
+out:
   for (int i = 0; i < 8; i++) free(arr[i]);
   return 0;
 }
