@@ -4,6 +4,12 @@
  *   Buf      a growable byte buffer for building text
  *   alloc    the one allocator everything goes through (replaceable)
  *   assert   internal-bug checks that name file and line
+ *   config   every FLEXC_* environment variable, read in one place (config.h)
+ *   pool     the one thread pool (pool.c)
+ *
+ * Beside it: sha256.h (SHA-256), store.h (the content-addressed module
+ * store every backend compiles into), embed.c (the template embedder, a
+ * build tool).
  */
 #ifndef FLEXC_BASE_H
 #define FLEXC_BASE_H
@@ -12,6 +18,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "config.h"
 
 /* ---- allocation --------------------------------------------------------- */
 
@@ -102,6 +110,17 @@ double base_physical_memory(void);
 /* Read a whole file into *out (NUL-terminated; *len excludes the NUL).
  * Returns 0, or an errno value. */
 int base_read_file(const char *path, char **out, size_t *len);
+
+/* ---- the thread pool (pool.c) ---------------------------------------------- */
+
+/* fn(ctx, item, worker) for item in [0, n), spread over the pool's workers
+ * (the caller is worker 0, workers numbered below base_pool_size()).
+ * Returns when every item is done. Calls from several threads take turns;
+ * an item must not call it again. Items cannot leave by the memory
+ * exhaustion jump: one that exhausts memory aborts (allocate before). */
+void base_pool_run(int64_t n, void (*fn)(void *ctx, int64_t item, int worker), void *ctx);
+/* Workers of the pool (FLEXC_THREADS, default every online core). */
+int base_pool_size(void);
 
 /* ---- internal errors ---------------------------------------------------- */
 

@@ -70,8 +70,24 @@ __device__ __forceinline__ float flex_softmax_rescale(float &row_max, float tile
 }
 
 /* Final O scale and LSE (natural log) of a row; fully masked rows: 0, -inf.
- * A +inf logit (and no NaN) gives LSE +inf and O NaN; a NaN one, NaN. */
-__device__ __forceinline__ float flex_finish_row(float row_max, float row_sum, float *lse) {
+ * A +inf logit (and no NaN) gives LSE +inf and O NaN; a NaN one, NaN.
+ * sink2: the row's sink logit times log2 e (FLEX_SINK; -inf: none), one
+ * more term of the sum with no value: the keys' O is scaled down by it,
+ * and a fully masked row gets O = 0, LSE = the sink. A NaN or +inf sink
+ * makes LSE that and O NaN (docs/language.md). */
+__device__ __forceinline__ float flex_finish_row(float row_max, float row_sum, float *lse,
+                                                 float sink2 = -INFINITY) {
+  if (FLEX_HAS_SINK && !(sink2 < INFINITY)) { /* NaN or +inf */
+    *lse = sink2;
+    return sink2 - sink2; /* NaN */
+  }
+  if (FLEX_HAS_SINK && sink2 > -INFINITY && row_max == row_max && row_max < INFINITY) {
+    const float m = row_max > sink2 ? row_max : sink2;
+    const float corr = row_max == -INFINITY ? 0.0f : exp2f(row_max - m);
+    const float sum = row_sum * corr + exp2f(sink2 - m);
+    *lse = (m + log2f(sum)) * FLEX_LN2;
+    return corr / sum;
+  }
   if (row_max == INFINITY) {
     *lse = INFINITY;
     return 1.0f / row_sum; /* NaN: the sum holds exp2(inf - inf) */
@@ -82,6 +98,21 @@ __device__ __forceinline__ float flex_finish_row(float row_max, float row_sum, f
   }
   *lse = (row_max + log2f(row_sum)) * FLEX_LN2;
   return 1.0f / row_sum;
+}
+
+/* The sink logit of row qi: -inf without a sink, past Q_LEN (whose rows
+ * are never written) and for a split-KV partial, whose sink the combine
+ * adds once. flex_row_sink2: the same times log2 e, for flex_finish_row. */
+__device__ __forceinline__ float flex_row_sink(const FlexParams &p, int b, int h, int qi, bool part) {
+#ifdef FLEX_SINK
+  if (qi < p.q_len && !part) return flex_sink(p, b, h, qi);
+#else
+  (void)p, (void)b, (void)h, (void)qi, (void)part;
+#endif
+  return -INFINITY;
+}
+__device__ __forceinline__ float flex_row_sink2(const FlexParams &p, int b, int h, int qi, bool part) {
+  return flex_row_sink(p, b, h, qi, part) * FLEX_LOG2E;
 }
 
 /* ---- split-KV (docs/decoding.md) ---------------------------------------- */
@@ -364,9 +395,10 @@ __device__ __forceinline__ void flex_fwd_tc(const FlexParams &p) {
       row_sum[m][r] += __shfl_xor_sync(0xffffffffu, row_sum[m][r], 1);
       row_sum[m][r] += __shfl_xor_sync(0xffffffffu, row_sum[m][r], 2);
       float lse;
-      float inv = flex_finish_row(row_max[m][r] * scale_log2, row_sum[m][r], &lse);
-      if (FLEX_DROP) inv *= p.drop_scale;
       const int qi = m0 + wr + 16 * m + g + r * 8;
+      float inv = flex_finish_row(row_max[m][r] * scale_log2, row_sum[m][r], &lse,
+                                  flex_row_sink2(p, b, h, qi, sp.split >= 0));
+      if (FLEX_DROP) inv *= p.drop_scale;
       if (qi >= p.q_len) continue;
       if (sp.split >= 0) { /* a partial: fp32, normalised by its own sum, into the workspace */
         const int64_t pr = flex_part_row(p, sp.split, b, h, qi);
@@ -466,7 +498,7 @@ __device__ __forceinline__ void flex_fwd_simt(const FlexParams &p) {
 #pragma unroll
   for (int off = 1; off < TPR; off *= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
   float lse;
-  float inv = flex_finish_row(row_max, row_sum, &lse);
+  float inv = flex_finish_row(row_max, row_sum, &lse, flex_row_sink2(p, b, h, qi, sp.split >= 0));
   if (FLEX_DROP) inv *= p.drop_scale;
   if (qi >= p.q_len) return;
   float *out = (float *)p.out + b * p.so.b + h * p.so.h + qi * p.so.row;
@@ -493,7 +525,8 @@ __device__ __forceinline__ void flex_fwd_simt(const FlexParams &p) {
  * lse_s = -inf and weight 0 and is skipped, so it adds no NaN. The
  * non-finite rows of flex_finish_row carry over: any NaN lse_s makes the
  * row NaN; else a +inf one gives LSE +inf and O NaN; all -inf (a fully
- * masked row) gives O = 0 and LSE = -inf. */
+ * masked row) gives O = 0 and LSE = -inf. A sink joins here, once (the
+ * partials have none): one more term of the sum with no value. */
 template <class OutEl>
 __device__ __forceinline__ void flex_fwd_combine_body(const FlexParams &p) {
   const int64_t rows = (int64_t)p.B * p.H * p.q_len;
@@ -501,10 +534,12 @@ __device__ __forceinline__ void flex_fwd_combine_body(const FlexParams &p) {
   const int lane = threadIdx.x % 32, S = p.kv_splits;
   if (row >= rows) return;
   const int qi = (int)(row % p.q_len), h = (int)(row / p.q_len % p.H), b = (int)(row / p.q_len / p.H);
-  float m = -INFINITY;
+  const float sk = flex_row_sink(p, b, h, qi, false);
+  float m = sk;
 #pragma unroll 1
   for (int s = 0; s < S; s++) m = flex_max_nan(m, flex_gload(p.part_lse + s * rows + row));
-  float lse, sum = 0.0f;
+  if (sk != sk) m = sk; /* a NaN sink (flex_max_nan keeps NaN from the partials only) */
+  float lse, sum = sk == -INFINITY || m != m || m == INFINITY ? 0.0f : expf(sk - m);
   if (m != m || m == INFINITY) lse = m;
   else if (m == -INFINITY) lse = -INFINITY;
   else {

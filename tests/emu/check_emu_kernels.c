@@ -8,7 +8,7 @@
  * the reference decodes fp16/bf16 exactly), so the error measured is the
  * kernels' own. Outputs are NaN-poisoned before each run; each tensor is
  * compared by relative norm error, NaN never passes, and fully masked rows
- * must come back exactly as DSL.md says (O = 0, LSE = -inf, dQ = 0).
+ * must come back exactly as docs/language.md says (O = 0, LSE = -inf, dQ = 0).
  *
  * The default run covers every sample with every dtype once, the shape
  * variants spread over them; FLEXC_EMU_FULL=1 (or --full) runs the whole
@@ -23,6 +23,14 @@
  * --cuda runs the same cases on the GPU instead of the emulator (the
  * tensors mirrored on the device by tl_cuda_call; outputs in q's dtype, as
  * the CUDA backend wants); it exits 77 where there is no CUDA device.
+ * --matrix (the GPU run's, bench/run_gpu.sh) runs every sample x fp16/bf16
+ * x head dims 64 and 128 on GQA and MQA shapes of odd lengths, forward and
+ * backward, and every masked sample once more with a caller's BlockMask
+ * (flex_block_mask_create, 128 x 128 blocks) given to both sides; --one
+ * runs one small case of it (relpos_bias: a score and a `grad` buffer,
+ * bf16, E = 64), the one compute-sanitizer checks. With --cuda on a device
+ * of compute capability 9.0 and FLEXC_CUDA_SM90_FWD=1 / _BWD=1 set, every
+ * case asserts that the sm_90a bodies ran, as --sm90 does on the emulator.
  */
 #include <check.h>
 #include <dirent.h>
@@ -44,40 +52,52 @@ static bool on_cuda; /* --cuda: the device backend is the GPU, not the emulator 
 static bool on_cpu;  /* --cpu: the device backend is the CPU backend (cpu/) */
 static bool full;    /* --full (or FLEXC_EMU_FULL=1): the whole cross product */
 static bool on_sm90; /* --sm90: the emulator generates for sm_90a (fp16 / bf16, shapes_sm90) */
+static bool want_sm90; /* --cuda on a 9.0 device with the sm_90a bodies turned on: assert they ran */
 
 /* One problem shape and the optional features it turns on. */
 typedef struct Shape {
-  TlShape s;       /* sizes */
-  bool dlse;       /* give dLSE to the backward */
-  bool native_out; /* emu outputs in q's dtype instead of float32 */
+  TlShape s;        /* sizes */
+  bool dlse;        /* give dLSE to the backward */
+  bool native_out;  /* emu outputs in q's dtype instead of float32 */
+  bool caller_mask; /* a caller's BlockMask (flex_block_mask_create) on both sides */
 } Shape;
 
 static double call_scale; /* flex_args.scale of every call (0: 1/sqrt(E)); odd_scales sets it */
 
 static const Shape shapes[] = {
-    {{2, 4, 2, 37, 70, 15, 24}, true, false},  /* GQA, odd E, EV != E, ragged tails */
-    {{1, 3, 1, 70, 37, 16, 16}, false, true},  /* MQA, Q_LEN > KV_LEN */
-    {{2, 2, 2, 65, 33, 40, 72}, true, true},   /* MHA, one row past a 64-row tile */
-    {{1, 2, 1, 21, 130, 72, 33}, false, false}, /* several key tiles, E > EV */
-    {{1, 2, 2, 17, 19, 160, 136}, true, false}, /* head dims over 128: the halved tiles */
+    {{2, 4, 2, 37, 70, 15, 24}, true, false, false},  /* GQA, odd E, EV != E, ragged tails */
+    {{1, 3, 1, 70, 37, 16, 16}, false, true, false},  /* MQA, Q_LEN > KV_LEN */
+    {{2, 2, 2, 65, 33, 40, 72}, true, true, false},   /* MHA, one row past a 64-row tile */
+    {{1, 2, 1, 21, 130, 72, 33}, false, false, false}, /* several key tiles, E > EV */
+    {{1, 2, 2, 17, 19, 160, 136}, true, false, false}, /* head dims over 128: the halved tiles */
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof *shapes))
 
 /* --sm90: the head dims of the sm_90a kernels (64, 128, 256 and padded
  * ones), lengths that miss the 64-row and 64/128-key tiles. */
 static const Shape shapes_sm90[] = {
-    {{2, 4, 2, 77, 130, 64, 64}, true, false},   /* GQA, dLSE */
-    {{1, 2, 1, 45, 150, 128, 128}, false, true}, /* MQA, O in q's dtype */
-    {{1, 2, 2, 33, 67, 256, 256}, true, false},  /* two backward consumers */
-    {{2, 2, 1, 65, 100, 72, 40}, false, false},  /* padded to 128 / 64, E != EV */
+    {{2, 4, 2, 77, 130, 64, 64}, true, false, false},   /* GQA, dLSE */
+    {{1, 2, 1, 45, 150, 128, 128}, false, true, false}, /* MQA, O in q's dtype */
+    {{1, 2, 2, 33, 67, 256, 256}, true, false, false},  /* two backward consumers */
+    {{2, 2, 1, 65, 100, 72, 40}, false, false, false},  /* padded to 128 / 64, E != EV */
 };
 #define NSHAPES_SM90 ((int)(sizeof shapes_sm90 / sizeof *shapes_sm90))
 #define NDEFAULT_SHAPES 4 /* the default run spreads shapes 0..3 over the samples */
 
+/* --matrix: head dims 64 and 128, GQA and MQA, lengths that miss every tile. */
+static const Shape shapes_matrix[] = {
+    {{2, 4, 2, 77, 130, 64, 64}, true, true, false},    /* GQA, dLSE */
+    {{1, 4, 1, 130, 77, 128, 128}, false, true, false}, /* MQA, Q_LEN > KV_LEN */
+};
+#define NSHAPES_MATRIX ((int)(sizeof shapes_matrix / sizeof *shapes_matrix))
+/* ... and a caller's BlockMask: several blocks each way, GQA */
+static const Shape shape_caller_mask = {{2, 4, 2, 300, 260, 64, 64}, true, true, true};
+
 static const char *const samples[] = {"alibi", "causal", "causal_lower_right", "chunked_gelu",
                                       "dilated", "document", "gemma2", "head_temperature",
                                       "natten", "prefix_lm", "relpos_bias", "sliding_window",
-                                      "softcap", "natten_gym", "natten_tiled", "paged"};
+                                      "softcap", "natten_gym", "natten_tiled", "paged",
+                                      "sink_gptoss", "sink_window", "sink_per_query"};
 #define NSAMPLES ((int)(sizeof samples / sizeof *samples))
 
 /* One (sample, dtype, shape) case: forward (and backward) on both backends. */
@@ -87,11 +107,13 @@ static void run_shape_dir(int si, int di, const Shape *s, bool backward) {
                      .arch = on_sm90 ? "sm_90a" : NULL, .dlse = s->dlse,
                      .native_out = s->native_out || on_cuda, .native_grads = s->native_out || on_cuda,
                      .scale = call_scale};
+  const bool sm90 = on_sm90 || want_sm90; /* the sm_90a bodies must run */
   TlCall c;
   tl_call_init(&c, &tc, &rng);
   tl_call_sample_extras(&c);
+  if (s->caller_mask) tl_call_block_mask(&c, NULL, 0, 0); /* 128 x 128 blocks */
   tl_call_forward(&c);
-  if (on_sm90) /* every sample runs the TMA + wgmma forward */
+  if (sm90) /* every sample runs the TMA + wgmma forward */
     ck_assert_msg(rt_run_last_stats().fwd_sm90, "%s: the sm_90a forward did not run", samples[si]);
   if (backward) {
     tl_call_backward(&c);
@@ -99,11 +121,13 @@ static void run_shape_dir(int si, int di, const Shape *s, bool backward) {
      * with more than two divisions (cg_bwd_sm90_ok: the sm_80 body) */
     bool heavy = !strncmp(samples[si], "natten", 6); /* 4, 6 and 15 divisions */
     bool want_bwd = !(heavy && (s->s.E > 128 || s->s.EV > 128));
-    if (on_sm90)
+    if (sm90)
       ck_assert_msg(rt_run_last_stats().bwd_sm90 == want_bwd, "%s: the sm_90a backward %s",
                     samples[si], want_bwd ? "did not run" : "ran");
   }
-  tl_call_check(&c, backward ? TL_FWD | TL_BWD : TL_FWD, samples[si]);
+  char label[64];
+  snprintf(label, sizeof label, "%s%s", samples[si], s->caller_mask ? " +BlockMask" : "");
+  tl_call_check(&c, backward ? TL_FWD | TL_BWD : TL_FWD, label);
   tl_call_free(&c);
 }
 
@@ -117,6 +141,24 @@ START_TEST(sample_sm90) {
   int n = full ? NSHAPES_SM90 : 1, si = _i / (2 * n), di = 1 + _i / n % 2;
   run_shape(si, di, &shapes_sm90[full ? _i % n : (si + di) % NSHAPES_SM90]);
 }
+END_TEST
+
+/* --matrix: sample x fp16/bf16 x shapes_matrix (head dims 64 and 128). */
+START_TEST(sample_matrix) {
+  int si = _i / (2 * NSHAPES_MATRIX), di = 1 + _i / NSHAPES_MATRIX % 2;
+  run_shape(si, di, &shapes_matrix[_i % NSHAPES_MATRIX]);
+}
+END_TEST
+
+/* --matrix: every sample with a mask once with a caller's BlockMask, fp16
+ * and bf16 alternating. */
+static int masked[NSAMPLES], nmasked; /* the samples with a mask (main fills it) */
+
+START_TEST(sample_caller_mask) { run_shape(masked[_i], 1 + _i % 2, &shape_caller_mask); }
+END_TEST
+
+/* --one: one small case of the matrix (relpos_bias, bf16, E = 64). */
+START_TEST(sample_one) { run_shape(10, 2, &shapes_matrix[0]); }
 END_TEST
 
 /* Default matrix: sample x dtype, shape variants rotated over them. */
@@ -190,9 +232,9 @@ static void run_tiles(const char *spec, int di, int E, int bm, int bn) {
   ck_assert_int_eq(setenv("FLEXC_TILES", spec, 1), 0);
   fprintf(stderr, " tiles %s, E=%d:\n", spec, E);
   const int L = 2 * (bm > bn ? bm : bn);
-  const Shape s[3] = {{{1, 2, 1, L + 13, L + bn, E, E}, false, false},
-                      {{1, 2, 2, L, L - 5, E, E}, true, false},
-                      {{2, 2, 1, L + 3, L, E, E}, false, true}};
+  const Shape s[3] = {{{1, 2, 1, L + 13, L + bn, E, E}, false, false, false},
+                      {{1, 2, 2, L, L - 5, E, E}, true, false, false},
+                      {{2, 2, 1, L + 3, L, E, E}, false, true, false}};
   const char *names[3] = {"causal", "relpos_bias", "paged"};
   for (int i = 0; i < 3; i++) run_shape(sample_index(names[i]), di, &s[i]);
   unsetenv("FLEXC_TILES");
@@ -264,9 +306,18 @@ int main(int argc, char **argv) {
     printf("skipped: %s\n", flex_last_error());
     return 77;
   }
-  if (on_cuda && (rt_drv_init() != FLEX_OK || rt_drv_use_device(0) != FLEX_OK)) {
-    printf("skipped: %s\n", flex_last_error());
-    return 77;
+  bool matrix = false, one = false;
+  for (int i = 1; i < argc; i++) {
+    matrix |= !strcmp(argv[i], "--matrix");
+    one |= !strcmp(argv[i], "--one");
+  }
+  if (on_cuda) {
+    int rc = tl_cuda_setup();
+    if (rc) return rc;
+    int major = 0, minor = 0;
+    const char *f = getenv("FLEXC_CUDA_SM90_FWD"), *b = getenv("FLEXC_CUDA_SM90_BWD");
+    want_sm90 = !rt_drv_compute_capability(0, &major, &minor) && major == 9 && minor == 0 && f &&
+                !strcmp(f, "1") && b && !strcmp(b, "1");
   }
   const char *env = getenv("FLEXC_EMU_FULL");
   if (env && *env && strcmp(env, "0")) full = true;
@@ -278,6 +329,23 @@ int main(int argc, char **argv) {
     int n;
     cg_tile_table(&n);
     return TL_MAIN("emu_kernels", 300, TL_LOOP(tile_table_row, n), TL_LOOP(tile_sweep_line, 16));
+  }
+  if (one) return TL_MAIN("emu_kernels", 300, TL_TEST(sample_one));
+  if (matrix) {
+    for (int i = 0; i < NSAMPLES; i++) {
+      char path[64];
+      flex_kernel *k = NULL;
+      flex_kernel_info info;
+      snprintf(path, sizeof path, "samples/%s.score", samples[i]);
+      if (flex_kernel_load(&k, tl_src_path(path), NULL) || flex_kernel_get_info(k, &info)) {
+        fprintf(stderr, "%s: %s\n", path, flex_last_error());
+        return EXIT_FAILURE;
+      }
+      if (info.features & FLEX_FEATURE_MASK) masked[nmasked++] = i;
+      flex_kernel_free(k);
+    }
+    return TL_MAIN("emu_kernels", 300, TL_TEST(samples_listed),
+                   TL_LOOP(sample_matrix, NSAMPLES * 2 * NSHAPES_MATRIX), TL_LOOP(sample_caller_mask, nmasked));
   }
   if (on_sm90)
     return TL_MAIN("emu_kernels", 300, TL_LOOP(sample_sm90, NSAMPLES * 2 * (full ? NSHAPES_SM90 : 1)),

@@ -171,11 +171,11 @@ int main(int argc, char **argv) {
   }
   want_sm90 = true;
   if (on_cuda) {
-    int major = 0, minor = 0;
-    if (rt_drv_init() != FLEX_OK || rt_drv_use_device(0) != FLEX_OK ||
-        rt_drv_compute_capability(0, &major, &minor) != FLEX_OK) {
-      printf("skipped: %s\n", flex_last_error());
-      return 77;
+    int major = 0, minor = 0, rc = tl_cuda_setup(); /* CK_FORK=no: one process uses the device */
+    if (rc) return rc;
+    if (rt_drv_compute_capability(0, &major, &minor) != FLEX_OK) {
+      printf("device 0: %s\n", flex_last_error());
+      return 1;
     }
     const char *on = getenv("FLEXC_CUDA_SM90_FWD");
     want_sm90 = major == 9 && minor == 0 && on && !strcmp(on, "1") && rt_drv_has_tensor_maps();

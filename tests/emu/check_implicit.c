@@ -122,7 +122,7 @@ static RtMaskStats cpu_mask(Run *r, int bq, int bk, RtBlockMask *out) {
   ck_assert_msg(rt_validate(&c, &arena, r->c.kern, &r->c.a[1], false, NULL) == FLEX_OK, "%s",
                 flex_last_error());
   IrIntervalEnv env = {c.params, c.sizes, c.bufs};
-  RtMaskShape shape = {B, H, QL, KL, bq, bk};
+  RtMaskShape shape = {B, H, QL, KL, bq, bk, 0, 0};
   RtMaskStats st;
   RtBlockMask bm;
   ck_assert_msg(rt_block_mask_build(&bm, r->c.kern->mod, &env, &shape, RT_MASK_EVAL, &st) ==

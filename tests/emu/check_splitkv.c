@@ -16,7 +16,7 @@
  *    key tiles) and that the chunks together visited exactly the unsplit
  *    run's tiles;
  *  - +inf and NaN logits in one chunk of a row: LSE +inf / NaN and O NaN,
- *    as the unsplit kernel gives (DSL.md);
+ *    as the unsplit kernel gives (docs/language.md);
  *  - a paged K/V cache and a packed (varlen) batch, split per sequence;
  *  - grouped-query packing: on exactly for GQA calls without lists or
  *    dropout; packed against unpacked ($FLEXC_PACK_GQA=0) results and tile
@@ -25,7 +25,14 @@
  *    cpu backends accept and ignore a count.
  *
  * Fresh random inputs every run (tl_seed); outputs are poisoned with NaN
- * before every run. */
+ * before every run.
+ *
+ * --cuda runs the decoding shapes, the grouped-query packing, the paged
+ * and the packed splits on the GPU (132 SMs on an H100: the automatic
+ * counts are its own); it exits 77 where there is no CUDA device. Each of
+ * those runs every split of a case before asserting anything, so that a
+ * case compiles the same kernels whatever its results (the GPU run's
+ * kernel cache is filled by running them over a stand-in driver). */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -38,6 +45,7 @@
 #include "testlib.h"
 
 static uint64_t rng;
+static flex_backend dev = FLEX_BACKEND_EMU; /* the backend under test (--cuda: the GPU) */
 
 /* Lower-right causal (query i is absolute position i + KV_LEN - Q_LEN) with ALiBi. */
 static const char *const causal_alibi =
@@ -104,12 +112,12 @@ static void buffers_init(TlCall *u, const Case *c) {
   }
 }
 
-/* Case c on the emulator (q, k, v and O in its dtype, LSE float32) and the
+/* Case c on the backend under test (q, k, v and O in its dtype, LSE float32) and the
  * reference, with its buffers; tc: the layout (packed, paged) or NULL. */
 static void call_init(TlCall *u, const Case *c, const TlCase *layout) {
   TlCase tc = layout ? *layout : (TlCase){0};
   tc.name = "splitkv", tc.src = c->src, tc.s = (TlShape){c->B, c->H, c->HKV, c->QL, c->KL, c->E, c->EV};
-  tc.dt = &tl_dtypes[c->dt], tc.backend = FLEX_BACKEND_EMU, tc.native_out = true;
+  tc.dt = &tl_dtypes[c->dt], tc.backend = dev, tc.native_out = true;
   tl_call_init(u, &tc, &rng);
   buffers_init(u, c);
 }
@@ -158,35 +166,39 @@ START_TEST(decoding) {
   run_reference(&u);
   /* every case has more than 7 key tiles (BN <= 64), so a forced count runs as given */
   const int splits[5] = {1, 2, 3, 7, 0};
-  uint64_t tiles1 = 0;
+  RtRunStats st[5];
+  double eo[5], el[5], so[5], sl[5];
   for (int t = 0; t < 5; t++) {
-    double eo, el;
     u.a[0].kv_splits = splits[t];
-    run_forward(&u, c->name, &eo, &el);
-    RtRunStats st = rt_run_last_stats();
-    double so = t ? tl_rel_err(&u.out[0].a, &o1) : 0, sl = t ? tl_rel_err(&u.lse[0].a, &l1) : 0;
+    run_forward(&u, c->name, &eo[t], &el[t]);
+    st[t] = rt_run_last_stats();
+    so[t] = t ? tl_rel_err(&u.out[0].a, &o1) : 0, sl[t] = t ? tl_rel_err(&u.lse[0].a, &l1) : 0;
     fprintf(stderr, "  %-30s splits %d -> %2d%s (tiles %llu): out %.2g lse %.2g; vs unsplit %.2g %.2g\n",
-            c->name, splits[t], st.kv_splits, st.pack_gqa ? " packed" : "",
-            (unsigned long long)st.fwd_tiles, eo, el, so, sl);
+            c->name, splits[t], st[t].kv_splits, st[t].pack_gqa ? " packed" : "",
+            (unsigned long long)st[t].fwd_tiles, eo[t], el[t], so[t], sl[t]);
+    if (t == 0) copy_array(&o1, &u.out[0].a), copy_array(&l1, &u.lse[0].a);
+  }
+  for (int t = 0; t < 5; t++) {
     /* grouped-query packing: on for GQA without lists or dropout (every case has Q_LEN <= 16) */
     bool pack = c->H > c->HKV && c->bufs != B_LIVE && c->drop == 0 && !getenv("FLEXC_PACK_GQA");
-    ck_assert_msg(st.pack_gqa == pack, "%s: packed %d, want %d", c->name, st.pack_gqa, pack);
+    ck_assert_msg(st[t].pack_gqa == pack, "%s: packed %d, want %d", c->name, st[t].pack_gqa, pack);
     if (splits[t]) {
-      ck_assert_msg(st.kv_splits == splits[t], "%s: kv_splits %d ran %d chunks", c->name, splits[t],
-                    st.kv_splits);
+      ck_assert_msg(st[t].kv_splits == splits[t], "%s: kv_splits %d ran %d chunks", c->name,
+                    splits[t], st[t].kv_splits);
     } else {
-      /* a decoding grid is far below the emulator's 108 SMs: it splits, each chunk >= 2 tiles */
-      ck_assert_msg(st.kv_splits >= 2 && st.kv_splits <= RT_SPLIT_MAX && st.kv_splits * 2 * 32 <= c->KL + 63,
-                    "%s: automatic split ran %d chunks", c->name, st.kv_splits);
+      /* a decoding grid is far below the device's SMs (108 on the emulator, 132 on an H100):
+       * it splits, each chunk >= 2 tiles */
+      ck_assert_msg(st[t].kv_splits >= 2 && st[t].kv_splits <= CG_SPLIT_MAX &&
+                        st[t].kv_splits * 2 * 32 <= c->KL + 63,
+                    "%s: automatic split ran %d chunks", c->name, st[t].kv_splits);
     }
-    if (t == 0) tiles1 = st.fwd_tiles;
-    ck_assert_msg(st.fwd_tiles == tiles1, "%s split %d: %llu tiles visited, unsplit %llu", c->name,
-                  st.kv_splits, (unsigned long long)st.fwd_tiles, (unsigned long long)tiles1);
-    ck_assert_msg(eo < td->tol && el < td->tol, "%s split %d: out %g lse %g (tol %g)", c->name,
-                  st.kv_splits, eo, el, td->tol);
-    ck_assert_msg(so < td->tol && sl < td->tol, "%s split %d against unsplit: out %g lse %g", c->name,
-                  st.kv_splits, so, sl);
-    if (t == 0) copy_array(&o1, &u.out[0].a), copy_array(&l1, &u.lse[0].a);
+    ck_assert_msg(st[t].fwd_tiles == st[0].fwd_tiles, "%s split %d: %llu tiles visited, unsplit %llu",
+                  c->name, st[t].kv_splits, (unsigned long long)st[t].fwd_tiles,
+                  (unsigned long long)st[0].fwd_tiles);
+    ck_assert_msg(eo[t] < td->tol && el[t] < td->tol, "%s split %d: out %g lse %g (tol %g)", c->name,
+                  st[t].kv_splits, eo[t], el[t], td->tol);
+    ck_assert_msg(so[t] < td->tol && sl[t] < td->tol, "%s split %d against unsplit: out %g lse %g",
+                  c->name, st[t].kv_splits, so[t], sl[t]);
   }
   if (c->bufs == B_LIVE) /* the fully masked row: O = 0, LSE = -inf */
     for (int h = 0; h < c->H && c->QL > 1; h++) {
@@ -216,19 +228,24 @@ START_TEST(gqa_packing) {
   u.a[0].kv_splits = 1;
   run_reference(&u);
   uint64_t tiles[2];
+  bool packed[2];
+  double eo[2], el[2], so[2], sl[2];
   for (int t = 0; t < 2; t++) {
-    double eo, el;
     if (t) setenv("FLEXC_PACK_GQA", "0", 1);
-    run_forward(&u, c->name, &eo, &el);
+    run_forward(&u, c->name, &eo[t], &el[t]);
     RtRunStats st = rt_run_last_stats();
-    tiles[t] = st.fwd_tiles;
-    ck_assert(st.pack_gqa == (t == 0));
-    double so = t ? tl_rel_err(&u.out[0].a, &o1) : 0, sl = t ? tl_rel_err(&u.lse[0].a, &l1) : 0;
+    tiles[t] = st.fwd_tiles, packed[t] = st.pack_gqa;
+    so[t] = t ? tl_rel_err(&u.out[0].a, &o1) : 0, sl[t] = t ? tl_rel_err(&u.lse[0].a, &l1) : 0;
     fprintf(stderr, "  %-30s %s: tiles %llu, out %.2g lse %.2g; packed vs unpacked %.2g %.2g\n",
-            c->name, t ? "unpacked" : "packed  ", (unsigned long long)st.fwd_tiles, eo, el, so, sl);
-    ck_assert_msg(eo < td->tol && el < td->tol, "%s: out %g lse %g", c->name, eo, el);
-    ck_assert_msg(so < td->tol && sl < td->tol, "%s: packed vs unpacked out %g lse %g", c->name, so, sl);
+            c->name, t ? "unpacked" : "packed  ", (unsigned long long)st.fwd_tiles, eo[t], el[t],
+            so[t], sl[t]);
     if (t == 0) copy_array(&o1, &u.out[0].a), copy_array(&l1, &u.lse[0].a);
+  }
+  for (int t = 0; t < 2; t++) {
+    ck_assert(packed[t] == (t == 0));
+    ck_assert_msg(eo[t] < td->tol && el[t] < td->tol, "%s: out %g lse %g", c->name, eo[t], el[t]);
+    ck_assert_msg(so[t] < td->tol && sl[t] < td->tol, "%s: packed vs unpacked out %g lse %g", c->name,
+                  so[t], sl[t]);
   }
   unsetenv("FLEXC_PACK_GQA");
   const uint64_t G = (uint64_t)(c->H / c->HKV);
@@ -297,15 +314,19 @@ START_TEST(paged_split) {
   u.a[1].kv_splits = 3; /* accepted and ignored by the reference */
   run_reference(&u);
   const int splits[3] = {1, 3, 0};
+  int ran[3];
+  double eo[3], el[3];
   for (int t = 0; t < 3; t++) {
-    double eo, el;
     u.a[0].kv_splits = splits[t];
-    run_forward(&u, "paged", &eo, &el);
-    int ran = rt_run_last_stats().kv_splits;
+    run_forward(&u, "paged", &eo[t], &el[t]);
+    ran[t] = rt_run_last_stats().kv_splits;
     fprintf(stderr, "  paged %s Q_LEN %d splits %d -> %d: out %.2g lse %.2g\n", td->name, QL,
-            splits[t], ran, eo, el);
-    ck_assert(splits[t] == 0 ? ran > 1 : ran == splits[t]);
-    ck_assert_msg(eo < td->tol && el < td->tol, "paged split %d: out %g lse %g", ran, eo, el);
+            splits[t], ran[t], eo[t], el[t]);
+  }
+  for (int t = 0; t < 3; t++) {
+    ck_assert(splits[t] == 0 ? ran[t] > 1 : ran[t] == splits[t]);
+    ck_assert_msg(eo[t] < td->tol && el[t] < td->tol, "paged split %d: out %g lse %g", ran[t], eo[t],
+                  el[t]);
   }
   tl_call_free(&u);
 }
@@ -323,14 +344,19 @@ START_TEST(varlen_split) {
   tl_call_param(&u, "window", 500);
   run_reference(&u);
   const int splits[3] = {1, 2, 0};
+  int ran[3];
+  double eo[3], el[3];
   for (int t = 0; t < 3; t++) {
-    double eo, el;
     u.a[0].kv_splits = splits[t];
-    run_forward(&u, "packed", &eo, &el);
-    int ran = rt_run_last_stats().kv_splits; /* the most of any sequence */
-    fprintf(stderr, "  packed %s splits %d -> %d: out %.2g lse %.2g\n", td->name, splits[t], ran, eo, el);
-    ck_assert(splits[t] == 0 ? ran > 2 : ran == splits[t]);
-    ck_assert_msg(eo < td->tol && el < td->tol, "packed split %d: out %g lse %g", ran, eo, el);
+    run_forward(&u, "packed", &eo[t], &el[t]);
+    ran[t] = rt_run_last_stats().kv_splits; /* the most of any sequence */
+    fprintf(stderr, "  packed %s splits %d -> %d: out %.2g lse %.2g\n", td->name, splits[t], ran[t],
+            eo[t], el[t]);
+  }
+  for (int t = 0; t < 3; t++) {
+    ck_assert(splits[t] == 0 ? ran[t] > 2 : ran[t] == splits[t]);
+    ck_assert_msg(eo[t] < td->tol && el[t] < td->tol, "packed split %d: out %g lse %g", ran[t], eo[t],
+                  el[t]);
   }
   tl_call_free(&u);
 }
@@ -416,7 +442,15 @@ START_TEST(negative_splits) {
 }
 END_TEST
 
-int main(void) {
+int main(int argc, char **argv) {
+  int rc = tl_cuda_mode(argc, argv);
+  if (rc >= 0) {
+    rng = tl_seed();
+    dev = FLEX_BACKEND_CUDA;
+    return rc ? rc : TL_MAIN("cuda_splitkv", 0, TL_CASE("cuda", 0),
+                             TL_LOOP(decoding, (int)(sizeof cases / sizeof cases[0])), TL_LOOP(gqa_packing, 4),
+                             TL_LOOP(paged_split, 2), TL_LOOP(varlen_split, 2));
+  }
   if (!rt_emu_available()) {
     fprintf(stderr, "no host C++ compiler for the emulator: %s\n", flex_last_error());
     return 77;

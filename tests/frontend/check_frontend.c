@@ -312,7 +312,7 @@ START_TEST(several_errors) {
                "const k = 3 +;\n");
   ck_assert_int_eq(r->d.errors, 3);
   const char *t = diags(r);
-  ck_assert_ptr_nonnull(strstr(t, "t.score:2:1: error: unexpected 'const', expected ';'\n"));
+  ck_assert_ptr_nonnull(strstr(t, "t.score:2:1: error: expected ';' before 'const'\n"));
   ck_assert_ptr_nonnull(strstr(t, "t.score:4:16: error: unexpected ';', expected an expression\n"));
   ck_assert_ptr_nonnull(strstr(t, "t.score:7:14: error: unexpected ';', expected an expression\n"));
   done(r);

@@ -9,11 +9,19 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The source tree: $FLEXC_SRC_DIR when set, else the one compiled in; an
+ * empty one (FLEXC_PORTABLE builds) is the working directory, and `rel` is
+ * returned as it is, so a bundle's programs read its own samples/ and name
+ * them by the same relative path on every machine (the path is part of the
+ * generated source, hence of the kernel cache's key). */
 const char *tl_src_path(const char *rel) {
   static char buf[8][4096];
   static int k;
+  const char *dir = getenv("FLEXC_SRC_DIR");
+  if (!dir) dir = FLEXC_SRC_DIR;
+  if (!*dir) return rel;
   char *p = buf[k++ % 8];
-  snprintf(p, sizeof buf[0], "%s/%s", FLEXC_SRC_DIR, rel);
+  snprintf(p, sizeof buf[0], "%s/%s", dir, rel);
   return p;
 }
 

@@ -12,7 +12,8 @@
 #include "runtime/flex.h"
 #include "runtime/npy.h"
 
-/* Path of a file in the source tree ("tests/frontend/cases/x.score" -> absolute). */
+/* Path of a file in the source tree ("tests/frontend/cases/x.score" -> absolute;
+ * in a FLEXC_PORTABLE build, relative to the working directory). */
 const char *tl_src_path(const char *rel);
 /* A kernel from the source-tree file `path` ("samples/x.score") or, with
  * path NULL, from the text `src` named `name`; a failure aborts the test
@@ -254,11 +255,28 @@ void tl_one_process(void);
 
 /* Run a forward (or backward) whose tensors are in host memory on the CUDA
  * backend: every tensor is mirrored on the device, the outputs are copied
- * back into the host tensors (testlib_cuda.c, on flex_mirror.h). */
+ * back into the host tensors (testlib_cuda.c, on flex_mirror.h). A failure
+ * is also printed to stderr as "tl_cuda_call: forward failed: why". */
 flex_status tl_cuda_call(flex_kernel *k, const flex_args *host, bool backward);
 /* tests/cuda/mockcuda.c compiled with the host C compiler ($CC, else cc)
  * into a temporary libcuda.so.1 (removed at exit), once per process: its
  * path (for $FLEXC_LIBCUDA), or NULL (said why on stderr). */
 const char *tl_mock_driver(void);
+/* A forward (or backward) of host tensors on a->backend: tl_cuda_call for
+ * FLEX_BACKEND_CUDA, flex_forward (flex_backward) otherwise. */
+flex_status tl_call(flex_kernel *k, const flex_args *a, bool backward);
+/* For a suite's --cuda mode, before the suite runs: 0 when device 0 can be
+ * used, else 77 (no CUDA device: skipped) or 1 (device 0 fails) after
+ * printing why; the caller returns a nonzero result as it is. Sets
+ * CK_FORK=no: the CUDA driver cannot be used in a child forked after the
+ * parent initialised it, so the cases run in this one process (a failed
+ * assertion still ends only its own case). */
+int tl_cuda_setup(void);
+/* A suite's --cuda mode: -1 when no argument is "--cuda" (the suite runs
+ * as it does without it), else tl_cuda_setup's result: 0, run the suite's
+ * CUDA table; 77 or 1, return it as it is:
+ *   int rc = tl_cuda_mode(argc, argv);
+ *   if (rc >= 0) return rc ? rc : TL_MAIN("cuda_x", 0, ...);  */
+int tl_cuda_mode(int argc, char **argv);
 
 #endif

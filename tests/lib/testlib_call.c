@@ -170,6 +170,15 @@ void tl_call_sample_extras(TlCall *c) {
     tl_arr_normal(tl_call_buffer(c, "rel_bias", f32, 2, shape, true), rng);
   }
   if (!strcmp(name, "sliding_window")) tl_call_param(c, "window", 10);
+  /* Learned sinks around the rows' own logits (0 to a few), some above
+   * every key's: the keys' weights then sum well below 1. */
+  if (!strncmp(name, "sink_", 5) && strcmp(name, "sink_per_query"))
+    tl_arr_uniform(tl_call_buffer(c, "sinks", f32, 1, H, true), -1.0, 3.0, rng);
+  if (!strcmp(name, "sink_window")) tl_call_param(c, "window", 6);
+  if (!strcmp(name, "sink_per_query")) {
+    tl_arr_uniform(tl_call_buffer(c, "base", f32, 1, H, true), -1.0, 1.0, rng);
+    tl_arr_uniform(tl_call_buffer(c, "growth", f32, 1, H, true), 0.0, 0.5, rng);
+  }
   if (!strcmp(name, "softcap")) tl_call_param(c, "softcap", 2.5);
 }
 
@@ -184,9 +193,7 @@ void tl_call_block_mask(TlCall *c, flex_kernel *mask_kernel, int bq, int bk) {
 }
 
 flex_status tl_call_run(TlCall *c, int i, bool backward) {
-  flex_args *a = &c->a[i];
-  if (a->backend == FLEX_BACKEND_CUDA) return tl_cuda_call(c->kern, a, backward);
-  return backward ? flex_backward(c->kern, a) : flex_forward(c->kern, a);
+  return tl_call(c->kern, &c->a[i], backward);
 }
 
 /* One verb on side i; a failure aborts with the backend's message. */

@@ -1,9 +1,9 @@
-/* A deterministic backward (flex_args.deterministic; DSL.md "Determinism")
+/* A deterministic backward (flex_args.deterministic; docs/language.md "Determinism")
  * on the emulator, the CPU backend and the reference.
  *
  * Each backward runs twice with deterministic on, the emulator's CTAs in
  * two different seeded orders ($FLEXC_EMU_SHUFFLE) on two OS threads
- * ($FLEXC_EMU_THREADS=2, so the integer atomics of the exact accumulators
+ * ($FLEXC_THREADS=2, so the integer atomics of the exact accumulators
  * really race), the CPU backend on its thread pool: dq, dk, dv and the
  * buffer gradient must be bitwise equal, and every one of them within the
  * gradient tolerance of the float64 reference. Cases: an identity score
@@ -19,7 +19,14 @@
  *
  * Inputs are fresh each run (seed printed); outputs are poisoned with NaN
  * before every run; O and LSE come from the reference forward, rounded to
- * the dtype the kernels read. */
+ * the dtype the kernels read.
+ *
+ * --cuda runs the emulator's cases (one and two CTAs per kv head, the
+ * packed call, the forward) on the GPU instead, where the exact
+ * accumulators race for real; it exits 77 where there is no CUDA device.
+ * Every backward of a case runs before any assertion, so that a case
+ * compiles the same kernels whatever its results (bench/run_gpu.sh's
+ * kernel cache is filled by running these over a stand-in driver). */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -31,6 +38,7 @@
 #include "testlib.h"
 
 static uint64_t rng;
+static flex_backend dev = FLEX_BACKEND_EMU; /* the kernels' backend (--cuda: the GPU) */
 
 typedef struct Case {
   const char *name;
@@ -88,7 +96,7 @@ static void run_bwd(TlCall *t, int side, bool det, const char *shuffle, Bits *ou
   flex_args a = t->a[side];
   a.deterministic = det;
   setenv("FLEXC_EMU_SHUFFLE", shuffle, 1);
-  flex_status st = flex_backward(t->kern, &a);
+  flex_status st = tl_call(t->kern, &a, true);
   unsetenv("FLEXC_EMU_SHUFFLE");
   ck_assert_msg(st == FLEX_OK, "%s %s backward: %s", t->c.name, flex_backend_name(a.backend),
                 flex_last_error());
@@ -114,8 +122,9 @@ static void bits_free(Bits *b) {
   for (int i = 0; i < 4; i++) free(b->p[i]);
 }
 
-/* Every gradient of the last run against the reference's. */
-static void check_accuracy(TlCall *t, const char *what) { tl_call_check(t, TL_BWD, what); }
+/* Every gradient of the last run against the reference's, printed;
+ * whether all are within the tolerance. */
+static bool accurate(TlCall *t, const char *what) { return tl_call_compare(t, TL_BWD, what); }
 
 /* Deterministic twice (bitwise equal, accurate), then the atomic path twice (reported). */
 static void run_case(const Case *c, const TlDtype *dt, flex_backend be, const char *splits) {
@@ -134,15 +143,17 @@ static void run_case(const Case *c, const TlDtype *dt, flex_backend be, const ch
            splits ? splits : "");
   Bits d1, d2, a1, a2;
   run_bwd(&t, 0, true, "11", &d1);
-  check_accuracy(&t, what);
+  bool ok1 = accurate(&t, what);
   run_bwd(&t, 0, true, "977", &d2);
-  check_accuracy(&t, what);
+  bool ok2 = accurate(&t, what);
+  run_bwd(&t, 0, false, "11", &a1);
+  bool ok3 = accurate(&t, what);
+  run_bwd(&t, 0, false, "977", &a2);
+  ck_assert_msg(ok1 && ok2, "%s %s deterministic: a gradient off the reference (above)", what, dt->name);
   int d = differs(&d1, &d2);
   ck_assert_msg(d < 0, "%s %s deterministic: %s differs between two runs", what, dt->name,
                 d >= 0 ? names[d] : "");
-  run_bwd(&t, 0, false, "11", &a1);
-  check_accuracy(&t, what);
-  run_bwd(&t, 0, false, "977", &a2);
+  ck_assert_msg(ok3, "%s %s atomic path: a gradient off the reference (above)", what, dt->name);
   int a = differs(&a1, &a2);
   fprintf(stderr, "  %-28s %s deterministic: equal; atomic path: %s%s\n", what, dt->name,
           a >= 0 ? "bits differ in " : "equal", a >= 0 ? names[a] : "");
@@ -154,10 +165,10 @@ static void run_case(const Case *c, const TlDtype *dt, flex_backend be, const ch
 /* _i = case * 2 + (0: fp32, 1: bf16). */
 static const TlDtype *dtype_of(int i) { return &tl_dtypes[i % 2 ? 2 : 0]; }
 
-START_TEST(emu) { run_case(&cases[_i / 2], dtype_of(_i), FLEX_BACKEND_EMU, NULL); }
+START_TEST(emu) { run_case(&cases[_i / 2], dtype_of(_i), dev, NULL); }
 END_TEST
 
-START_TEST(emu_two_splits) { run_case(&cases[_i / 2], dtype_of(_i), FLEX_BACKEND_EMU, "2"); }
+START_TEST(emu_two_splits) { run_case(&cases[_i / 2], dtype_of(_i), dev, "2"); }
 END_TEST
 
 START_TEST(cpu) { run_case(&cases[_i / 2], dtype_of(_i), FLEX_BACKEND_CPU, NULL); }
@@ -195,7 +206,7 @@ END_TEST
 START_TEST(packed) {
   static const int lq[2] = {40, 56}, lk[2] = {70, 90}; /* two sequences of different lengths */
   const Case *c = &cases[2];
-  const TlCase tc = {.sample = c->sample, .s = {2, H, HKV, 0, 0, E, E}, .backend = FLEX_BACKEND_EMU,
+  const TlCase tc = {.sample = c->sample, .s = {2, H, HKV, 0, 0, E, E}, .backend = dev,
                      .lens_q = lq, .lens_kv = lk, .native_out = true, .native_grads = true,
                      .deterministic = true};
   TlCall t;
@@ -207,9 +218,9 @@ START_TEST(packed) {
   Bits ref, first, again; /* two CTA orders */
   run_bwd(&t, 1, false, "0", &ref);
   run_bwd(&t, 0, true, "11", &first);
-  check_accuracy(&t, "packed");
+  tl_call_check(&t, TL_BWD, "packed");
   run_bwd(&t, 0, true, "977", &again);
-  check_accuracy(&t, "packed");
+  tl_call_check(&t, TL_BWD, "packed");
   int d = differs(&first, &again);
   ck_assert_msg(d < 0, "packed: %s differs", d >= 0 ? names[d] : "");
   bits_free(&ref), bits_free(&first), bits_free(&again);
@@ -220,24 +231,30 @@ END_TEST
 /* A forward ignores the flag: the same bits with and without it. */
 START_TEST(forward_ignores) {
   TlCall t;
-  call_init(&t, &cases[1], &tl_dtypes[0], FLEX_BACKEND_EMU);
+  call_init(&t, &cases[1], &tl_dtypes[0], dev);
   flex_args a = t.a[0];
   size_t n = (size_t)rt_array_count(&t.out[0].a) * 4;
   void *plain = malloc(n);
-  ck_assert_msg(flex_forward(t.kern, &a) == FLEX_OK, "%s", flex_last_error());
+  ck_assert_msg(tl_call(t.kern, &a, false) == FLEX_OK, "%s", flex_last_error());
   memcpy(plain, t.out[0].a.data, n);
   tl_arr_poison(&t.out[0]);
   a.deterministic = true;
-  ck_assert_msg(flex_forward(t.kern, &a) == FLEX_OK, "%s", flex_last_error());
+  ck_assert_msg(tl_call(t.kern, &a, false) == FLEX_OK, "%s", flex_last_error());
   ck_assert_msg(!memcmp(plain, t.out[0].a.data, n), "deterministic changed a forward's output");
   free(plain);
   tl_call_free(&t);
 }
 END_TEST
 
-int main(void) {
+int main(int argc, char **argv) {
   rng = tl_seed();
-  setenv("FLEXC_EMU_THREADS", "2", 1); /* atomics race between OS threads */
+  int rc = tl_cuda_mode(argc, argv);
+  if (rc >= 0) {
+    dev = FLEX_BACKEND_CUDA;
+    return rc ? rc : TL_MAIN("cuda_determ", 0, TL_CASE("cuda", 0), TL_LOOP(emu, NCASES * 2),
+                             TL_LOOP(emu_two_splits, NCASES * 2), TL_TEST(packed), TL_TEST(forward_ignores));
+  }
+  setenv("FLEXC_THREADS", "2", 1); /* atomics race between OS threads */
   tl_one_process(); /* the emulator's modules serve several tests */
   return TL_MAIN("determ", 300, TL_LOOP(emu, NCASES * 2), TL_LOOP(emu_two_splits, NCASES * 2),
                  TL_LOOP(cpu, NCASES * 2), TL_LOOP(reference, NCASES), TL_LOOP(emu_racecheck, 2),

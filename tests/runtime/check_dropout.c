@@ -1,4 +1,4 @@
-/* Dropout's bits (kernels/philox.cuh, DSL.md "Dropout"): Philox4x32-10
+/* Dropout's bits (kernels/philox.cuh, docs/language.md "Dropout"): Philox4x32-10
  * against the published known-answer vectors of Random123, the kept
  * fraction over 10^6 elements for a few p, the reference's forward
  * against the rule written out here, and the `flexc run` options (the

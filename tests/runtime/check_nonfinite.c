@@ -1,4 +1,4 @@
-/* Non-finite values are never hidden (DSL.md, "Semantics"): a NaN, +inf or
+/* Non-finite values are never hidden (docs/language.md, "Semantics"): a NaN, +inf or
  * -inf in Q, K, V, dO or a float buffer, placed at a fresh random position
  * each run, forward and backward, on the float64 reference and on the
  * emulator (the generated CUDA: fp32 SIMT and fp16 tensor-core kernels).
@@ -12,7 +12,7 @@
  * the reference is NaN the emulator is NaN, where it is +-inf the emulator
  * is the same infinity, and the elements finite on both sides meet the
  * project's relative-norm tolerance. Where the non-finite element is one
- * the mask removes (or that t = -inf removes), DSL.md lets a kernel's tile
+ * the mask removes (or that t = -inf removes), docs/language.md lets a kernel's tile
  * arithmetic (0 * NaN) make an output NaN; such a case accepts NaN where
  * the reference is finite, and nothing else: never another finite number.
  * The emulator's outputs start as a finite sentinel, so an output it never
@@ -146,7 +146,7 @@ static void check_reference_forward(const char *label, const TlCall *t, const Ca
     for (int e = 0; e < E; e++) {
       double o = rt_array_get(&t->out[1].a, r * E + e);
       if (masked_row) ck_assert_msg(o == 0.0, "%s: reference O of a fully masked row is %g", label, o);
-      /* A NaN or +inf LSE: O is NaN (DSL.md). */
+      /* A NaN or +inf LSE: O is NaN (docs/language.md). */
       if (nonfinite_row) ck_assert_msg(isnan(o), "%s: row %lld has LSE %g but O %g", label, (long long)r, lse, o);
     }
   }
@@ -186,7 +186,7 @@ static void run_case(int ci, int di, int which, double val) {
   fprintf(stderr, "  %s\n", label);
 
   /* A bias of -inf on key j is a score of -inf: the element is removed as a
-   * mask would (DSL.md). */
+   * mask would (docs/language.md). */
   bool removed = c->masked || (which == T_BUF && c->grad && val == -INFINITY);
 
   /* Forward on both. */

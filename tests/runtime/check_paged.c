@@ -1,4 +1,4 @@
-/* Paged key/value caches (page_table, kv_lens; DSL.md, docs/paged.md).
+/* Paged key/value caches (page_table, kv_lens; docs/language.md, docs/paged.md).
  *
  * Every case builds one random packed batch (ragged key lengths, one
  * sequence without keys, one longer than a few pages), then scatters its
@@ -15,7 +15,10 @@
  * within 5e-3 / 3e-2 (1e-4); the reference's paged call against its
  * contiguous one, bitwise; the cpu backend when built. Then the checks:
  * validation messages, a checked run's out-of-range page report, the
- * backward's refusal. Outputs are poisoned with NaN first. */
+ * backward's refusal. Outputs are poisoned with NaN first.
+ * --cuda runs the GPU's comparison alone (fp32, fp16 and bf16, page sizes
+ * 16 and 64, padded and packed queries); it exits 77 where there is no
+ * CUDA device. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -306,16 +309,17 @@ START_TEST(cpu_against_reference) {
 END_TEST
 
 /* cuda (on a machine with a GPU; every tensor mirrored on the device):
- * fp32 and fp16 against the float64 reference, PAGE_SIZE 16 and 64. */
+ * fp32, fp16 and bf16 against the float64 reference, PAGE_SIZE 16 and 64,
+ * O in q's dtype (what the cuda backend writes). */
 START_TEST(cuda_against_reference) {
   if (!flex_backend_available(FLEX_BACKEND_CUDA)) return;
-  const TlDtype *td = &tl_dtypes[_i % 2];
+  const TlDtype *td = &tl_dtypes[_i % 3];
   DLDataType dt = {td->code, td->bits, 1};
   empty_q = false;
   P p;
-  p_init(&p, &cases[_i % 2], dt, _i < 2 ? 16 : 64, _i % 2);
+  p_init(&p, &cases[_i % 2], dt, _i < 3 ? 16 : 64, _i % 2);
   Out r, g;
-  out_init(&r, &p, rt_dtype(kDLFloat, 64)), out_init(&g, &p, rt_dtype(kDLFloat, 32));
+  out_init(&r, &p, rt_dtype(kDLFloat, 64)), out_init(&g, &p, dt);
   ck_assert_msg(call(&p, FLEX_BACKEND_REFERENCE, true, true, &r, false) == FLEX_OK, "%s",
                 flex_last_error());
   flex_args a;
@@ -550,11 +554,13 @@ START_TEST(cli_run_paged) {
 }
 END_TEST
 
-int main(void) {
+int main(int argc, char **argv) {
   rng = tl_seed();
+  int rc = tl_cuda_mode(argc, argv);
+  if (rc >= 0) return rc ? rc : TL_MAIN("cuda_paged", 0, TL_CASE("cuda", 0), TL_LOOP(cuda_against_reference, 6));
   tl_one_process(); /* the emulator's modules serve several tests */
   return TL_MAIN("paged", 600, TL_TEST(validation), TL_TEST(kv_len_buffer_refused), TL_TEST(cli_run_paged),
                  TL_LOOP(reference_paged_bitwise, 12), TL_LOOP(emu_fp32_bitwise, 12),
                  TL_LOOP(emu_against_reference, 6), TL_LOOP(cpu_against_reference, 3),
-                 TL_LOOP(cuda_against_reference, 4));
+                 TL_LOOP(cuda_against_reference, 6));
 }

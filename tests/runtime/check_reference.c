@@ -311,7 +311,7 @@ static void check_every_element(Case *c, const char *what) {
   tl_arr_free(&gq), tl_arr_free(&gk), tl_arr_free(&gv);
 }
 
-/* Dropout (DSL.md): the mask is a constant of the indices, so L stays
+/* Dropout (docs/language.md): the mask is a constant of the indices, so L stays
  * smooth and the gradients with dropout must match finite differences too,
  * at every element at a tiny shape (dq, dk, dv and relpos_bias's grad
  * buffer) and along directions at a GQA shape. */

@@ -344,8 +344,8 @@ START_TEST(deterministic) {
     const char *name, *env, *backend, *flag;
   } runs[] = {{"cpu1", "FLEXC_THREADS=1", "cpu", "--deterministic"},
               {"cpu2", "FLEXC_THREADS=2", "cpu", "--deterministic"},
-              {"emu3", "FLEXC_EMU_THREADS=2 FLEXC_EMU_SHUFFLE=3", "emu", "--deterministic"},
-              {"emu5", "FLEXC_EMU_THREADS=2 FLEXC_EMU_SHUFFLE=5", "emu", "--deterministic"},
+              {"emu3", "FLEXC_THREADS=2 FLEXC_EMU_SHUFFLE=3", "emu", "--deterministic"},
+              {"emu5", "FLEXC_THREADS=2 FLEXC_EMU_SHUFFLE=5", "emu", "--deterministic"},
               {"acpu1", "FLEXC_THREADS=1", "cpu", ""},
               {"acpu2", "FLEXC_THREADS=2", "cpu", ""},
               {"ref", "", "reference", "--deterministic"}};

@@ -1,5 +1,5 @@
 /* `sorted` promises are verified on every run, not only checked ones
- * (DSL.md): flex_forward and flex_backward on the reference, the emulator
+ * (docs/language.md): flex_forward and flex_backward on the reference, the emulator
  * and the cpu backend, flex_block_mask_create, `flexc run` and `flexc
  * mask` all fail on a buffer that decreases, naming the buffer, the index
  * and the two values; flex_args.trust_sorted / `flexc run --trust-sorted` waive it.
@@ -225,6 +225,23 @@ START_TEST(check_explain) {
   ck_assert_int_eq(flexc_on("buffer t: u8[B, H];\nmask m(b, h, q, kv) { return t[b, h] > 0 || q >= kv; }\n",
                             "check --explain --shape 2,3,100,10", &out), 0);
   ck_assert_msg(strstr(out.data, "up to B*H*Q_LEN*KV_LEN per call (6e+03 evaluations"), "%s", out.data);
+  buf_free(&out);
+  /* Several files: every line of the explanation names its file. */
+  Buf args = {0};
+  buf_printf(&args, "check --explain %s/samples/causal.score", FLEXC_SRC_DIR);
+  ck_assert_int_eq(flexc_on("mask m(b, h, q, kv) { return q >= kv; }\n", args.data, &out), 0);
+  buf_free(&args);
+  ck_assert_msg(strstr(out.data, "/samples/causal.score: kernel default: mask causal\n") &&
+                    strstr(out.data, ".score: kernel default: mask m\n"), "%s", out.data);
+  for (const char *l = out.data; *l; l = strchr(l, '\n') + 1) {
+    const char *named = strstr(l, ".score: ");
+    ck_assert_msg(l[0] == '/' && named && named < strchr(l, '\n'), "%s", l);
+  }
+  buf_free(&out);
+  /* `flexc run --help` says which backend it runs by default, and Python's. */
+  ck_assert_int_eq(flexc_on("", "run --help", &out), 0);
+  ck_assert_msg(strstr(out.data, "--backend: reference by default") &&
+                    strstr(out.data, "cpu for host tensors"), "%s", out.data);
   buf_free(&out);
   /* Without --explain, --shape is a usage error; a plain check stays silent. */
   ck_assert_int_eq(flexc_on("mask m(b, h, q, kv) { return q >= kv; }\n", "check --shape 1,1,1,1", &out), 2);
