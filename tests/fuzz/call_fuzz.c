@@ -15,6 +15,7 @@ typedef struct Kern {
   bool no_packed;         /* a buffer dim of Q_LEN or KV_LEN: refused in packed calls */
   bool no_paged;          /* a buffer dim of KV_LEN: refused in paged calls */
   bool mask;              /* has a mask (a BlockMask is built from it) */
+  bool sink;              /* has a sink function */
 } Kern;
 
 static const Kern kernels[K_NKERNELS] = {
@@ -61,6 +62,14 @@ static const Kern kernels[K_NKERNELS] = {
                       "score f(s, b, h, q, kv) { return cap * tanh(s / cap); }\n"
                       "mask m(b, h, q, kv) { return q + KV_LEN - Q_LEN >= kv; }\n",
                       false, false, true},
+    [K_SINK_HEAD] = {"sink_gptoss", "samples/sink_gptoss.score", NULL, false, false, true, true},
+    [K_SINK_WINDOW] = {"sink_window", "samples/sink_window.score", NULL, false, false, true, true},
+    [K_SINK_QUERY] = {"sink_per_query", "samples/sink_per_query.score", NULL, false, false, true, true},
+    [K_SINK_NONE] = {"sink_none", NULL,
+                     "buffer sk: f32[H] grad;\n"
+                     "sink s(b, h, q) { return where(h % 2 == 0, -inf, sk[h] + 0.1 * float(q % 3)); }\n"
+                     "mask m(b, h, q, kv) { return q >= h % 3 && kv <= q + 5; }\n",
+                     false, false, true, true},
 };
 
 static flex_kernel *loaded[K_NKERNELS + 1];
@@ -76,6 +85,11 @@ static flex_kernel *kernel(int k) {
   }
   return loaded[k];
 }
+
+/* float64 inputs: the reference's; every other backend refuses them. */
+static const TlDtype fp64 = {"fp64", kDLFloat, 64, 1e-4, 1e-3};
+
+static const TlDtype *spec_dtype(const Spec *s) { return s->dt == 3 ? &fp64 : &tl_dtypes[s->dt]; }
 
 /* ---- drawing a call ---- */
 
@@ -93,7 +107,10 @@ void spec_draw(Spec *s, flex_backend be, bool mock, uint64_t *rng) {
   bool emu = be == FLEX_BACKEND_EMU, dev = emu || mock;
   s->kern = rnd(rng, K_NKERNELS);
   const Kern *k = &kernels[s->kern];
-  s->dt = rnd(rng, 3);
+  /* float64 inputs: one call in four on the reference; elsewhere one in
+   * twenty-five, which must be refused */
+  bool ref = be == FLEX_BACKEND_REFERENCE;
+  s->dt = ref ? rnd(rng, 4) : coin(rng, 25) ? 3 : rnd(rng, 3);
   s->HKV = 1 + rnd(rng, 3);
   s->H = s->HKV * (1 + rnd(rng, 3));
   s->B = 1 + rnd(rng, 3);
@@ -132,8 +149,23 @@ void spec_draw(Spec *s, flex_backend be, bool mock, uint64_t *rng) {
     s->bm_full = coin(rng, 2);
   }
   s->sm90 = emu && coin(rng, 2);
+  /* a shard of a longer sequence: offsets and whole lengths (padded calls only) */
+  if (s->layout == L_PADDED && coin(rng, 4)) {
+    s->q_total = s->QL + rnd(rng, 40), s->kv_total = s->KL + rnd(rng, 60);
+    s->q_off = rnd(rng, s->q_total - s->QL + 1), s->kv_off = rnd(rng, s->kv_total - s->KL + 1);
+    if (coin(rng, 4)) s->q_total = s->q_off = 0; /* one side only */
+    if (kernels[s->kern].sink) s->bm_q = s->bm_kv = 0; /* refused: no BlockMask for it either */
+  }
   if (coin(rng, 10)) { /* break one rule instead */
     s->inject = 1 + rnd(rng, I_COUNT - 1);
+    /* nothing else refused first */
+    s->q_off = s->kv_off = s->q_total = s->kv_total = 0;
+    if (s->dt == 3 && !ref) s->dt = rnd(rng, 3);
+    if (s->inject == I_OFFSET_PAST) s->layout = L_PADDED, s->bm_q = 0, s->q_total = s->QL + 1, s->q_off = 2;
+    if (s->inject == I_OFFSET_PACKED) s->layout = L_PACKED, s->bm_q = 0, s->kv_off = 1, s->kv_total = s->KL + 1;
+    if ((s->inject == I_OFFSET_PAST || s->inject == I_OFFSET_PACKED) && kernels[s->kern].sink)
+      s->kern = K_CAUSAL; /* a sink's shard is refused as unsupported first */
+    if (s->inject == I_OFFSET_PACKED && kernels[s->kern].no_packed) s->kern = K_CAUSAL;
     bool bwd = (s->inject >= I_NULL_DQ && s->inject <= I_NULL_DOUT) || s->inject == I_GRAD_ON_PLAIN;
     if (bwd) s->layout = s->layout == L_PAGED ? L_PADDED : s->layout, s->backward = 1;
     if (s->inject == I_INT_PARAM) s->kern = K_PARAMS, s->layout = L_PADDED;
@@ -145,11 +177,24 @@ void spec_draw(Spec *s, flex_backend be, bool mock, uint64_t *rng) {
   }
 }
 
+bool spec_refused(const Spec *s, flex_backend be, const char **word) {
+  if (s->dt == 3 && be != FLEX_BACKEND_REFERENCE) {
+    *word = "float64 inputs run in float64 on the reference backend";
+    return true;
+  }
+  if (kernels[s->kern].sink && (s->q_off || s->kv_off || s->q_total || s->kv_total)) {
+    *word = "a kernel with a sink does not run as a shard";
+    return true;
+  }
+  return false;
+}
+
 static const char *const inject_names[I_COUNT] = {
     "none", "out missing", "lse missing", "dq missing", "dk missing", "dv missing", "dout missing",
     "kv_splits < 0", "dropout_p = 1", "scale NaN", "an unknown param", "an int param of 2.5",
     "an unknown arch", "lse in float16", "a gradient for a plain buffer", "a `sorted` buffer decreasing",
-    "a BlockMask in a packed call", "H not a multiple of HKV"};
+    "a BlockMask in a packed call", "H not a multiple of HKV", "a shard past its whole length",
+    "offsets in a packed call"};
 
 const char *inject_name(int inject) { return inject_names[inject]; }
 
@@ -161,13 +206,14 @@ void spec_print(const Spec *s, char *out, size_t cap) {
       " .spare_pages = %d, .out_dt = %d, .lse64 = %d, .odd = 0x%x, .dlse = %d, .backward = %d,\n"
       " .deterministic = %d, .check_bounds = %d, .trust_sorted = %d, .set_params = %d, .grads = 0x%x,\n"
       " .grad64 = %d, .scale = %.17g, .dropout = %gf, .kv_splits = %d, .bm_q = %d, .bm_kv = %d,\n"
-      " .bm_full = %d, .sm90 = %d, .inject = %d /* %s */}\n",
+      " .bm_full = %d, .sm90 = %d, .q_off = %d, .kv_off = %d, .q_total = %d, .kv_total = %d,\n"
+      " .inject = %d /* %s */}\n",
       s->kern, kernels[s->kern].name, s->dt, s->B, s->H, s->HKV, s->QL, s->KL, s->E, s->EV, s->layout,
       s->lens_q[0], s->lens_q[1], s->lens_q[2], s->lens_q[3], s->lens_kv[0], s->lens_kv[1], s->lens_kv[2],
       s->lens_kv[3], s->page_size, s->spare_pages, s->out_dt, s->lse64, s->odd, s->dlse, s->backward,
       s->deterministic, s->check_bounds, s->trust_sorted, s->set_params, s->grads, s->grad64, s->scale,
-      (double)s->dropout, s->kv_splits, s->bm_q, s->bm_kv, s->bm_full, s->sm90, s->inject,
-      inject_names[s->inject]);
+      (double)s->dropout, s->kv_splits, s->bm_q, s->bm_kv, s->bm_full, s->sm90, s->q_off, s->kv_off,
+      s->q_total, s->kv_total, s->inject, inject_names[s->inject]);
 }
 
 /* ---- one call's tensors ---- */
@@ -332,10 +378,12 @@ bool call_init(Call *c, const Spec *s, flex_backend be, bool mock, uint64_t *rng
   c->s = s, c->be = be, c->mock = mock;
   c->kern = kernel(s->kern);
   flex_kernel_get_info(c->kern, &c->info);
-  DLDataType dt = rt_dtype(tl_dtypes[s->dt].code, tl_dtypes[s->dt].bits);
+  DLDataType dt = rt_dtype(spec_dtype(s)->code, spec_dtype(s)->bits);
   DLDataType od = s->out_dt == 0 ? dt : rt_dtype(kDLFloat, s->out_dt == 1 ? 32 : 64);
   DLDataType l32 = rt_dtype(kDLFloat, s->lse64 ? 64 : 32), d32 = rt_dtype(kDLFloat, 32);
-  int B = s->B, H = s->H, HKV = s->HKV, E = s->E, EV = s->EV, nd = 4, maxlen = s->QL > s->KL ? s->QL : s->KL;
+  /* buffers are sized by the whole sequence's lengths (a shard's too) */
+  int qt = s->q_total ? s->q_total : s->QL, kt = s->kv_total ? s->kv_total : s->KL;
+  int B = s->B, H = s->H, HKV = s->HKV, E = s->E, EV = s->EV, nd = 4, maxlen = qt > kt ? qt : kt;
   int64_t q[4] = {B, H, s->QL, E}, k[4] = {B, HKV, s->KL, E}, v[4] = {B, HKV, s->KL, EV};
   int64_t o[4] = {B, H, s->QL, EV}, l[3] = {B, H, s->QL};
   if (s->layout == L_PACKED) {
@@ -375,7 +423,7 @@ bool call_init(Call *c, const Spec *s, flex_backend be, bool mock, uint64_t *rng
   tensor(c, T_OUT, od, nd, o, false, rng), tensor(c, T_LSE, l32, ln, l, false, rng);
   tensor(c, T_DQ, od, nd, q, false, rng), tensor(c, T_DK, od, kn, k, false, rng),
       tensor(c, T_DV, od, kn, v, false, rng);
-  int sizes[5] = {B, H, HKV, s->QL, s->KL};
+  int sizes[5] = {B, H, HKV, qt, kt};
   if (!buffers(c, sizes, maxlen, rng, why, cap)) return false;
   params(c, maxlen, rng);
   flex_args *a[2] = {&c->ta, &c->ra};
@@ -393,6 +441,8 @@ bool call_init(Call *c, const Spec *s, flex_backend be, bool mock, uint64_t *rng
     x->dropout_p = s->dropout, x->dropout_seed = 0x5eed0000u + (uint64_t)s->kern, x->dropout_offset = 7;
     if (s->layout == L_PACKED) x->cu_seqlens_q = &c->tcuq, x->cu_seqlens_kv = &c->tcuk;
     if (s->layout == L_PAGED) x->page_table = &c->tpt, x->kv_lens = &c->tkvl;
+    x->q_offset = s->q_off, x->kv_offset = s->kv_off;
+    x->q_len_total = s->q_total, x->kv_len_total = s->kv_total;
   }
   c->ta.deterministic = s->deterministic, c->ta.check_bounds = s->check_bounds;
   c->ta.trust_sorted = s->trust_sorted, c->ta.kv_splits = s->kv_splits;
@@ -464,6 +514,12 @@ bool call_inject(Call *c, int inject, flex_status *want, const char **word) {
       a->block_mask = c->bm;
     *word = "block_mask: a caller's BlockMask is not accepted in a packed";
     break;
+  case I_OFFSET_PAST: /* spec_draw: q_offset 2 of a whole length QL + 1 */
+    *word = "lie past q_len_total";
+    break;
+  case I_OFFSET_PACKED: /* spec_draw: kv_offset 1 */
+    *word = "not combined with a packed";
+    break;
   case I_HEADS:
     c->bad = *a->q;
     memcpy(c->badshape, a->q->shape, sizeof(int64_t) * (size_t)a->q->ndim);
@@ -512,13 +568,26 @@ static double err_or_exact(const RtArray *x, const RtArray *ref) {
 
 /* The tolerance of output t: the dtype's against another backend; the
  * rounding of the output's dtype against the reference itself. */
-static double tolerance(const Call *c, const TlView *v, bool grad) {
-  const TlDtype *d = &tl_dtypes[c->s->dt];
-  if (c->be != FLEX_BACKEND_REFERENCE) return grad ? d->gtol : d->tol;
+static double rounding(const Call *c, const TlView *v, bool grad) {
+  const TlDtype *d = spec_dtype(c->s);
   DLDataType t = v->t.dtype;
   if (t.code == kDLFloat && t.bits == 64 && v != &c->tv[T_LSE]) return 1e-10;
   if (t.code == kDLFloat && t.bits >= 32) return grad ? 2e-5 : 2e-6; /* LSE: float32 in the backward */
   return grad ? d->gtol : d->tol;
+}
+
+static double tolerance(const Call *c, const TlView *v, bool grad) {
+  const TlDtype *d = spec_dtype(c->s);
+  if (c->be != FLEX_BACKEND_REFERENCE) return grad ? d->gtol : d->tol;
+  double tol = rounding(c, v, grad);
+  const Spec *s = c->s;
+  if (grad && (s->q_off || s->kv_off || s->q_total || s->kv_total)) {
+    /* a shard's backward reads the forward's O and LSE as given (the
+     * merged ones), in the dtypes the tested call stores them */
+    double o = rounding(c, &c->tv[T_OUT], true), l = rounding(c, &c->tv[T_LSE], true);
+    tol = fmax(tol, fmax(o, l));
+  }
+  return tol;
 }
 
 /* Element index of column e of LSE row r in an output with `cols` columns. */

@@ -25,6 +25,10 @@ enum {
   K_NEGINF,    /* a score of -inf, fully masked rows */
   K_HEADTEMP,  /* samples/head_temperature.score: a `grad` [H] and a per-batch length */
   K_LOWERRIGHT, /* lower-right causal with a softcap and a required param */
+  K_SINK_HEAD,  /* samples/sink_gptoss.score: a learned sink per head (`grad`) and a causal mask */
+  K_SINK_WINDOW, /* samples/sink_window.score: the same in a kernel block with a window param */
+  K_SINK_QUERY, /* samples/sink_per_query.score: a sink computed per query from two `grad` buffers */
+  K_SINK_NONE,  /* a sink of -inf (no sink) on some heads, rows every key of which is masked */
   K_NKERNELS
 };
 
@@ -37,13 +41,14 @@ enum {
   I_NULL_OUT, I_NULL_LSE, I_NULL_DQ, I_NULL_DK, I_NULL_DV, I_NULL_DOUT, /* a required tensor missing */
   I_KV_SPLITS, I_DROPOUT_P, I_SCALE, I_UNKNOWN_PARAM, I_INT_PARAM, I_ARCH, I_LSE_DTYPE,
   I_GRAD_ON_PLAIN, I_UNSORTED, I_BLOCKMASK_PACKED, I_HEADS,
+  I_OFFSET_PAST, I_OFFSET_PACKED, /* a shard past its whole length; offsets in a packed call */
   I_COUNT
 };
 
 /* One call, as drawn. Zero is a plain padded fp32 forward. */
 typedef struct Spec {
   int kern;               /* K_* */
-  int dt;                 /* tl_dtypes index: q, k, v, dout */
+  int dt;                 /* q, k, v, dout: tl_dtypes index, or 3: float64 (the reference only) */
   int B, H, HKV, QL, KL, E, EV;
   int layout;             /* L_*; packed and paged: B sequences */
   int lens_q[4], lens_kv[4]; /* packed query / key lengths, paged key lengths (<= KL) */
@@ -61,11 +66,17 @@ typedef struct Spec {
   int bm_q, bm_kv;        /* a caller's BlockMask of these blocks (0: none) */
   int bm_full;            /* ... with B and H expanded (not broadcast) */
   int sm90;               /* emu: arch sm_90a */
+  int q_off, kv_off;      /* position offsets of a padded call (a shard of a longer sequence) */
+  int q_total, kv_total;  /* ... and the whole lengths (0: the call's own) */
   int inject;             /* I_*: an error the call must get */
 } Spec;
 
 /* Draw a call for backend be (mock: cuda over the stand-in driver). */
 void spec_draw(Spec *s, flex_backend be, bool mock, uint64_t *rng);
+/* Whether a valid call s on backend be must be refused with
+ * FLEX_ERR_UNSUPPORTED (float64 inputs off the reference, a sink with
+ * position offsets); *word: what the message must say. */
+bool spec_refused(const Spec *s, flex_backend be, const char **word);
 /* s as a C initializer, into out. */
 void spec_print(const Spec *s, char *out, size_t cap);
 const char *inject_name(int inject);
