@@ -512,25 +512,12 @@ START_TEST(concurrent_processes_never_corrupt) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("store");
-  TCase *tc = tcase_create("sha256");
-  tcase_add_test(tc, sha256_vectors);
-  tcase_add_test(tc, sha256_streaming_matches_one_shot);
-  suite_add_tcase(s, tc);
-  tc = tcase_create("keys");
-  tcase_add_test(tc, embedded_digest_matches_the_table);
-  tcase_add_test(tc, store_key_fields_and_kinds);
-  tcase_add_test(tc, cubin_key_depends_on_every_field);
-  suite_add_tcase(s, tc);
-  tc = tcase_create("store");
-  tcase_add_loop_test(tc, put_get_round_trip, 0, BASE_STORE_KINDS);
-  tcase_add_test(tc, kinds_kept_apart);
-  tcase_add_test(tc, directory_resolution);
-  tcase_add_test(tc, off_disables_disk);
-  tcase_add_test(tc, unwritable_directory_is_no_disk);
-  tcase_add_loop_test(tc, damaged_entries_rejected_and_replaced, 0, BASE_STORE_KINDS);
-  tcase_add_test(tc, concurrent_writers_never_corrupt);
-  tcase_add_test(tc, concurrent_processes_never_corrupt);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("store", 0, TL_CASE("sha256", 0), TL_TEST(sha256_vectors),
+                 TL_TEST(sha256_streaming_matches_one_shot), TL_CASE("keys", 0),
+                 TL_TEST(embedded_digest_matches_the_table), TL_TEST(store_key_fields_and_kinds),
+                 TL_TEST(cubin_key_depends_on_every_field), TL_CASE("store", 0),
+                 TL_LOOP(put_get_round_trip, BASE_STORE_KINDS), TL_TEST(kinds_kept_apart),
+                 TL_TEST(directory_resolution), TL_TEST(off_disables_disk), TL_TEST(unwritable_directory_is_no_disk),
+                 TL_LOOP(damaged_entries_rejected_and_replaced, BASE_STORE_KINDS),
+                 TL_TEST(concurrent_writers_never_corrupt), TL_TEST(concurrent_processes_never_corrupt));
 }

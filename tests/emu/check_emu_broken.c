@@ -17,13 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codegen/codegen.h"
 #include "kernels/params.cuh"
-#include "runtime/embedded.h"
-#include "emu/emu_host.h"
 #include "runtime/npy.h"
 #include "runtime/rt.h"
-#include "testlib.h"
+#include "testlib_mutant.h"
 
 static uint64_t rng;
 
@@ -33,14 +30,6 @@ static const char kSource[] = "score sc(s, b, h, q, kv) { return s + 0.25 * floa
                               "mask m(b, h, q, kv) { return (q + kv) % 11 != 3; }\n";
 
 enum { B = 1, H = 2, HKV = 1, QL = 37, KL = 150 }; /* GQA, three key tiles or more, ragged tails */
-
-/* How a mutation must show up. */
-typedef enum Detect {
-  PASS,   /* a positive control: no error, result within tolerance */
-  RACE,   /* the race-check module fails the launch with a shared memory race */
-  BOUNDS, /* the launch fails its global bounds check */
-  WRONG,  /* the result is outside the tolerance (or the launch fails) */
-} Detect;
 
 /* One test: a template edit, the problem it runs on, and what must happen. */
 typedef struct Case {
@@ -52,71 +41,63 @@ typedef struct Case {
   int E;             /* head dim (= EV) */
   bool padded;       /* rows 16 elements apart, NaN between E and 16 */
   bool vec16;        /* the cp.async tile path */
-  Detect detect;     /* expected outcome */
+  TlDetect detect;   /* expected outcome */
 } Case;
 
 static const Case cases[] = {
-    {"clean fp16", NULL, NULL, NULL, CG_FP16, 64, false, false, PASS},
-    {"clean fp16 cp.async", NULL, NULL, NULL, CG_FP16, 64, false, true, PASS},
-    {"clean fp16 cp.async E=15 in 16-wide rows", NULL, NULL, NULL, CG_FP16, 15, true, true, PASS},
-    {"clean fp32", NULL, NULL, NULL, CG_FP32, 15, false, false, PASS},
+    {"clean fp16", NULL, NULL, NULL, CG_FP16, 64, false, false, TL_PASS},
+    {"clean fp16 cp.async", NULL, NULL, NULL, CG_FP16, 64, false, true, TL_PASS},
+    {"clean fp16 cp.async E=15 in 16-wide rows", NULL, NULL, NULL, CG_FP16, 15, true, true, TL_PASS},
+    {"clean fp32", NULL, NULL, NULL, CG_FP32, 15, false, false, TL_PASS},
     {"no barrier between the tile wait and its readers", "flex_fwd.cuh",
      "    flex_cp_async_wait<1>();\n    __syncthreads();\n", "    flex_cp_async_wait<1>();\n",
-     CG_FP16, 64, false, false, RACE},
+     CG_FP16, 64, false, false, TL_RACE},
     {"no barrier before the next stage's loads", "flex_fwd.cuh",
      "    __syncthreads(); /* the next iteration's loads overwrite the other stage */\n", "\n",
-     CG_FP16, 64, false, false, RACE},
+     CG_FP16, 64, false, false, TL_RACE},
     {"no barrier before the next stage's loads (cp.async)", "flex_fwd.cuh",
      "    __syncthreads(); /* the next iteration's loads overwrite the other stage */\n", "\n",
-     CG_FP16, 64, false, true, RACE},
+     CG_FP16, 64, false, true, TL_RACE},
     {"fp32: no barrier between writing P and reading it", "flex_fwd.cuh",
      "      sP[r * PS + tr + TPR * j] = keep ? pj : 0.0f;\n    }\n    __syncthreads();\n",
-     "      sP[r * PS + tr + TPR * j] = keep ? pj : 0.0f;\n    }\n", CG_FP32, 15, false, false, RACE},
+     "      sP[r * PS + tr + TPR * j] = keep ? pj : 0.0f;\n    }\n", CG_FP32, 15, false, false, TL_RACE},
     {"V loaded with ldmatrix without .trans", "flex_fwd.cuh", "flex_ldsm_x4_trans(bv,",
-     "flex_ldsm_x4(bv,", CG_FP16, 64, false, false, WRONG},
+     "flex_ldsm_x4(bv,", CG_FP16, 64, false, false, TL_WRONG},
     {"K ldmatrix rows from the wrong lanes", "flex_fwd.cuh",
      "(((lane & 7) + (lane >> 4) * 8) * KS", "(((lane & 7) + ((lane >> 3) & 1) * 8) * KS",
-     CG_FP16, 64, false, false, WRONG},
+     CG_FP16, 64, false, false, TL_WRONG},
     {"Q ldmatrix column half off", "flex_fwd.cuh", "* QS + (lane >> 4) * 8) * 2;",
-     "* QS + ((lane >> 3) & 1) * 8) * 2;", CG_FP16, 64, false, false, WRONG},
+     "* QS + ((lane >> 3) & 1) * 8) * 2;", CG_FP16, 64, false, false, TL_WRONG},
     {"interior cp.async path taken for the last rows", "tile.cuh",
      "if (FIXED && vec16 && ncols == C && row0 + R <= nrows) {",
-     "if (FIXED && vec16 && ncols == C && row0 <= nrows) {", CG_FP16, 64, false, true, BOUNDS},
+     "if (FIXED && vec16 && ncols == C && row0 <= nrows) {", CG_FP16, 64, false, true, TL_BOUNDS},
     {"tile row tail off by one", "tile.cuh",
      "      T x = 0;\n      if (row0 + r < nrows && c < ncols) x",
-     "      T x = 0;\n      if (row0 + r <= nrows && c < ncols) x", CG_FP16, 64, false, false, BOUNDS},
+     "      T x = 0;\n      if (row0 + r <= nrows && c < ncols) x", CG_FP16, 64, false, false, TL_BOUNDS},
     {"key tail off by one in the logit", "flex_fwd.cuh", "if (kj >= p.kv_len || qi >= p.q_len)",
-     "if (kj > p.kv_len || qi >= p.q_len)", CG_FP32, 15, false, false, WRONG},
+     "if (kj > p.kv_len || qi >= p.q_len)", CG_FP32, 15, false, false, TL_WRONG},
     {"output rows past Q_LEN stored", "flex_fwd.cuh", "    if (qi >= p.q_len) continue;\n", "\n",
-     CG_FP16, 64, false, false, BOUNDS},
+     CG_FP16, 64, false, false, TL_BOUNDS},
     {"fp32: output rows past Q_LEN stored", "flex_fwd.cuh", "  if (qi >= p.q_len) return;\n", "\n",
-     CG_FP32, 15, false, false, BOUNDS},
+     CG_FP32, 15, false, false, TL_BOUNDS},
     {"cp.async chunk straddling the last column", "tile.cuh",
-     "if (row_ok && c < ncols && c + 8 > ncols) {", "if (false) {", CG_FP16, 15, true, true, WRONG},
+     "if (row_ok && c < ncols && c + 8 > ncols) {", "if (false) {", CG_FP16, 15, true, true, TL_WRONG},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
-/* The generated forward source for `c`, with its mutation spliced in where
- * the template would be included (its include guard hides the original). */
+/* The generated forward source for `c`, with its mutation spliced in
+ * where the template would be included (its include guard hides the original). */
 static char *mutated_source(const flex_kernel *k, const Case *c, CgOptions *o) {
   char err[256];
   ck_assert_msg(cg_options_init(o, k->mod, c->dtype, c->E, c->E, CG_SM80, false, err, sizeof err),
                 "%s", err);
   o->mask_mode = CG_MASK_DENSE;
   o->source = c->what;
-  Buf gen = {0}, out = {0};
+  Buf gen = {0};
   cg_emit_cuda(&gen, k->mod, o);
-  if (!c->file) return gen.data;
-  Buf edit = {0};
-  tl_replace_once(&edit, tl_embedded(c->file), c->from, c->to);
-  const char *inc = "#include \"flex_fwd.cuh\"\n";
-  ck_assert_msg(strstr(gen.data, inc), "generated source does not include flex_fwd.cuh");
-  buf_puts(&edit, "\n");
-  buf_puts(&edit, !strcmp(c->file, "flex_fwd.cuh") ? "" : inc);
-  tl_replace_once(&out, gen.data, inc, edit.data);
+  char *src = tl_mutant_source(gen.data, "#include \"flex_fwd.cuh\"\n", c->file, c->from, c->to);
   buf_free(&gen);
-  buf_free(&edit);
-  return out.data;
+  return src;
 }
 
 /* Inputs (rows W elements apart), outputs and the float64 reference. */
@@ -196,19 +177,7 @@ static flex_status launch(EmuModule *m, const CgOptions *o, Data *d, const Case 
       {(uintptr_t)p.v, (uint64_t)(((int64_t)B * HKV * KL - 1) * W + c->E) * es, "v"},
       {(uintptr_t)p.out, (uint64_t)rt_array_count(&d->out) * es, "out"},
       {(uintptr_t)p.lse, (uint64_t)rt_array_count(&d->lse) * 4, "lse"}};
-  CgLaunch g = cg_launch_fwd(o, B, H, QL);
-  EmuLaunch L;
-  memset(&L, 0, sizeof L);
-  L.kernel = "flex_fwd";
-  L.params = &p;
-  L.grid = (EmuDim){g.grid[0], g.grid[1], g.grid[2]};
-  L.block = (EmuDim){g.block[0], g.block[1], g.block[2]};
-  L.smem_bytes = g.smem;
-  L.ranges = r;
-  L.nranges = 5;
-  flex_status st = emu_module_launch(m, &L, NULL);
-  snprintf(msg, EMU_ERR_LEN, "%s", L.error);
-  return st;
+  return tl_mutant_launch(m, "flex_fwd", &p, cg_launch_fwd(o, B, H, QL), r, 5, msg);
 }
 
 /* Relative norm error of the emulator's out and lse (tl_rel_err: NaN, a
@@ -219,27 +188,20 @@ static double result_err(const Data *d) {
 }
 
 /* Build (plain or race-check) and run case c; returns the launch status. */
-static flex_status run_case(const Case *c, bool race, char *msg, double *err) {
-  flex_kernel *k = NULL;
-  ck_assert_msg(flex_kernel_from_source(&k, "broken.score", kSource, strlen(kSource), NULL) ==
-                FLEX_OK, "%s", flex_last_error());
+static flex_status run_case(const void *ctx, bool race, char *msg, double *err) {
+  const Case *c = ctx;
+  flex_kernel *k = tl_load(NULL, "broken.score", kSource);
   CgOptions o;
   char *src = mutated_source(k, c, &o);
-  EmuBuildOpts bo = {.racecheck = race};
-  Buf log = {0};
-  EmuModule *m = NULL;
-  flex_status st = emu_module_get(&m, src, &bo, &log);
-  ck_assert_msg(st == FLEX_OK, "%s: the mutated source does not build:\n%s", c->what,
-                log.data ? log.data : "");
+  EmuModule *m = tl_mutant_build(src, race, c->what);
   Data d;
   data_init(&d, c);
   reference(k, &d, c);
-  st = launch(m, &o, &d, c, msg);
+  flex_status st = launch(m, &o, &d, c, msg);
   *err = st == FLEX_OK ? result_err(&d) : INFINITY;
   fprintf(stderr, "  %-48s %s: status %d, error %.3g%s%s\n", c->what, race ? "race-check" : "plain",
           st, *err, msg[0] ? ": " : "", msg);
   data_free(&d);
-  buf_free(&log);
   base_free(src);
   flex_kernel_free(k);
   return st;
@@ -247,41 +209,11 @@ static flex_status run_case(const Case *c, bool race, char *msg, double *err) {
 
 START_TEST(mutation) {
   const Case *c = &cases[_i];
-  double tol = c->dtype == CG_FP32 ? 1e-4 : 5e-3, err;
-  char msg[EMU_ERR_LEN];
-  flex_status st;
-  switch (c->detect) {
-  case PASS:
-    for (int race = 0; race < 2; race++) {
-      st = run_case(c, race, msg, &err);
-      ck_assert_msg(st == FLEX_OK, "%s: %s", c->what, msg);
-      ck_assert_msg(err < tol, "%s: error %g", c->what, err);
-    }
-    break;
-  case RACE:
-    st = run_case(c, true, msg, &err);
-    ck_assert_msg(st != FLEX_OK && strstr(msg, "shared memory race"),
-                  "%s went undetected (status %d, error %g): %s", c->what, st, err, msg);
-    break;
-  case BOUNDS:
-    st = run_case(c, false, msg, &err);
-    ck_assert_msg(st != FLEX_OK && strstr(msg, "outside every allocation"),
-                  "%s went undetected (status %d, error %g): %s", c->what, st, err, msg);
-    break;
-  case WRONG:
-    st = run_case(c, false, msg, &err);
-    ck_assert_msg(st != FLEX_OK || !(err < tol), "%s went undetected (error %g)", c->what, err);
-    break;
-  }
+  tl_mutant_expect(c->what, c->detect, c->dtype == CG_FP32 ? 1e-4 : 5e-3, run_case, c);
 }
 END_TEST
 
 int main(void) {
   rng = tl_seed();
-  Suite *s = suite_create("emu_broken");
-  TCase *tc = tcase_create("mutations");
-  tcase_set_timeout(tc, 120);
-  tcase_add_loop_test(tc, mutation, 0, NCASES);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("emu_broken", 120, TL_LOOP(mutation, NCASES));
 }

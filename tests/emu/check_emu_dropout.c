@@ -297,44 +297,23 @@ START_TEST(p_zero_is_no_dropout) {
 }
 END_TEST
 
+/* Every test of a backend (n = 0: left out). */
+#define DROPOUT_TESTS(n)                                                                        \
+  TL_LOOP(same_dropped_elements, 3 * (n)), TL_LOOP(packed_dropped_elements, 2 * (n)),            \
+      TL_LOOP(wide_head_dim, (n)), TL_LOOP(against_reference, 3 * 3 * (n)),                     \
+      TL_LOOP(p_zero_is_no_dropout, 3 * (n))
+
 int main(int argc, char **argv) {
   rng = tl_seed();
-  if (argc > 1 && !strcmp(argv[1], "--cuda")) {
-    int rc = tl_cuda_setup();
-    if (rc) return rc;
+  int rc = tl_cuda_mode(argc, argv);
+  if (rc >= 0) {
     dev = FLEX_BACKEND_CUDA;
-    Suite *s = suite_create("cuda_dropout");
-    TCase *tc = tcase_create("cuda");
-    tcase_add_loop_test(tc, same_dropped_elements, 0, 3);
-    tcase_add_loop_test(tc, packed_dropped_elements, 0, 2);
-    tcase_add_test(tc, wide_head_dim);
-    tcase_add_loop_test(tc, against_reference, 0, 3 * 3);
-    tcase_add_loop_test(tc, p_zero_is_no_dropout, 0, 3);
-    suite_add_tcase(s, tc);
-    return tl_run_suite(s);
+    return rc ? rc : TL_MAIN("cuda_dropout", 0, TL_CASE("cuda", 0), DROPOUT_TESTS(1));
   }
-  Suite *s = suite_create("emu_dropout");
-  TCase *tc = tcase_create("dropout");
-  tcase_set_timeout(tc, 300);
-  tcase_add_loop_test(tc, same_dropped_elements, 0, 3);
-  tcase_add_loop_test(tc, packed_dropped_elements, 0, 2);
-  tcase_add_test(tc, wide_head_dim);
-  tcase_add_loop_test(tc, against_reference, 0, 3 * 3);
-  tcase_add_loop_test(tc, p_zero_is_no_dropout, 0, 3);
-  suite_add_tcase(s, tc);
-  if (flex_backend_available(FLEX_BACKEND_CPU)) {
-    TCase *cpu = tcase_create("cpu");
-    tcase_set_timeout(cpu, 300);
-    tcase_add_checked_fixture(cpu, use_cpu, NULL);
-    tcase_add_loop_test(cpu, same_dropped_elements, 0, 3);
-    tcase_add_loop_test(cpu, packed_dropped_elements, 0, 2);
-    tcase_add_test(cpu, wide_head_dim);
-    tcase_add_loop_test(cpu, against_reference, 0, 3 * 3);
-    tcase_add_loop_test(cpu, p_zero_is_no_dropout, 0, 3);
-    suite_add_tcase(s, cpu);
-  } else {
-    fprintf(stderr, "cpu backend not in this build: its dropout tests skipped (%s)\n",
-            flex_last_error());
-  }
-  return tl_run_suite(s);
+  int n = flex_backend_available(FLEX_BACKEND_CPU);
+  if (!n)
+    fprintf(stderr, "cpu backend not in this build: its dropout tests skipped (%s)\n", flex_last_error());
+  tl_one_process(); /* the emulator's modules serve several tests */
+  return TL_MAIN("emu_dropout", 0, TL_CASE("dropout", 300), DROPOUT_TESTS(1),
+                 TL_FIXTURE("cpu", 300, use_cpu, NULL), DROPOUT_TESTS(n));
 }

@@ -317,13 +317,6 @@ int main(int argc, char **argv) {
     return 77;
   }
   tl_seed();
-  Suite *s = suite_create("emu_store");
-  TCase *tc = tcase_create("emu_store");
-  tcase_set_timeout(tc, 600);
-  tcase_add_test(tc, second_process_hits_disk);
-  tcase_add_test(tc, off_is_memory_only);
-  tcase_add_test(tc, unloadable_entry_is_rebuilt);
-  tcase_add_test(tc, generated_forward_hits_disk);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("emu_store", 600, TL_TEST(second_process_hits_disk), TL_TEST(off_is_memory_only),
+                 TL_TEST(unloadable_entry_is_rebuilt), TL_TEST(generated_forward_hits_disk));
 }

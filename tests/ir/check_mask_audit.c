@@ -417,16 +417,7 @@ START_TEST(cli_out_dir_created) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("mask_audit");
-  TCase *tc = tcase_create("mask_audit");
-  tcase_set_timeout(tc, 60);
-  tcase_add_loop_test(tc, adversarial_sound, 0, NADV);
-  tcase_add_test(tc, signed_zero_join);
-  tcase_add_test(tc, int_rules_brute_force);
-  tcase_add_test(tc, bit_rules_exact);
-  tcase_add_test(tc, user_mask_huge_block);
-  tcase_add_test(tc, user_mask_semantics);
-  tcase_add_test(tc, cli_out_dir_created);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("mask_audit", 60, TL_LOOP(adversarial_sound, NADV), TL_TEST(signed_zero_join),
+                 TL_TEST(int_rules_brute_force), TL_TEST(bit_rules_exact), TL_TEST(user_mask_huge_block),
+                 TL_TEST(user_mask_semantics), TL_TEST(cli_out_dir_created));
 }

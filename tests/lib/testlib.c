@@ -88,3 +88,22 @@ int tl_run_suite(Suite *s) {
   srunner_free(sr);
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
+
+void tl_one_process(void) { setenv("CK_FORK", "no", 0); }
+
+int tl_main(const char *name, int timeout, const TlTest *tests) {
+  Suite *s = suite_create(name);
+  TCase *tc = NULL;
+  for (const TlTest *t = tests; t->test || t->tcase; t++) {
+    if (!t->test || !tc) {
+      tc = tcase_create(t->test ? name : t->tcase);
+      int secs = t->test ? timeout : t->loops;
+      if (secs > 0) tcase_set_timeout(tc, secs);
+      if (t->setup || t->teardown) tcase_add_checked_fixture(tc, t->setup, t->teardown);
+      suite_add_tcase(s, tc);
+      if (!t->test) continue;
+    }
+    if (t->loops > 0) tcase_add_loop_test(tc, t->test, 0, t->loops);
+  }
+  return tl_run_suite(s);
+}

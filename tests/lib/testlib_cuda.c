@@ -6,11 +6,14 @@
  * backend on the call's stream, and copies the outputs back into the host
  * tensors, so the same suites can check the GPU against the float64
  * reference when there is one. flex.h and flex_mirror.h alone (and the
- * driver's own loader, for tl_cuda_setup's device check). */
+ * driver's own loader, for tl_cuda_setup's device check); tl_mock_driver
+ * builds the stand-in driver (tests/cuda/mockcuda.c) the suites without a
+ * device run the CUDA backend over. */
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cuda/driver.h"
 #include "runtime/flex_mirror.h"
@@ -72,6 +75,40 @@ flex_status tl_cuda_call(flex_kernel *k, const flex_args *host, bool backward) {
   return st;
 }
 
+static char mock_path[512]; /* the compiled stand-in driver; "" if none */
+static pid_t mock_owner;     /* the process that built it (Check's forked tests exit too) */
+
+static void mock_remove(void) {
+  if (getpid() != mock_owner) return;
+  unlink(mock_path);
+  *strrchr(mock_path, '/') = 0;
+  rmdir(mock_path);
+}
+
+const char *tl_mock_driver(void) {
+  static bool tried;
+  if (tried) return mock_path[0] ? mock_path : NULL;
+  tried = true;
+  char dir[] = "/tmp/flexc-mockcuda-XXXXXX";
+  if (!mkdtemp(dir)) return NULL;
+  snprintf(mock_path, sizeof mock_path, "%s/libcuda.so.1", dir);
+  const char *cc = getenv("CC");
+  char cmd[1400];
+  snprintf(cmd, sizeof cmd, "%s -shared -fPIC -pthread -O1 -o '%s' '%s'", cc && *cc ? cc : "cc", mock_path,
+           tl_src_path("tests/cuda/mockcuda.c"));
+  Buf out = {0};
+  if (tl_run(cmd, &out) != 0) {
+    fprintf(stderr, "cannot build the stand-in driver:\n%s\n", out.data ? out.data : "");
+    rmdir(dir);
+    mock_path[0] = 0;
+  } else {
+    mock_owner = getpid();
+    atexit(mock_remove);
+  }
+  buf_free(&out);
+  return mock_path[0] ? mock_path : NULL;
+}
+
 flex_status tl_call(flex_kernel *k, const flex_args *a, bool backward) {
   if (a->backend != FLEX_BACKEND_CUDA) return backward ? flex_backward(k, a) : flex_forward(k, a);
   return tl_cuda_call(k, a, backward);
@@ -88,4 +125,10 @@ int tl_cuda_setup(void) {
     return 1;
   }
   return 0;
+}
+
+int tl_cuda_mode(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--cuda")) return tl_cuda_setup();
+  return -1;
 }

@@ -407,18 +407,8 @@ START_TEST(no_grad_destination_emu) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("api_audit");
-  TCase *tc = tcase_create("api_audit");
-  tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, bad_layouts);
-  tcase_add_test(tc, huge_and_empty);
-  tcase_add_test(tc, bad_names_and_loading);
-  tcase_add_test(tc, broadcast_input);
-  tcase_add_test(tc, threads_reference);
-  tcase_add_test(tc, threads_emu);
-  tcase_add_test(tc, no_grad_destination_reference);
-  tcase_add_test(tc, no_grad_destination_cpu);
-  tcase_add_test(tc, no_grad_destination_emu);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("api_audit", 120, TL_TEST(bad_layouts), TL_TEST(huge_and_empty),
+                 TL_TEST(bad_names_and_loading), TL_TEST(broadcast_input), TL_TEST(threads_reference),
+                 TL_TEST(threads_emu), TL_TEST(no_grad_destination_reference),
+                 TL_TEST(no_grad_destination_cpu), TL_TEST(no_grad_destination_emu));
 }

@@ -220,12 +220,6 @@ START_TEST(cli_causal_long) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("blockmask");
-  TCase *tc = tcase_create("blockmask");
-  tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, samples_agree);
-  tcase_add_test(tc, user_mask_roundtrip);
-  tcase_add_test(tc, cli_causal_long);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("blockmask", 60, TL_TEST(samples_agree), TL_TEST(user_mask_roundtrip),
+                 TL_TEST(cli_causal_long));
 }

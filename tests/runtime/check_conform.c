@@ -599,14 +599,7 @@ START_TEST(cli_file_contract) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("conform");
-  TCase *tc = tcase_create("conform");
-  tcase_add_test(tc, reference_int_semantics);
-  tcase_add_test(tc, reference_grad_buffers);
-  tcase_add_test(tc, reference_buffers_params);
-  tcase_add_test(tc, reference_v2_semantics);
-  tcase_add_test(tc, emu_fp32_against_spec);
-  tcase_add_test(tc, cli_file_contract);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("conform", 0, TL_TEST(reference_int_semantics), TL_TEST(reference_grad_buffers),
+                 TL_TEST(reference_buffers_params), TL_TEST(reference_v2_semantics),
+                 TL_TEST(emu_fp32_against_spec), TL_TEST(cli_file_contract));
 }

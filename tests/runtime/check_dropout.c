@@ -203,12 +203,6 @@ START_TEST(cli_options) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("dropout");
-  TCase *tc = tcase_create("dropout");
-  tcase_add_test(tc, philox_known_answers);
-  tcase_add_test(tc, kept_fraction);
-  tcase_add_test(tc, reference_forward_rule);
-  tcase_add_test(tc, cli_options);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("dropout", 0, TL_TEST(philox_known_answers), TL_TEST(kept_fraction),
+                 TL_TEST(reference_forward_rule), TL_TEST(cli_options));
 }

@@ -228,11 +228,5 @@ END_TEST
 
 int main(void) {
   rng = tl_seed();
-  Suite *s = suite_create("nomem");
-  TCase *tc = tcase_create("nomem");
-  tcase_add_test(tc, compile);
-  tcase_add_loop_test(tc, host_calls, 0, 3);
-  tcase_set_timeout(tc, 600);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("nomem", 600, TL_TEST(compile), TL_LOOP(host_calls, 3));
 }

@@ -322,12 +322,6 @@ END_TEST
 
 int main(void) {
   rng = tl_seed();
-  Suite *s = suite_create("offsets");
-  TCase *tc = tcase_create("offsets");
-  tcase_set_timeout(tc, 1200);
-  tcase_add_loop_test(tc, sharded_equals_whole, 0, NMODS * NPATHS);
-  tcase_add_test(tc, empty_pair_visits_no_tile);
-  tcase_add_test(tc, bad_offsets_refused);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("offsets", 1200, TL_LOOP(sharded_equals_whole, NMODS * NPATHS),
+                 TL_TEST(empty_pair_visits_no_tile), TL_TEST(bad_offsets_refused));
 }

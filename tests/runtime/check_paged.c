@@ -298,6 +298,7 @@ START_TEST(emu_against_reference) {
   if (!flex_backend_available(FLEX_BACKEND_EMU)) return;
   head_e = _i < 3 ? 16 : 20, head_ev = _i < 3 ? 8 : 12;
   against_reference(FLEX_BACKEND_EMU, _i % 3, _i % 2, _i < 3 ? 16 : 64, _i % 2 == 0);
+  head_e = 16, head_ev = 8; /* the other tests' (one process: tl_one_process) */
 }
 END_TEST
 
@@ -553,32 +554,13 @@ START_TEST(cli_run_paged) {
 }
 END_TEST
 
-static Suite *suite(void) {
-  Suite *s = suite_create("paged");
-  TCase *tc = tcase_create("paged");
-  tcase_set_timeout(tc, 600);
-  tcase_add_test(tc, validation);
-  tcase_add_test(tc, kv_len_buffer_refused);
-  tcase_add_test(tc, cli_run_paged);
-  tcase_add_loop_test(tc, reference_paged_bitwise, 0, 12);
-  tcase_add_loop_test(tc, emu_fp32_bitwise, 0, 12);
-  tcase_add_loop_test(tc, emu_against_reference, 0, 6);
-  tcase_add_loop_test(tc, cpu_against_reference, 0, 3);
-  tcase_add_loop_test(tc, cuda_against_reference, 0, 6);
-  suite_add_tcase(s, tc);
-  return s;
-}
-
 int main(int argc, char **argv) {
   rng = tl_seed();
-  if (argc > 1 && !strcmp(argv[1], "--cuda")) {
-    int rc = tl_cuda_setup();
-    if (rc) return rc;
-    Suite *s = suite_create("cuda_paged");
-    TCase *tc = tcase_create("cuda");
-    tcase_add_loop_test(tc, cuda_against_reference, 0, 6);
-    suite_add_tcase(s, tc);
-    return tl_run_suite(s);
-  }
-  return tl_run_suite(suite());
+  int rc = tl_cuda_mode(argc, argv);
+  if (rc >= 0) return rc ? rc : TL_MAIN("cuda_paged", 0, TL_CASE("cuda", 0), TL_LOOP(cuda_against_reference, 6));
+  tl_one_process(); /* the emulator's modules serve several tests */
+  return TL_MAIN("paged", 600, TL_TEST(validation), TL_TEST(kv_len_buffer_refused), TL_TEST(cli_run_paged),
+                 TL_LOOP(reference_paged_bitwise, 12), TL_LOOP(emu_fp32_bitwise, 12),
+                 TL_LOOP(emu_against_reference, 6), TL_LOOP(cpu_against_reference, 3),
+                 TL_LOOP(cuda_against_reference, 6));
 }

@@ -387,16 +387,7 @@ END_TEST
 
 int main(void) {
   rng = tl_seed();
-  Suite *s = suite_create("sinks");
-  TCase *tc = tcase_create("sinks");
-  tcase_set_timeout(tc, 1200);
-  tcase_add_test(tc, reference_is_dense_softmax_with_sink_column);
-  tcase_add_loop_test(tc, every_path, 0, NPATHS);
-  tcase_add_test(tc, split_kv_decode);
-  tcase_add_test(tc, dropout);
-  tcase_add_test(tc, deterministic);
-  tcase_add_test(tc, varlen);
-  tcase_add_test(tc, non_finite_sinks);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("sinks", 1200, TL_TEST(reference_is_dense_softmax_with_sink_column),
+                 TL_LOOP(every_path, NPATHS), TL_TEST(split_kv_decode), TL_TEST(dropout),
+                 TL_TEST(deterministic), TL_TEST(varlen), TL_TEST(non_finite_sinks));
 }

@@ -418,18 +418,8 @@ END_TEST
 
 int main(void) {
   rng = tl_seed();
-  Suite *s = suite_create("sorted");
-  TCase *tc = tcase_create("sorted");
-  tcase_set_timeout(tc, 120);
-  tcase_add_loop_test(tc, unchecked_call_fails, 0, 3);
-  tcase_add_loop_test(tc, trust_sorted_waives, 0, 3);
-  tcase_add_test(tc, block_mask_create_fails);
-  tcase_add_test(tc, cli_fails);
-  tcase_add_test(tc, check_explain);
-  tcase_add_test(tc, cli_param_messages);
-  tcase_add_test(tc, mask_report_undecidable);
-  tcase_add_loop_test(tc, device_path_positions, 0, 3);
-  tcase_add_test(tc, device_path_first_buffer);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("sorted", 120, TL_LOOP(unchecked_call_fails, 3), TL_LOOP(trust_sorted_waives, 3),
+                 TL_TEST(block_mask_create_fails), TL_TEST(cli_fails), TL_TEST(check_explain),
+                 TL_TEST(cli_param_messages), TL_TEST(mask_report_undecidable),
+                 TL_LOOP(device_path_positions, 3), TL_TEST(device_path_first_buffer));
 }

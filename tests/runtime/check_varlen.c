@@ -937,39 +937,18 @@ START_TEST(cli_run_packed) {
 }
 END_TEST
 
-static Suite *suite(void) {
-  Suite *s = suite_create("varlen");
-  TCase *tc = tcase_create("varlen");
-  tcase_set_timeout(tc, 600);
-  tcase_add_loop_test(tc, reference_matches_per_sequence, 0, NCASES);
-  tcase_add_loop_test(tc, equal_lengths_equal_padded_call, 0, 2);
-  tcase_add_test(tc, valid_call_runs);
-  tcase_add_test(tc, validation_rows);
-  tcase_add_test(tc, buffer_dims_q_len_refused);
-  tcase_add_test(tc, packed_outputs_must_not_overlap);
-  tcase_add_test(tc, empty_sequences);
-  tcase_add_test(tc, empty_batches);
-  tcase_add_test(tc, stats_are_the_packed_calls);
-  tcase_add_test(tc, cli_run_packed);
-  tcase_add_loop_test(tc, emu_matches_per_sequence, 0, NCASES);
-  tcase_add_loop_test(tc, emu_classifier_sees_sequence, 0, 2);
-  tcase_add_test(tc, emu_built_mask_no_queries);
-  tcase_add_loop_test(tc, cpu_matches_per_sequence, 0, NCASES);
-  tcase_add_loop_test(tc, packed_matches_padded_call, 0, 3);
-  suite_add_tcase(s, tc);
-  return s;
-}
-
 int main(int argc, char **argv) {
   rng = tl_seed();
-  if (argc > 1 && !strcmp(argv[1], "--cuda")) {
-    int rc = tl_cuda_setup();
-    if (rc) return rc;
-    Suite *s = suite_create("cuda_varlen");
-    TCase *tc = tcase_create("cuda");
-    tcase_add_loop_test(tc, cuda_matches_per_sequence, 0, NCASES * 2);
-    suite_add_tcase(s, tc);
-    return tl_run_suite(s);
-  }
-  return tl_run_suite(suite());
+  int rc = tl_cuda_mode(argc, argv);
+  if (rc >= 0)
+    return rc ? rc : TL_MAIN("cuda_varlen", 0, TL_CASE("cuda", 0), TL_LOOP(cuda_matches_per_sequence, NCASES * 2));
+  tl_one_process(); /* the emulator's modules serve several tests */
+  return TL_MAIN("varlen", 600, TL_LOOP(reference_matches_per_sequence, NCASES),
+                 TL_LOOP(equal_lengths_equal_padded_call, 2), TL_TEST(valid_call_runs),
+                 TL_TEST(validation_rows), TL_TEST(buffer_dims_q_len_refused),
+                 TL_TEST(packed_outputs_must_not_overlap), TL_TEST(empty_sequences), TL_TEST(empty_batches),
+                 TL_TEST(stats_are_the_packed_calls), TL_TEST(cli_run_packed),
+                 TL_LOOP(emu_matches_per_sequence, NCASES), TL_LOOP(emu_classifier_sees_sequence, 2),
+                 TL_TEST(emu_built_mask_no_queries), TL_LOOP(cpu_matches_per_sequence, NCASES),
+                 TL_LOOP(packed_matches_padded_call, 3));
 }
