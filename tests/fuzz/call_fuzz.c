@@ -154,7 +154,6 @@ void spec_draw(Spec *s, flex_backend be, bool mock, uint64_t *rng) {
     s->q_total = s->QL + rnd(rng, 40), s->kv_total = s->KL + rnd(rng, 60);
     s->q_off = rnd(rng, s->q_total - s->QL + 1), s->kv_off = rnd(rng, s->kv_total - s->KL + 1);
     if (coin(rng, 4)) s->q_total = s->q_off = 0; /* one side only */
-    if (kernels[s->kern].sink) s->bm_q = s->bm_kv = 0; /* refused: no BlockMask for it either */
   }
   if (coin(rng, 10)) { /* break one rule instead */
     s->inject = 1 + rnd(rng, I_COUNT - 1);
@@ -163,8 +162,6 @@ void spec_draw(Spec *s, flex_backend be, bool mock, uint64_t *rng) {
     if (s->dt == 3 && !ref) s->dt = rnd(rng, 3);
     if (s->inject == I_OFFSET_PAST) s->layout = L_PADDED, s->bm_q = 0, s->q_total = s->QL + 1, s->q_off = 2;
     if (s->inject == I_OFFSET_PACKED) s->layout = L_PACKED, s->bm_q = 0, s->kv_off = 1, s->kv_total = s->KL + 1;
-    if ((s->inject == I_OFFSET_PAST || s->inject == I_OFFSET_PACKED) && kernels[s->kern].sink)
-      s->kern = K_CAUSAL; /* a sink's shard is refused as unsupported first */
     if (s->inject == I_OFFSET_PACKED && kernels[s->kern].no_packed) s->kern = K_CAUSAL;
     bool bwd = (s->inject >= I_NULL_DQ && s->inject <= I_NULL_DOUT) || s->inject == I_GRAD_ON_PLAIN;
     if (bwd) s->layout = s->layout == L_PAGED ? L_PADDED : s->layout, s->backward = 1;
@@ -180,10 +177,6 @@ void spec_draw(Spec *s, flex_backend be, bool mock, uint64_t *rng) {
 bool spec_refused(const Spec *s, flex_backend be, const char **word) {
   if (s->dt == 3 && be != FLEX_BACKEND_REFERENCE) {
     *word = "float64 inputs run in float64 on the reference backend";
-    return true;
-  }
-  if (kernels[s->kern].sink && (s->q_off || s->kv_off || s->q_total || s->kv_total)) {
-    *word = "a kernel with a sink does not run as a shard";
     return true;
   }
   return false;

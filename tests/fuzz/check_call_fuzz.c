@@ -20,7 +20,7 @@
  * pool; a padded call may be a shard of a longer sequence (q_offset,
  * kv_offset and the whole lengths, buffers sized by those); q, k and v
  * may be float64, which only the reference runs. A call the API documents
- * as unsupported (float64 off the reference, a sink's shard) must get
+ * as unsupported (float64 off the reference) must get
  * FLEX_ERR_UNSUPPORTED with the message that says so.
  *
  * Every other call must succeed (FLEX_ERR_UNSUPPORTED with a message is
@@ -162,7 +162,7 @@ static bool run_spec(const Spec *s, uint64_t data_seed, char *why, size_t cap) {
     return ok;
   }
   const char *word;
-  if (spec_refused(s, backend, &word)) { /* float64 off the reference, a sink's shard */
+  if (spec_refused(s, backend, &word)) { /* float64 off the reference */
     tally.refused++;
     flex_status st = flex_forward(c.kern, &c.ta);
     ok = expect(st, FLEX_ERR_UNSUPPORTED, word, "forward", why, cap);
