@@ -316,14 +316,18 @@ static bool block_backward(Ref *r, Grads *g, int b, int h) {
   double *dk = g->dk + kbase * E, *dv = g->dv + kbase * EV;
   memset(g->dq, 0, sizeof(double) * (size_t)QL * E);
   for (int i = 0; i < QL; i++) {
-    const double *dO = g->dout + (size_t)i * EV, *O = r->O + (size_t)i * EV;
+    const double *dO = g->dout + (size_t)i * EV;
     int64_t li[3] = {b, h, i};
+    /* D from the O the call gives (docs/language.md), as every backend */
     double D = a->dlse ? -get(a->dlse, li) : 0.0;
-    for (int e = 0; e < EV; e++) D += dO[e] * O[e];
+    for (int e = 0; e < EV; e++) {
+      int64_t oi[4] = {b, h, i, e};
+      D += dO[e] * get(a->out, oi);
+    }
     r->env.args[ARG_Q] = ir_vi(i + c->q_off);
     /* The sink's logit gets dsk = -Ps * D (nothing when Ps = 0: no sink,
      * or one that a +inf key outweighs), through its gradient function. */
-    const double Ps = c->mod->sink ? exp(r->sk[i] - r->lse[i]) : 0.0;
+    const double Ps = r->sk[i] != -INFINITY ? exp(r->sk[i] - r->lse[i]) : 0.0; /* -inf: no sink */
     if (Ps != 0) {
       r->env.args[ARG_DT] = ir_vf(-Ps * D);
       (void)ir_eval(c->mod->sink_grad, &r->env, r->vals);

@@ -626,6 +626,15 @@ bool call_guards(Call *c, char *why, size_t cap) {
   return true;
 }
 
+void call_give_outputs(Call *c) {
+  for (int t = T_OUT; t <= T_LSE; t++) {
+    RtArray got;
+    tl_view_get(&c->tv[t], &got);
+    for (int64_t i = 0; i < rt_array_count(&c->ref[t]); i++) rt_array_set(&c->ref[t], i, rt_array_get(&got, i));
+    rt_array_free(&got);
+  }
+}
+
 bool call_compare(Call *c, bool backward, CallCounts *n, char *why, size_t cap) {
   static const int fwd[2] = {T_OUT, T_LSE}, bwd[3] = {T_DQ, T_DK, T_DV};
   for (int i = 0; i < (backward ? 3 : 2); i++) {

@@ -132,6 +132,10 @@ typedef struct CallCounts {
 /* The tested outputs (forward's or backward's) against the reference's;
  * guards and inputs intact. */
 bool call_compare(Call *c, bool backward, CallCounts *n, char *why, size_t cap);
+/* The tested forward's O and LSE into the reference's: a shard's backward
+ * reads them as given (docs/language.md "Position offsets"), so the oracle
+ * is given the same ones. */
+void call_give_outputs(Call *c);
 /* No byte outside a tensor's elements written, no input changed. */
 bool call_guards(Call *c, char *why, size_t cap);
 /* The tested backward again: the same gradient bits. */
