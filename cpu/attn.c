@@ -372,7 +372,7 @@ static void sink_grads(const CpuAttn *a) {
       for (int i = 0; i < p->q_len; i++) {
         float sk, lse = p->lse[b * p->lse_b + h * p->lse_h + i];
         a->mod->sink(&sk, 1, 1, 1, b, h, i, 0, p);
-        const float ps = expf(sk - lse);
+        const float ps = sk != -INFINITY ? expf(sk - lse) : 0.0f; /* -inf: no sink */
         float dt = -ps * p->delta[((int64_t)b * p->H + h) * p->q_len + i];
         if (ps != 0.0f) a->mod->sink_grad(&dt, 1, 1, 1, b, h, i, 0, p, acc);
       }

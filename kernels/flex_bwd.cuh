@@ -48,7 +48,8 @@ __device__ __forceinline__ void flex_bwd_pre(const FlexParams &p) {
   /* The sink's logit gets dsk = -Ps D, Ps = exp(sk - LSE): once per row,
    * nothing when Ps = 0 (no sink, or a +inf key outweighs it). */
   if (p.kv_off == 0) { /* the shard that carries the sink (flex_row_sink) */
-    const float ps = expf(flex_sink(p, b, h, qi) - flex_gload(p.lse + b * p.lse_b + h * p.lse_h + qi));
+    const float sk = flex_sink(p, b, h, qi); /* -inf: no sink, no weight (even with LSE -inf) */
+    const float ps = sk != -INFINITY ? expf(sk - flex_gload(p.lse + b * p.lse_b + h * p.lse_h + qi)) : 0.0f;
     if (ps != 0.0f) flex_sink_grad(p, b, h, qi, -ps * acc);
   }
 #endif
