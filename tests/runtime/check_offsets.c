@@ -7,7 +7,8 @@
  * emulator (sm_80 fp32, sm_90a fp16) and the cpu backend (fp32, bf16),
  * for causal, a document mask whose ids are a buffer over the whole
  * sequence, a sliding window with softcap, ALiBi with GQA, and dropout
- * (whose bits see the whole sequence's positions). Also: an empty pair
+ * (whose bits see the whole sequence's positions), and a sink over a
+ * window (carried by the pairs at kv_offset 0). Also: an empty pair
  * (causal, keys after every query) is classified empty without any tile,
  * a BlockMask built for a shard is the shard's, and bad offsets are
  * refused with the numbers. */
@@ -46,6 +47,12 @@ static const Mod mods[] = {
      "score s(x, b, h, q, kv) { return x + slopes[h] * float(kv - q); }\n"
      "mask m(b, h, q, kv) { return q >= kv; }\n", false},
     {"dropout", "mask m(b, h, q, kv) { return q >= kv; }\n", true},
+    /* a learned sink per head: the pairs at kv_offset 0 carry it, so the
+     * merge counts it once; its gradient comes from those pairs alone */
+    {"sink_window",
+     "buffer sinks: f32[H] grad;\nparam int window = 30;\n"
+     "sink sk(b, h, q) { return sinks[h]; }\n"
+     "mask m(b, h, q, kv) { return q >= kv && q - kv < window; }\n", false},
 };
 #define NMODS ((int)(sizeof mods / sizeof mods[0]))
 
@@ -85,6 +92,10 @@ static void whole_init(Whole *w, const Mod *m, DLDataType dt) {
   if (!strcmp(m->name, "alibi_gqa")) {
     tl_arr_init(&w->slopes, F32, 1, hs), tl_arr_uniform(&w->slopes, 0.05, 0.5, &rng);
     w->fb[w->nb++] = (flex_buffer){"slopes", &w->slopes.t, NULL};
+  }
+  if (!strcmp(m->name, "sink_window")) { /* the grad buffer in `slopes`' place: the sinks */
+    tl_arr_init(&w->slopes, F32, 1, hs), tl_arr_uniform(&w->slopes, -1.0, 3.0, &rng);
+    w->fb[w->nb++] = (flex_buffer){"sinks", &w->slopes.t, NULL};
   }
 }
 
