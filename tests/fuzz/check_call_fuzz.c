@@ -324,7 +324,9 @@ static const struct {
 
 START_TEST(regression) {
   uint64_t data = seed0 ^ (0x9e3779b97f4a7c15ull * (uint64_t)(_i + 1));
-  one(&regressions[_i].s, data, regressions[_i].name);
+  Spec s = regressions[_i].s;
+  if (mock) s.out_dt = 0; /* the cuda backend writes q's dtype only (spec_draw) */
+  one(&s, data, regressions[_i].name);
 }
 END_TEST
 
