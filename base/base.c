@@ -113,7 +113,9 @@ static void owned_release(BaseTry *t, BaseTry *to, bool free_them) {
     owned_remove(&owned[i]); /* may shift a later entry into i: look at i again */
     if (free_them) alloc_fn(alloc_ud, p, 0);
   }
-  if (!owned_n && owned_cap > 4096) { /* a burst is over: give the big table back */
+  /* Out of every BaseTry with nothing owned: the table goes back (a
+   * thread that ends holds none). */
+  if (!owned_n && !to && owned) {
     free(owned);
     owned = NULL, owned_cap = 0;
   }
