@@ -27,13 +27,115 @@ void base_set_alloc(base_AllocFn fn, void *ud) {
 /* The innermost recovery point of this thread (NULL: none, abort). */
 static _Thread_local BaseTry *try_top;
 
+/* ---- what a BaseTry owns ----------------------------------------------------
+ *
+ * Every block allocated while a BaseTry is innermost belongs to it until it
+ * is freed, kept (base_keep: published where it outlives the call) or the
+ * BaseTry is popped (then it belongs to the enclosing one, or to nobody).
+ * An exhaustion jump frees the blocks of the BaseTry it leaves, so an entry
+ * point that returns FLEX_ERR_NOMEM leaks nothing. The table is this
+ * thread's: a pointer hash set with linear probing, in libc memory (it must
+ * not fail through the allocator it watches). */
+typedef struct Owned {
+  void *p;
+  BaseTry *owner;
+} Owned;
+
+static _Thread_local Owned *owned;
+static _Thread_local size_t owned_cap, owned_n; /* cap: a power of two, or 0 */
+
+static size_t slot_of(const void *p) {
+  uintptr_t h = (uintptr_t)p;
+  h ^= h >> 33, h *= 0xff51afd7ed558ccdULL, h ^= h >> 33;
+  return (size_t)h & (owned_cap - 1);
+}
+
+static Owned *owned_find(const void *p) {
+  if (!owned_n) return NULL;
+  for (size_t i = slot_of(p);; i = (i + 1) & (owned_cap - 1)) {
+    if (owned[i].p == p) return &owned[i];
+    if (!owned[i].p) return NULL;
+  }
+}
+
+/* Remove the entry at e (backward-shift deletion keeps probes unbroken). */
+static void owned_remove(Owned *e) {
+  size_t i = (size_t)(e - owned);
+  owned[i].p = NULL;
+  owned_n--;
+  for (size_t j = (i + 1) & (owned_cap - 1); owned[j].p; j = (j + 1) & (owned_cap - 1)) {
+    size_t home = slot_of(owned[j].p);
+    /* move j into the hole at i unless its home lies in (i, j] */
+    if (((j - home) & (owned_cap - 1)) >= ((j - i) & (owned_cap - 1))) {
+      owned[i] = owned[j];
+      owned[j].p = NULL;
+      i = j;
+    }
+  }
+}
+
+static void owned_insert(void *p, BaseTry *owner);
+
+/* Grow the table; false when libc has no memory for it (the block then
+ * goes untracked: a leak on a later failure, never a wrong free). */
+static bool owned_grow(void) {
+  size_t cap = owned_cap ? 2 * owned_cap : 256;
+  Owned *old = owned, *t = calloc(cap, sizeof *t);
+  if (!t) return false;
+  size_t oc = owned_cap;
+  owned = t, owned_cap = cap, owned_n = 0;
+  for (size_t i = 0; i < oc; i++)
+    if (old[i].p) owned_insert(old[i].p, old[i].owner);
+  free(old);
+  return true;
+}
+
+static void owned_insert(void *p, BaseTry *owner) {
+  if (4 * (owned_n + 1) > 3 * owned_cap && !owned_grow()) return;
+  size_t i = slot_of(p);
+  while (owned[i].p) i = (i + 1) & (owned_cap - 1);
+  owned[i] = (Owned){p, owner};
+  owned_n++;
+}
+
+/* Hand t's blocks to `to` (NULL: nobody), or free them (free_them). */
+static void owned_release(BaseTry *t, BaseTry *to, bool free_them) {
+  for (size_t i = 0; owned_n && i < owned_cap;) {
+    if (!owned[i].p || owned[i].owner != t) {
+      i++;
+      continue;
+    }
+    if (to) {
+      owned[i++].owner = to;
+      continue;
+    }
+    void *p = owned[i].p;
+    owned_remove(&owned[i]); /* may shift a later entry into i: look at i again */
+    if (free_them) alloc_fn(alloc_ud, p, 0);
+  }
+  /* Out of every BaseTry with nothing owned: the table goes back (a
+   * thread that ends holds none). */
+  if (!owned_n && !to && owned) {
+    free(owned);
+    owned = NULL, owned_cap = 0;
+  }
+}
+
+void base_keep(void *p) {
+  Owned *e = p ? owned_find(p) : NULL;
+  if (e) owned_remove(e);
+}
+
 void base_try_push(BaseTry *t) {
   t->prev = try_top;
   t->bytes = 0;
   try_top = t;
 }
 
-void base_try_pop(BaseTry *t) { try_top = t->prev; }
+void base_try_pop(BaseTry *t) {
+  try_top = t->prev;
+  owned_release(t, t->prev, false);
+}
 
 BaseTry *base_try_hold(void) {
   BaseTry *t = try_top;
@@ -45,12 +147,21 @@ void base_try_restore(BaseTry *held) { try_top = held; }
 
 void *base_realloc(void *ptr, size_t size) {
   if (size == 0) size = 1;
+  Owned *e = ptr ? owned_find(ptr) : NULL;
+  BaseTry *owner = ptr ? (e ? e->owner : NULL) : try_top;
   void *p = alloc_fn(alloc_ud, ptr, size);
   if (!p && try_top) {
-    try_top->bytes = size;
-    longjmp(try_top->jb, 1);
+    BaseTry *t = try_top;
+    t->bytes = size;
+    try_top = t->prev;
+    owned_release(t, NULL, true); /* ptr, if t's, too: realloc left it allocated */
+    longjmp(t->jb, 1);
   }
   if (!p) PANIC("out of memory (%zu bytes)", size);
+  if (p != ptr) {
+    if (e) owned_remove(e);
+    if (owner) owned_insert(p, owner);
+  }
   return p;
 }
 
@@ -61,7 +172,10 @@ void *base_alloc(size_t size) {
 }
 
 void base_free(void *ptr) {
-  if (ptr) alloc_fn(alloc_ud, ptr, 0);
+  if (!ptr) return;
+  Owned *e = owned_find(ptr);
+  if (e) owned_remove(e);
+  alloc_fn(alloc_ud, ptr, 0);
 }
 
 char *base_strdup(const char *s) {
@@ -94,6 +208,10 @@ void *arena_alloc(Arena *a, size_t size) {
   c->used += size;
   memset(p, 0, size);
   return p;
+}
+
+void arena_keep(Arena *a) {
+  for (ArenaChunk *c = a->head; c; c = c->next) base_keep(c);
 }
 
 void *arena_grow(Arena *a, void *old, size_t oldsz, size_t newsz) {

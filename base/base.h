@@ -4,6 +4,12 @@
  *   Buf      a growable byte buffer for building text
  *   alloc    the one allocator everything goes through (replaceable)
  *   assert   internal-bug checks that name file and line
+ *   config   every FLEXC_* environment variable, read in one place (config.h)
+ *   pool     the one thread pool (pool.c)
+ *
+ * Beside it: sha256.h (SHA-256), store.h (the content-addressed module
+ * store every backend compiles into), embed.c (the template embedder, a
+ * build tool).
  */
 #ifndef FLEXC_BASE_H
 #define FLEXC_BASE_H
@@ -12,6 +18,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "config.h"
 
 /* ---- allocation --------------------------------------------------------- */
 
@@ -40,7 +48,13 @@ char *base_strdup(const char *s);
  *   base_try_pop(&t);
  *
  * Code that holds a lock or runs a once-initialiser suspends recovery
- * (base_try_hold / base_try_restore) so that no jump leaves a lock held. */
+ * (base_try_hold / base_try_restore) so that no jump leaves a lock held.
+ *
+ * A BaseTry owns the blocks allocated while it is innermost and not yet
+ * freed: the jump frees them (nothing leaks), its pop hands them to the
+ * enclosing BaseTry (or to nobody). A block published where it outlives
+ * the call (a cache entry, a list a kernel keeps) is handed to nobody with
+ * base_keep; blocks allocated while recovery is held belong to nobody. */
 typedef struct BaseTry {
   jmp_buf jb;            /* where an exhausted allocation jumps */
   struct BaseTry *prev;  /* the enclosing one */
@@ -50,6 +64,7 @@ void base_try_push(BaseTry *t);
 void base_try_pop(BaseTry *t);
 BaseTry *base_try_hold(void);
 void base_try_restore(BaseTry *held);
+void base_keep(void *ptr);
 
 /* ---- arena -------------------------------------------------------------- */
 
@@ -66,6 +81,8 @@ char *arena_strndup(Arena *a, const char *s, size_t n);
 char *arena_printf(Arena *a, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void arena_free(Arena *a);
+/* base_keep of every chunk: an arena published where it outlives the call. */
+void arena_keep(Arena *a);
 
 /* Growable array in an arena: `ARENA_PUSH(a, arr, n, cap, value)`. */
 #define ARENA_PUSH(arena, arr, n, cap, value)                                  \
@@ -102,6 +119,17 @@ double base_physical_memory(void);
 /* Read a whole file into *out (NUL-terminated; *len excludes the NUL).
  * Returns 0, or an errno value. */
 int base_read_file(const char *path, char **out, size_t *len);
+
+/* ---- the thread pool (pool.c) ---------------------------------------------- */
+
+/* fn(ctx, item, worker) for item in [0, n), spread over the pool's workers
+ * (the caller is worker 0, workers numbered below base_pool_size()).
+ * Returns when every item is done. Calls from several threads take turns;
+ * an item must not call it again. Items cannot leave by the memory
+ * exhaustion jump: one that exhausts memory aborts (allocate before). */
+void base_pool_run(int64_t n, void (*fn)(void *ctx, int64_t item, int worker), void *ctx);
+/* Workers of the pool (FLEXC_THREADS, default every online core). */
+int base_pool_size(void);
 
 /* ---- internal errors ---------------------------------------------------- */
 

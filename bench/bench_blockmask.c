@@ -55,7 +55,7 @@ static int longformer(int n, int reps) {
   IrVal params[1] = {ir_vi(256)};
   IrBufView bufs[1] = {{g, DT_BOOL, 1, {n}, {1}, NULL}};
   IrIntervalEnv env = {params, sizes, bufs};
-  RtMaskShape shape = {1, 1, n, n, 128, 128};
+  RtMaskShape shape = {1, 1, n, n, 128, 128, 0, 0};
   RtBlockMask bm[2];
   RtMaskStats st[2];
   double best[2] = {1e300, 1e300};
@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
   for (int s = SZ_COUNT; s < m->nsizes && s < 16; s++) sizes[s] = n;
   IrBufView bufs[1] = {{doc, DT_I32, 1, {n}, {1}, NULL}};
   IrIntervalEnv env = {NULL, sizes, bufs};
-  RtMaskShape shape = {1, 1, n, n, 128, 128};
+  RtMaskShape shape = {1, 1, n, n, 128, 128, 0, 0};
   RtBlockMask bm;
   RtMaskStats st;
   char err[256];

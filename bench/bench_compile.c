@@ -125,7 +125,7 @@ static void all_samples(const char *arch, const char *dtype, int E, char *worst,
     snprintf(path, sizeof path, "samples/%s", names[i]);
     Buf src = {0};
     if (sample_source(path, arch, dtype, E, &src)) {
-      rt_cache_clear_memory();
+      base_store_clear_memory();
       double w = timed(&src, arch, false);
       printf("%-28s %10.1f %10.1f\n", names[i], w, last_cpu);
       if (last_cpu > worst_cpu) worst_cpu = last_cpu, snprintf(worst, n, "%s", path);
@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
   double cold[COLD], coldcpu[COLD], mem[WARM], disk[WARM];
   setenv("FLEXC_CACHE_DIR", "off", 1);
   for (int i = 0; i < COLD; i++) {
-    rt_cache_clear_memory();
+    base_store_clear_memory();
     cold[i] = timed(&src, arch, false);
     coldcpu[i] = last_cpu;
   }
@@ -165,10 +165,10 @@ int main(int argc, char **argv) {
   char dir[] = "/tmp/flexc-bench-XXXXXX";
   if (!mkdtemp(dir)) return 1;
   setenv("FLEXC_CACHE_DIR", dir, 1);
-  rt_cache_clear_memory();
+  base_store_clear_memory();
   timed(&src, arch, false); /* compile once more and store on disk */
   for (int i = 0; i < WARM; i++) {
-    rt_cache_clear_memory();
+    base_store_clear_memory();
     disk[i] = timed(&src, arch, true);
   }
   double c = median(cold, COLD), m = median(mem, WARM), d = median(disk, WARM);

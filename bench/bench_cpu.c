@@ -104,11 +104,11 @@ static void roof_item(void *ctx, int64_t item, int worker) {
 static double roofline(int H, int L, int E) {
   Roof r = {L, E, H, L + 144, NULL, NULL, NULL, NULL};
   r.q = calloc((size_t)L * E, 4), r.kt = calloc((size_t)r.ldk * E, 4), r.v = calloc((size_t)L * E, 4);
-  r.scratch = calloc((size_t)cpu_pool_size() * roof_scratch(E), 4);
+  r.scratch = calloc((size_t)base_pool_size() * roof_scratch(E), 4);
   double best = 1e9;
   for (int rep = 0; rep < 3; rep++) {
     double t0 = now();
-    cpu_pool_run((int64_t)H * (L / 64 / ROOF_GROUP), roof_item, &r);
+    base_pool_run((int64_t)H * (L / 64 / ROOF_GROUP), roof_item, &r);
     double t = now() - t0;
     if (t < best) best = t;
   }
@@ -336,12 +336,12 @@ int main(int argc, char **argv) {
   }
   t_start = now() - t_start;
   if (ratio) {
-    printf("cpu backend: %d threads, kernels %s\n", cpu_pool_size(), cpu_kern()->name);
+    printf("cpu backend: %d threads, kernels %s\n", base_pool_size(), cpu_kern()->name);
     for (int li = 0; li < nL; li++)
       for (int ei = 0; ei < nE; ei++) ratios(Ls[li], Es[ei], masks, dts, reps_set ? reps : 7);
     return 0;
   }
-  printf("cpu backend: %d threads, kernels %s; B=1 H=8 fp32, best of %d\n", cpu_pool_size(),
+  printf("cpu backend: %d threads, kernels %s; B=1 H=8 fp32, best of %d\n", base_pool_size(),
          cpu_kern()->name, reps);
   const int B = 1, H = 8;
   for (int li = 0; li < nL; li++)

@@ -12,7 +12,7 @@
  * runs of the same mode ("varies" / "same"). On the
  * emulator the figures are the CPU's cost of emulating the kernels (float
  * CAS loops against plain adds and 64-bit atomics), not a GPU's.
- * FLEXC_THREADS / FLEXC_EMU_THREADS set the threads.
+ * FLEXC_THREADS sets the threads.
  */
 #include <stdint.h>
 #include <stdio.h>

@@ -1,8 +1,9 @@
 /* flexc check FILE...: parse and check each file, report diagnostics on
  * stderr. Exit status 1 when any file has an error, else 0 (silently).
  *
- * flexc check --explain FILE [--kernel K] [--shape B,H,Q_LEN,KV_LEN]: also
- * say, per kernel of FILE, how its mask becomes blocks (flex_mask_explain):
+ * flexc check --explain FILE... [--kernel K] [--shape B,H,Q_LEN,KV_LEN]: also
+ * say, per kernel of each FILE, how its mask becomes blocks (flex_mask_explain;
+ * with several files each line starts with "FILE: "):
  * decided by interval analysis, or a BlockMask built element by element on
  * every call, which buffer read prevents the analysis and what it costs. */
 #include <errno.h>
@@ -21,14 +22,23 @@ static int check_file(const char *path) {
   return 1;
 }
 
-/* Explain kernel `name` (NULL: the only or implicit one) of path. */
-static int explain_one(const char *path, const char *name, const int *shape) {
+/* Explain kernel `name` (NULL: the only or implicit one) of path; every
+ * line of the explanation is prefixed with "PATH: " when `named` (several
+ * files on the command line). */
+static int explain_one(const char *path, const char *name, const int *shape, bool named) {
   flex_kernel *k;
   if (!cli_load_kernel(&k, path, name)) return 1;
   char *text = NULL;
   flex_status st = flex_mask_explain(k, shape, &text);
-  if (st) fprintf(stderr, "flexc: error: %s\n", flex_last_error());
-  else fputs(text, stdout);
+  if (st) fprintf(stderr, "flexc: error: %s: %s\n", path, flex_last_error());
+  else if (!named) fputs(text, stdout);
+  else
+    for (const char *l = text; *l;) {
+      const char *e = strchr(l, '\n');
+      int n = e ? (int)(e - l) : (int)strlen(l);
+      printf("%s: %.*s\n", path, n, l);
+      l += n + (e != NULL);
+    }
   flex_free(text);
   flex_kernel_free(k);
   return st ? 1 : 0;
@@ -36,16 +46,16 @@ static int explain_one(const char *path, const char *name, const int *shape) {
 
 /* Every kernel of path: the only one, or the names the loader lists when
  * there are several ("the file has N kernels ('a' and 'b'); pick one"). */
-static int explain(const char *path, const char *kernel, const int *shape) {
-  if (kernel) return explain_one(path, kernel, shape);
+static int explain(const char *path, const char *kernel, const int *shape, bool named) {
+  if (kernel) return explain_one(path, kernel, shape, named);
   flex_kernel *k;
   if (flex_kernel_load(&k, path, NULL) == FLEX_OK) {
     flex_kernel_free(k);
-    return explain_one(path, NULL, shape);
+    return explain_one(path, NULL, shape, named);
   }
   const char *msg = flex_last_error(), *p = strstr(msg, " kernels (");
   const char *e = p ? strchr(p, ')') : NULL;
-  if (!p || !e) return explain_one(path, NULL, shape); /* reports the error */
+  if (!p || !e) return explain_one(path, NULL, shape, named); /* reports the error */
   char names[1024];
   snprintf(names, sizeof names, "%.*s", (int)(e - p - 10), p + 10);
   int rc = 0;
@@ -54,7 +64,7 @@ static int explain(const char *path, const char *kernel, const int *shape) {
     char *end = strchr(q + 1, '\'');
     if (!end) break;
     *end = 0;
-    rc |= explain_one(path, q + 1, shape);
+    rc |= explain_one(path, q + 1, shape, named);
     q = end + 1;
   }
   return rc;
@@ -94,7 +104,7 @@ int cli_check(int argc, char **argv) {
   int bad = 0;
   for (int i = 0; i < nfiles; i++) {
     if (check_file(files[i])) bad = 1;
-    else if (want_explain && explain(files[i], kernel, sp)) bad = 1;
+    else if (want_explain && explain(files[i], kernel, sp, nfiles > 1)) bad = 1;
   }
   return bad;
 }

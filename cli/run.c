@@ -15,11 +15,11 @@
  * Writes out.npy and lse.npy, and with --dout dq.npy dk.npy dv.npy and
  * d_NAME.npy per `grad` buffer. The reference writes float64, others float32.
  * With --cu-seqlens-q/--cu-seqlens-kv (int32 [B + 1] offsets) the batch is
- * packed (DSL.md, docs/varlen.md): q is (TOTAL_Q, H, E), k (TOTAL_KV, HKV,
+ * packed (docs/language.md, docs/varlen.md): q is (TOTAL_Q, H, E), k (TOTAL_KV, HKV,
  * E), v (TOTAL_KV, HKV, EV), dout like out; out.npy is (TOTAL_Q, H, EV),
  * lse.npy (H, TOTAL_Q), dq/dk/dv like q/k/v.
  * With --page-table/--kv-lens (int32 [B, MAX_PAGES] and [B]) k and v are
- * page pools (NUM_PAGES, PAGE_SIZE, HKV, E|EV) (DSL.md, docs/paged.md), q
+ * page pools (NUM_PAGES, PAGE_SIZE, HKV, E|EV) (docs/language.md, docs/paged.md), q
  * is padded [B, H, Q_LEN, E] or packed with --cu-seqlens-q alone; forward
  * only.
  *
@@ -30,15 +30,15 @@
  * ignore it.
  *
  * --dropout P (in [0, 1)) drops attention weights by the Philox bits of
- * --seed S at --offset O (unsigned 64-bit integers; DSL.md "Dropout"); the
+ * --seed S at --offset O (unsigned 64-bit integers; docs/language.md "Dropout"); the
  * backward uses the same three.
  *
  * --repeat N makes each call N times, each waited for, and prints the
  * median times (a benchmark of any backend without a program of one's
- * own); --threads N sizes the cpu backend's pool and the emulator's
- * workers (FLEXC_THREADS, FLEXC_EMU_THREADS, set before the first call).
+ * own); --threads N sizes the one thread pool of the cpu backend, the
+ * BlockMask builder and the emulator (FLEXC_THREADS, set before the first call).
  *
- * --deterministic asks for a deterministic backward (DSL.md
+ * --deterministic asks for a deterministic backward (docs/language.md
  * "Determinism"): dq, dk, dv and d_NAME bitwise the same on every run; a
  * forward-only run ignores it.
  *
@@ -480,7 +480,6 @@ int cli_run(int argc, char **argv) {
     char n[16];
     snprintf(n, sizeof n, "%d", o.threads);
     setenv("FLEXC_THREADS", n, 1);
-    setenv("FLEXC_EMU_THREADS", n, 1);
   }
   /* Without the backend nothing else is worth doing: say so first. */
   if (!flex_backend_available(o.backend)) {

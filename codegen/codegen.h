@@ -5,6 +5,8 @@
  *   kernel.c  cg_options_init(), cg_emit_cuda(): tiles, template
  *             instantiation, the extern "C" entries; cg_launch_*(): grid,
  *             block and dynamic shared memory of each entry
+ *   plan.c    cg_plan(): every kernel choice of one call, from its shape
+ *             and the device's capabilities
  *
  * The generated source includes the embedded templates by name
  * (kernels/NAME.cuh); every entry takes one FlexParams (kernels/params.cuh).
@@ -47,6 +49,7 @@ typedef struct CgOptions {
   CgArch arch;         /* target */
   CgMaskMode mask_mode; /* block walk and mask evaluation */
   bool has_mask;       /* the kernel has a mask function */
+  bool has_sink;       /* the kernel has a sink function: FLEX_SINK defined (flex_sink, flex_sink_grad) */
   bool mask_builder;   /* also emit the BlockMask builder entries (kernels/flex_blockmask.cuh) */
   bool sorted_check;   /* some buffer is `sorted`: also emit flex_sorted_check (kernels/flex_sorted.cuh) */
   bool backward;       /* emit the backward entries (needs m->joint) */
@@ -60,6 +63,8 @@ typedef struct CgOptions {
                           kernels are exactly the unpaged ones */
   bool out_f32;        /* O is fp32 whatever the input dtype: flex_fwd writes it, flex_bwd_pre reads it */
   bool dropout;        /* dropout on (p > 0): FLEX_DROPOUT defined, the kernels draw Philox bits */
+  bool offsets;        /* position offsets (a shard): FLEX_OFFSETS defined, the functions, their
+                          classifier and dropout see q + p.q_off, kv + p.kv_off */
   bool kv_split;       /* a split-KV forward (FlexParams.kv_splits > 1): FLEX_KV_SPLIT defined,
                           flex_fwd writes partials per key chunk (docs/decoding.md) */
   bool pack_gqa;       /* forward only: grouped-query packing, the rows of a kernel head are the
@@ -185,6 +190,52 @@ bool cg_mask_blocks_ok(const CgOptions *o, int block_q, int block_kv);
  * backward's warps follow) until they divide a caller's BlockMask blocks
  * of block_kv keys (64, say). */
 void cg_fit_mask_blocks(CgOptions *o, int block_kv);
+
+/* ---- planning one call (plan.c) ------------------------------------------- */
+
+/* What a backend's device can do, as it states it when a call opens. */
+typedef struct CgDevice {
+  CgArch arch;        /* the generated kernels' target (unused by a host backend) */
+  bool host;          /* runs loops of its own (cpu), not the generated kernels: its tiles
+                         are host_fwd / host_bwd, and it never packs or splits */
+  CgTiles host_fwd, host_bwd; /* a host backend's block granularity: the BlockMasks it
+                         accepts (multiples of these) and builds (cg_mask_blocks) */
+  bool tensor_maps;   /* it builds the sm_90a bodies' tensor maps for this call */
+  int sms;            /* multiprocessors split-KV fills (0: unknown, CG_SPLIT_DEFAULT_SMS) */
+} CgDevice;
+
+/* The SM count split-KV assumes when the device does not say (the
+ * emulator: an A100's 108, its default arch being sm_80). */
+#define CG_SPLIT_DEFAULT_SMS 108
+/* The most key chunks the heuristic picks (a forced count is clamped only
+ * to the key tiles). */
+#define CG_SPLIT_MAX 64
+/* The longest Q_LEN a forward packs the query heads of a group for. */
+#define CG_PACK_MAX_Q_LEN 16
+
+/* What the plan needs to know of one call. */
+typedef struct CgShape {
+  CgDtype dtype;          /* what the kernels read (float64 inputs: fp32) */
+  int B, H, HKV, QL, KL, E, EV;
+  bool backward;
+  bool dropout;           /* dropout_p > 0 */
+  bool paged;             /* K/V through a page table */
+  bool deterministic;     /* a deterministic backward asked for */
+  bool tma_ok;            /* q, k, v (and dout) can be TMA-loaded (16-bit, aligned rows) */
+  bool out_f32;           /* O is kept in fp32 (another dtype than the kernels', or recomputed) */
+  int mask_block_q, mask_block_kv; /* a caller's BlockMask's blocks (0: none) */
+  int kv_splits;          /* flex_args.kv_splits: 0 automatic, 1 never, N chunks */
+  bool pack_ok;           /* a group's rows are evenly spaced in q, out and lse */
+  bool offsets;           /* position offsets (flex_args.q_offset, kv_offset nonzero) */
+} CgShape;
+
+/* Fill `o` for call `s` of module `m` on device `d`: tiles (re-picked for
+ * dropout, paging, TMA and a caller's blocks), the sm_90a bodies, the mask
+ * mode and builder, grouped-query packing and the forward's key chunks
+ * (*splits; 1: whole). False with a message in err when the device cannot
+ * run the call. */
+bool cg_plan(CgOptions *o, int *splits, const IrModule *m, const CgShape *s, const CgDevice *d,
+             char *err, size_t errlen);
 
 /* Names and limits of the architectures. */
 const char *cg_arch_name(CgArch a);       /* "sm_80", ... */

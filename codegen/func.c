@@ -288,9 +288,10 @@ static void put_preamble(Buf *out, const IrModule *m, const IrFunc *f, bool chec
  * `exact`: a deterministic backward's joint, which adds buffer gradients
  * into exact accumulators. */
 static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind kind, bool checked,
-                     const char *pre, bool exact) {
+                     const char *pre, bool exact, bool offsets) {
   static const char *const what[] = {[IRF_SCORE] = "score", [IRF_MASK] = "mask",
-                                     [IRF_JOINT] = "joint (ds from dt)"};
+                                     [IRF_JOINT] = "joint (ds from dt)", [IRF_SINK] = "sink",
+                                     [IRF_SINK_GRAD] = "sink gradient (into grad buffers)"};
   if (f) buf_printf(out, "/* %s %s of kernel %s */\n", what[kind], f->name ? f->name : "", m->kernel);
   else buf_printf(out, "/* %s: none in kernel %s */\n", what[kind], m->kernel);
   switch (kind) {
@@ -308,12 +309,25 @@ static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind ki
     buf_puts(out, "__device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b, "
                   "int h, int q, int kv, float dt, bool flex_accum = true) {\n");
     break;
+  case IRF_SINK:
+    buf_printf(out, "__device__ __forceinline__ float %ssink(const FlexParams &p, int b, int h, "
+                    "int q) {\n", pre);
+    break;
+  case IRF_SINK_GRAD:
+    /* dt: the sink logit's gradient, -Ps * D; returns nothing of use */
+    buf_printf(out, "__device__ __forceinline__ float %ssink_grad(const FlexParams &p, int b, int h, "
+                    "int q, float dt, bool flex_accum = true) {\n", pre);
+    break;
   }
   if (!f) {
     buf_printf(out, "  return %s;\n}\n\n",
-               kind == IRF_MASK ? "true" : kind == IRF_SCORE ? "s" : "dt");
+               kind == IRF_MASK ? "true" : kind == IRF_SCORE ? "s" : kind == IRF_SINK ? "-INFINITY" :
+               kind == IRF_SINK_GRAD ? "0.0f" : "dt");
     return;
   }
+  if (offsets) /* a shard: the whole sequence's positions (docs/language.md "Position offsets") */
+    buf_puts(out, kind == IRF_SINK || kind == IRF_SINK_GRAD ? "  q += p.q_off;\n"
+                                                            : "  q += p.q_off, kv += p.kv_off;\n");
   put_preamble(out, m, f, checked, exact);
   for (int i = 0; i < f->n; i++) put_inst(out, m, f, i, checked, exact);
   buf_puts(out, "  return ");
@@ -449,7 +463,7 @@ static void put_iv_inst(Buf *out, const IrModule *m, const IrFunc *f, int i) {
 /* flex_mask_block(): the mask over a block of (b, h, q, kv) (inclusive
  * bounds) with the interval rules of kernels/interval.cuh; returns
  * FLEX_BLOCK_EMPTY, _FULL or _PARTIAL, soundly (PARTIAL when unsure). */
-static void put_classifier(Buf *out, const IrModule *m, const char *pre) {
+static void put_classifier(Buf *out, const IrModule *m, const char *pre, bool offsets) {
   const IrFunc *f = m->mask;
   buf_printf(out, "/* block classifier of the mask of kernel %s (interval analysis) */\n"
                   "__device__ __forceinline__ int %smask_block(const FlexParams &p, int flex_b0, "
@@ -463,6 +477,8 @@ static void put_classifier(Buf *out, const IrModule *m, const char *pre) {
   live[f->ret] = true;
   for (int i = f->ret; i >= 0; i--)
     for (int k = 0; live[i] && k < f->inst[i].nargs; k++) live[f->inst[i].args[k]] = true;
+  if (offsets) /* a shard: the whole sequence's positions */
+    buf_puts(out, "  flex_q0 += p.q_off, flex_q1 += p.q_off, flex_kv0 += p.kv_off, flex_kv1 += p.kv_off;\n");
   put_preamble(out, m, f, false, false);
   for (int i = 0; i <= f->ret; i++)
     if (live[i]) put_iv_inst(out, m, f, i);
@@ -477,7 +493,7 @@ static void put_classifier(Buf *out, const IrModule *m, const char *pre) {
  * wrappers hand the user's functions the real head and query; the
  * classifier gets the heads its rows span, and their whole query range
  * unless the rows lie in one head. */
-static void put_pack_wrappers(Buf *out, bool has_mask) {
+static void put_pack_wrappers(Buf *out, bool has_mask, bool has_sink) {
   buf_puts(out,
            "/* grouped-query packing: kernel row q of kv head h is query q % Q_LEN of head\n"
            " * h * G + q / Q_LEN (p.pack_g = G, p.pack_q_len = Q_LEN) */\n"
@@ -488,6 +504,11 @@ static void put_pack_wrappers(Buf *out, bool has_mask) {
            "__device__ __forceinline__ bool flex_mask(const FlexParams &p, int b, int h, int q, int kv) {\n"
            "  return flex_user_mask(p, b, h * p.pack_g + q / p.pack_q_len, q % p.pack_q_len, kv);\n"
            "}\n\n");
+  if (has_sink)
+    buf_puts(out,
+             "__device__ __forceinline__ float flex_sink(const FlexParams &p, int b, int h, int q) {\n"
+             "  return flex_user_sink(p, b, h * p.pack_g + q / p.pack_q_len, q % p.pack_q_len);\n"
+             "}\n\n");
   if (!has_mask) return;
   buf_puts(out,
            "__device__ __forceinline__ int flex_mask_block(const FlexParams &p, int b0, int b1, int h0, "
@@ -500,10 +521,17 @@ static void put_pack_wrappers(Buf *out, bool has_mask) {
 
 void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o) {
   const char *pre = o->pack_gqa ? "flex_user_" : "flex_";
-  put_func(out, m, o->score_identity ? NULL : m->score, IRF_SCORE, o->check_bounds, pre, false);
-  put_func(out, m, m->mask, IRF_MASK, o->check_bounds, pre, false);
+  put_func(out, m, o->score_identity ? NULL : m->score, IRF_SCORE, o->check_bounds, pre, false,
+           o->offsets);
+  put_func(out, m, m->mask, IRF_MASK, o->check_bounds, pre, false, o->offsets);
   put_func(out, m, o->backward && !o->ds_is_dt ? m->joint : NULL, IRF_JOINT, o->check_bounds,
-           "flex_", o->deterministic);
-  if (o->has_mask) put_classifier(out, m, pre);
-  if (o->pack_gqa) put_pack_wrappers(out, o->has_mask);
+           "flex_", o->deterministic, o->offsets);
+  if (m->sink) {
+    put_func(out, m, m->sink, IRF_SINK, o->check_bounds, pre, false, o->offsets);
+    if (o->backward)
+      put_func(out, m, m->sink_grad, IRF_SINK_GRAD, o->check_bounds, "flex_", o->deterministic,
+               o->offsets);
+  }
+  if (o->has_mask) put_classifier(out, m, pre, o->offsets);
+  if (o->pack_gqa) put_pack_wrappers(out, o->has_mask, m->sink != NULL);
 }

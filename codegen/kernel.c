@@ -318,6 +318,7 @@ bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int 
   o->head_dim_v_pad = round_up(EV, 16);
   o->arch = arch;
   o->has_mask = m->mask != NULL;
+  o->has_sink = m->sink != NULL;
   /* A mask the analysis decides needs no BlockMask: the walk classifies
    * its tiles. The runtime switches undecidable masks to built lists. */
   o->mask_mode = !o->has_mask ? CG_MASK_NONE
@@ -336,8 +337,8 @@ bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int 
 
 bool cg_options_retile(CgOptions *o, char *err, size_t errlen) {
   pick_tiles(o);
-  const char *tiles = getenv("FLEXC_TILES");
-  if (tiles && *tiles && !cg_tiles_apply(o, tiles, err, errlen)) return false;
+  const char *tiles = base_config()->tiles;
+  if (*tiles && !cg_tiles_apply(o, tiles, err, errlen)) return false;
   CgArch arch = o->arch;
   int E = o->head_dim, EV = o->head_dim_v;
   if (smem_fwd(o) > cg_arch_smem_limit(arch) || smem_bwd(o) > cg_arch_smem_limit(arch)) {
@@ -384,8 +385,8 @@ enum { FLEX_DET_CTAS = 264 };
 int cg_bwd_splits(const CgOptions *o, int B, int HKV, int kv_len) {
   int tiles = (int)cdiv(kv_len, o->bwd.block_n), bh = B * HKV > 0 ? B * HKV : 1;
   int want = (FLEX_DET_CTAS + bh - 1) / bh;
-  const char *env = getenv("FLEXC_BWD_SPLITS");
-  if (env && atoi(env) > 0) want = atoi(env);
+  long env = base_config()->bwd_splits;
+  if (env > 0 && env < INT32_MAX) want = (int)env;
   return want < tiles ? want : tiles;
 }
 
@@ -550,6 +551,8 @@ void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o) {
   if (o->dropout) buf_puts(out, "#define FLEX_DROPOUT 1\n");
   if (o->kv_split && !o->backward) buf_puts(out, "#define FLEX_KV_SPLIT 1\n");
   if (o->deterministic && o->backward) buf_puts(out, "#define FLEX_DETERMINISTIC 1\n");
+  if (o->has_sink) buf_puts(out, "#define FLEX_SINK 1\n");
+  if (o->offsets) buf_puts(out, "#define FLEX_OFFSETS 1\n");
   buf_puts(out, "#include \"common.cuh\"\n");
   if (o->has_mask) buf_puts(out, "#include \"interval.cuh\"\n");
   if (o->mask_mode == CG_MASK_IMPLICIT)

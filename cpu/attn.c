@@ -22,12 +22,12 @@
  * it, and key tile kt adds its ds K when the count is kt (wait_turn); its
  * buffer gradients go into exact accumulators (kernels/exact.cuh).
  *
- * Dropout (DSL.md; p->drop_p > 0): the keep bits of kernels/philox.cuh,
+ * Dropout (docs/language.md; p->drop_p > 0): the keep bits of kernels/philox.cuh,
  * as on every backend. The forward zeroes dropped P after the row sums and
  * before P V, and scales O by 1 / (1 - p); the backward multiplies P by
  * M = keep / (1 - p) for dV and dP by M.
  *
- * Non-finite values follow DSL.md: a NaN in a row makes LSE and O NaN, a
+ * Non-finite values follow docs/language.md: a NaN in a row makes LSE and O NaN, a
  * +inf makes LSE +inf and O NaN, a fully masked row gives O = 0 and
  * LSE = -inf, and elements with P = 0 contribute nothing to gradients.
  */
@@ -65,7 +65,7 @@ static inline int imin(int a, int b) { return a < b ? a : b; }
 /* Class of the tile at (q0, kv0) of (b, h). */
 static inline int tile_cls(const CpuAttn *a, int b, int h, int q0, int kv0) {
   const CpuWalk *w = &a->walk;
-  if (!w->cls) return CPU_FULL;
+  if (!w->cls) return FLEX_BLOCK_FULL;
   int bb = w->Bm == 1 ? 0 : b, hh = w->Hm == 1 ? 0 : h;
   size_t row = ((size_t)bb * (size_t)w->Hm + (size_t)hh) * (size_t)w->nq + (size_t)(q0 / w->block_q);
   return w->cls[row * (size_t)w->nkv + (size_t)(kv0 / w->block_kv)];
@@ -74,7 +74,7 @@ static inline int tile_cls(const CpuAttn *a, int b, int h, int q0, int kv0) {
 /* t over an m x n tile of S: score on full tiles, score + mask on partial ones. */
 static void scores(const CpuAttn *a, float *S, int64_t ld, int m, int n, int b, int h, int q0,
                    int kv0, int cls) {
-  if (cls == CPU_PARTIAL && a->mod->score_mask)
+  if (cls == FLEX_BLOCK_PARTIAL && a->mod->score_mask)
     a->mod->score_mask(S, ld, m, n, b, h, q0, kv0, a->p);
   else if (a->mod->score)
     a->mod->score(S, ld, m, n, b, h, q0, kv0, a->p);
@@ -153,17 +153,18 @@ static void pack_kv_bf16(void *ctx, int64_t item, int worker) {
 }
 
 /* Dropout on keys kv0 .. kv0 + n - 1 of row qi of (b, h) (b as the call
- * indexes it; the bits see b + b0): x[j] zeroed where dropped, or with
+ * indexes it; the bits see b + b0 and a shard's positions, qi + q_off and
+ * kv + kv_off): x[j] zeroed where dropped, or with
  * `mult`, set to M = keep / (1 - p); xb instead of x (not NULL): a bf16
  * row, zeroed where dropped. One Philox call per four keys. */
 static void drop_row(const FlexParams *p, int b, int h, int qi, int kv0, int n, float *x,
                      uint16_t *xb, bool mult) {
   uint32_t bh = (uint32_t)((b + p->b0) * p->H + h), w[4] = {0, 0, 0, 0};
   for (int j = 0; j < n; j++) {
-    uint32_t kj = (uint32_t)(kv0 + j);
+    uint32_t kj = (uint32_t)(kv0 + p->kv_off + j);
     if (j == 0 || (kj & 3) == 0)
-      flex_dropout_words(w, p->drop_seed[0], p->drop_seed[1], p->drop_ctr3, bh, (uint32_t)qi,
-                         kj >> 2);
+      flex_dropout_words(w, p->drop_seed[0], p->drop_seed[1], p->drop_ctr3, bh,
+                         (uint32_t)(qi + p->q_off), kj >> 2);
     bool keep = flex_dropout_keep(w[kj & 3], p->drop_p);
     if (xb) {
       if (!keep) xb[j] = 0;
@@ -236,7 +237,7 @@ static void fwd_tile(const CpuAttn *a, FwdTile *t, int64_t local, int b, int h, 
     for (int i = 0; i < m; i++)
       drop_row(p, b, h, t->q0 + i, kv0, n, S + (size_t)i * bnp, a->bf16 ? Pb + (size_t)i * bnp : NULL,
                false);
-  if (a->bf16) { /* P in bf16, as FlashAttention rounds it before P V (l summed the fp32 P) */
+  if (a->bf16) { /* P in bf16, as FlashAttention rounds it before P V (l sums the rounded P) */
     const uint32_t *vpb = (const uint32_t *)a->vp + local * ((p->kv_len + 1) / 2) * EVp;
     K->gemm_bf16(m, EVp, n2 / 2, (const uint32_t *)Pb, bnp / 2, vpb + (int64_t)(kv0 / 2) * EVp, EVp,
                  O, EVp, 1.0f, true);
@@ -246,18 +247,29 @@ static void fwd_tile(const CpuAttn *a, FwdTile *t, int64_t local, int b, int h, 
   }
 }
 
-/* O = O / l and the LSE, stored. */
-static void fwd_end(const CpuAttn *a, const FwdTile *t, int b, int h) {
+/* O = O / l and the LSE, stored. A sink (docs/language.md "Attention sinks") is one
+ * more term of each row's sum, folded in here once: the keys' O scaled down
+ * by it, a fully masked row O = 0 and LSE = sk, a NaN or +inf sink makes LSE
+ * that and O NaN. */
+static void fwd_end(const CpuAttn *a, const FwdTile *t, int b, int h, float *sk) {
   const FlexParams *p = a->p;
+  if (sk) a->mod->sink(sk, 1, t->m, 1, b, h, t->q0, 0, p);
   for (int i = 0; i < t->m; i++) {
-    float *o = t->O + (size_t)i * a->EVp, lse, mi = t->mrow[i];
-    if (mi == -INFINITY) { /* fully masked row */
-      memset(o, 0, sizeof(float) * (size_t)a->EV);
-      lse = -INFINITY;
-    } else {
-      lse = mi == INFINITY ? INFINITY : mi + logf(t->lrow[i]);
+    float *o = t->O + (size_t)i * a->EVp, lse, mi = t->mrow[i], corr = 1.0f, l = t->lrow[i];
+    const float s = sk ? sk[i] : -INFINITY;
+    if (mi == -INFINITY) memset(o, 0, sizeof(float) * (size_t)a->EV); /* fully masked row */
+    if (!(s < INFINITY)) { /* a NaN or +inf sink */
+      for (int e = 0; e < a->EV; e++) o[e] = NAN;
+      mi = s, l = 1.0f;
+    } else if (s > -INFINITY && mi == mi && mi < INFINITY) {
+      const float top = mi > s ? mi : s;
+      corr = mi == -INFINITY ? 0.0f : expf(mi - top);
+      l = l * corr + expf(s - top);
+      mi = top;
     }
-    float inv = mi == -INFINITY ? 1.0f : 1.0f / t->lrow[i];
+    if (mi == -INFINITY) lse = -INFINITY;
+    else lse = mi == INFINITY || mi != mi ? mi : mi + logf(l);
+    float inv = mi == -INFINITY ? 1.0f : corr / l;
     if (p->drop_p > 0.0f) inv *= p->drop_scale;
     store_row(p->out, b * p->so.b + h * p->so.h + (int64_t)(t->q0 + i) * p->so.row, o, a->EV, inv,
               a->out_dtype);
@@ -307,11 +319,13 @@ static void fwd_item(void *ctx, int64_t item, int worker) {
     for (int i = 0; i < nt; i++)
       for (int kt = c0; kt < a->nkt && kt < c0 + a->kvchunk; kt++) {
         int kv0 = kt * a->bn, cls = tile_cls(a, b, h, t[i].q0, kv0);
-        if (cls == CPU_EMPTY) continue;
+        if (cls == FLEX_BLOCK_EMPTY) continue;
         tiles++;
         fwd_tile(a, &t[i], local, b, h, kv0, cls, S, Pb);
       }
-  for (int i = 0; i < nt; i++) fwd_end(a, &t[i], b, h);
+  /* a shard carries the sink when its keys begin the sequence (kv_off 0) */
+  float *sk = a->mod->sink && p->kv_off == 0 ? S : NULL; /* S is free now */
+  for (int i = 0; i < nt; i++) fwd_end(a, &t[i], b, h, sk);
   atomic_fetch_add(&a->tiles, tiles);
 }
 
@@ -325,8 +339,7 @@ void cpu_attn_fwd(CpuAttn *a) {
   int64_t ktw = (a->bf16 ? (a->E + 1) / 2 : a->E) * a->ldk;
   int64_t vpw = (a->bf16 ? (p->kv_len + 1) / 2 : p->kv_len) * (int64_t)a->EVp;
   int64_t per = (ktw + vpw) * (int64_t)sizeof(float);
-  const char *env = getenv("FLEXC_CPU_PACK_MB");
-  int64_t budget = (env && *env ? strtol(env, NULL, 10) : 64) << 20;
+  int64_t budget = (int64_t)(base_config()->cpu_pack_mb ? base_config()->cpu_pack_mb : 64) << 20;
   int64_t chunk = budget / (per ? per : 1);
   if (chunk < 1) chunk = 1;
   if (chunk > kvheads) chunk = kvheads;
@@ -337,8 +350,8 @@ void cpu_attn_fwd(CpuAttn *a) {
   a->vp = base_realloc(NULL, sizeof(float) * (size_t)(chunk * vpw) + 64);
   for (a->chunk0 = 0; a->chunk0 < kvheads; a->chunk0 += chunk) {
     int64_t n = kvheads - a->chunk0 < chunk ? kvheads - a->chunk0 : chunk;
-    cpu_pool_run(n, a->bf16 ? pack_kv_bf16 : pack_kv, a);
-    cpu_pool_run(n * p->G * ((a->nqt + a->qgroup - 1) / a->qgroup), fwd_item, a);
+    base_pool_run(n, a->bf16 ? pack_kv_bf16 : pack_kv, a);
+    base_pool_run(n * p->G * ((a->nqt + a->qgroup - 1) / a->qgroup), fwd_item, a);
   }
   base_free(a->kt);
   base_free(a->vp);
@@ -346,6 +359,24 @@ void cpu_attn_fwd(CpuAttn *a) {
 }
 
 /* ---- backward ----------------------------------------------------------------------- */
+
+/* The sink's gradient, dsk = -Ps D with Ps = exp(sk - LSE), once per row
+ * where Ps is not 0, added into the buffer gradients in row order on the
+ * calling thread (p->grad_exact's accumulators for a deterministic
+ * backward, else p->buf_grad): a cheap pass, and the same order always. */
+static void sink_grads(const CpuAttn *a) {
+  const FlexParams *p = a->p;
+  float *const *acc = a->deterministic ? (float *const *)p->grad_exact : p->buf_grad;
+  for (int b = 0; b < p->B; b++)
+    for (int h = 0; h < p->H; h++)
+      for (int i = 0; i < p->q_len; i++) {
+        float sk, lse = p->lse[b * p->lse_b + h * p->lse_h + i];
+        a->mod->sink(&sk, 1, 1, 1, b, h, i, 0, p);
+        const float ps = sk != -INFINITY ? expf(sk - lse) : 0.0f; /* -inf: no sink */
+        float dt = -ps * p->delta[((int64_t)b * p->H + h) * p->q_len + i];
+        if (ps != 0.0f) a->mod->sink_grad(&dt, 1, 1, 1, b, h, i, 0, p, acc);
+      }
+}
 
 /* D = rowsum(dO * O) - dLSE and a zeroed dq_acc, for rows of (b, h) item. */
 static void pre_item(void *ctx, int64_t item, int worker) {
@@ -366,7 +397,10 @@ static void pre_item(void *ctx, int64_t item, int worker) {
   }
 }
 
-void cpu_attn_bwd_pre(CpuAttn *a) { cpu_pool_run((int64_t)a->p->B * a->p->H, pre_item, a); }
+void cpu_attn_bwd_pre(CpuAttn *a) {
+  base_pool_run((int64_t)a->p->B * a->p->H, pre_item, a);
+  if (a->mod->sink_grad && a->p->kv_off == 0) sink_grads(a); /* the shard that carries the sink */
+}
 
 /* dq = scale * dq_acc in the input dtype, rows of (b, h) item. */
 static void dq_item(void *ctx, int64_t item, int worker) {
@@ -381,7 +415,7 @@ static void dq_item(void *ctx, int64_t item, int worker) {
   }
 }
 
-void cpu_attn_bwd_dq(CpuAttn *a) { cpu_pool_run((int64_t)a->p->B * a->p->H, dq_item, a); }
+void cpu_attn_bwd_dq(CpuAttn *a) { base_pool_run((int64_t)a->p->B * a->p->H, dq_item, a); }
 
 /* Scratch of one backward worker, carved out of its slice. */
 typedef struct BwdScratch {
@@ -524,7 +558,7 @@ static void bwd_item(void *ctx, int64_t item, int worker) {
        * the key tile before it, and pass the tiles they skip. */
       int qt = a->deterministic ? k : (k + kt) % a->nqt;
       int q0 = qt * a->bm, cls = tile_cls(a, b, h, q0, kv0);
-      if (cls == CPU_EMPTY) {
+      if (cls == FLEX_BLOCK_EMPTY) {
         if (a->deterministic) {
           _Atomic int *t = &a->locks[((int64_t)b * p->H + h) * a->nqt + qt];
           wait_turn(t, kt);
@@ -549,7 +583,7 @@ void cpu_attn_bwd(CpuAttn *a) {
   const FlexParams *p = a->p;
   size_t nlocks = (size_t)p->B * (size_t)p->H * (size_t)a->nqt;
   a->locks = base_alloc(sizeof(_Atomic int) * nlocks + sizeof(_Atomic int));
-  cpu_pool_run((int64_t)p->B * p->HKV * a->nkt, bwd_item, a);
+  base_pool_run((int64_t)p->B * p->HKV * a->nkt, bwd_item, a);
   base_free((void *)a->locks);
   a->locks = NULL;
 }

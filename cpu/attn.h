@@ -7,9 +7,7 @@
 
 #include "codegen/codegen.h"
 #include "cpu/cpu.h"
-
-/* Tile classes, numbered as the BlockMask builder's class bytes. */
-enum { CPU_EMPTY = 0, CPU_FULL = 1, CPU_PARTIAL = 2 };
+#include "kernels/interval.cuh" /* FlexBlockClass: the walk's class bytes */
 
 /* The most query tiles one forward item runs together (CpuAttn.qgroup). */
 enum { CPU_FWD_QGROUP_MAX = 8 };

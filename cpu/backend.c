@@ -5,24 +5,28 @@
  * launch runs this folder's C code for each entry over the FlexParams the
  * run sequence filled, ignoring the CUDA geometry:
  *
- *   MASK_BUILD  a class byte per block: the host interval analysis over the
- *               block (with the buffers' real values), then the JIT mask
- *               over the block's elements where the analysis is unsure
+ *   MASK_BUILD  a class byte per block by the one host classifier
+ *               (rt_classify_blocks: the interval analysis with the
+ *               buffers' real values, then the JIT mask over the elements
+ *               of the blocks it leaves open)
  *   MASK_LISTS  the eight PyTorch-layout lists from the classes
+ *               (kernels/blocklist.cuh)
  *   FWD, BWD_PRE, BWD, BWD_DQ   attn.c
  *
  * The forward and backward walks take the call's block lists when it has
  * them; otherwise a kernel with a mask classifies its own tiles on the
- * host with ir_interval_mask (the IMPLICIT mode, for any mask: what the
- * analysis cannot decide stays partial and is masked per element).
+ * host with rt_classify_blocks, the analysis alone (the IMPLICIT mode, for
+ * any mask: what it cannot decide stays partial and is masked per element).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu/attn.h"
+#include "kernels/blocklist.cuh"
 #include "kernels/exact.cuh"
 #include "ir/interval.h"
 #include "runtime/backend.h"
+#include "runtime/blockmask.h"
 #include "runtime/launch.h"
 
 /* Tiles when the call has no block lists: 128 keys amortise the online
@@ -33,32 +37,22 @@
  * 0.57-0.59 with 64 (bench/RESULTS.md). */
 enum { FWD_BM = 64, FWD_BN = 128, BWD_BM = 64, BWD_BN = 64 };
 
+/* The cpu backend runs its own loops (attn.c), which take blocks of any
+ * size (tiles are cut to divide them); the granularity it states decides
+ * what the plan accepts and builds: BlockMasks built for it have 64 x 64
+ * blocks, a caller's needs multiples of 16 for a forward and of 64 for a
+ * backward. The tensors' place is checked by validation (host memory). */
 static flex_status cpu_open(RtRun *r) {
-  r->arch = CG_SM80;
-  if (!r->c) return FLEX_OK; /* outside a call: nothing to check */
-  const flex_args *a = r->c->args;
-  const DLTensor *t[] = {a->q, a->k, a->v};
-  for (int i = 0; i < 3; i++)
-    if (t[i] && t[i]->device.device_type != kDLCPU && t[i]->device.device_type != kDLCUDAHost)
-      return rt_err(FLEX_ERR_INVALID, "the cpu backend needs host tensors; %s is on device type %d",
-                    i == 0 ? "q" : i == 1 ? "k" : "v", (int)t[i]->device.device_type);
+  r->dev = (CgDevice){.host = true, .host_fwd = {16, 16, 1}, .host_bwd = {64, 64, 1}};
   return FLEX_OK;
-}
-
-/* The walks take blocks of any size (tiles are cut to divide them); these
- * shapes only decide what the plan accepts and builds: BlockMasks built for
- * this backend have 64 x 64 blocks (cg_mask_blocks: the larger of the two),
- * a caller's needs multiples of 16 for a forward and of 64 for a backward. */
-static void cpu_configure(RtRun *r) {
-  r->opts.fwd = (CgTiles){16, 16, 1};
-  r->opts.bwd = (CgTiles){64, 64, 1};
 }
 
 static flex_status cpu_prepare(RtRun *r) {
   CpuJitOpts o = {.joint = r->opts.backward && !r->opts.ds_is_dt,
                   .identity = r->opts.score_identity,
                   .check_bounds = r->opts.check_bounds,
-                  .exact = r->opts.backward && r->opts.deterministic && r->opts.grad_buffers};
+                  .exact = r->opts.backward && r->opts.deterministic && r->opts.grad_buffers,
+                  .sink_grad = r->opts.backward};
   const CpuModule *m = NULL;
   flex_status st = cpu_jit_get(r->c->mod, &o, &m);
   if (!st) r->module = (void *)m;
@@ -118,39 +112,14 @@ static void walk_from_lists(CpuWalk *w, const FlexParams *p) {
           int n = x->num[b * x->num_b + h * x->num_h + i * x->num_r];
           const int32_t *idx = x->idx + b * x->idx_b + h * x->idx_h + i * x->idx_r;
           for (int k = 0; k < n && k < w->nkv; k++)
-            if (idx[k] >= 0 && idx[k] < w->nkv) row[idx[k]] = s ? CPU_FULL : CPU_PARTIAL;
+            if (idx[k] >= 0 && idx[k] < w->nkv) row[idx[k]] = s ? FLEX_BLOCK_FULL : FLEX_BLOCK_PARTIAL;
         }
       }
 }
 
-/* Work of the implicit classification: one (bb, hh, query tile) per item. */
-typedef struct Classify {
-  const RtRun *r;     /* the call */
-  CpuWalk *w;         /* the walk being filled */
-  int B, H;           /* the call's extents (ranges for broadcast dims) */
-  int q_len, kv_len;  /* lengths */
-} Classify;
-
-static void classify_row(void *ctx, int64_t item, int worker) {
-  Classify *c = ctx;
-  CpuWalk *w = c->w;
-  (void)worker;
-  int i = (int)(item % w->nq), hh = (int)(item / w->nq % w->Hm), bb = (int)(item / w->nq / w->Hm);
-  int b0 = w->Bm == 1 ? 0 : bb, b1 = w->Bm == 1 ? c->B - 1 : bb;
-  int h0 = w->Hm == 1 ? 0 : hh, h1 = w->Hm == 1 ? c->H - 1 : hh;
-  int q0 = i * w->block_q, q1 = (q0 + w->block_q < c->q_len ? q0 + w->block_q : c->q_len) - 1;
-  IrIntervalEnv env = {c->r->c->params, c->r->c->sizes, c->r->c->bufs};
-  uint8_t *row = w->cls + (((size_t)bb * w->Hm + hh) * w->nq + i) * w->nkv;
-  for (int j = 0; j < w->nkv; j++) {
-    int k0 = j * w->block_kv, k1 = (k0 + w->block_kv < c->kv_len ? k0 + w->block_kv : c->kv_len) - 1;
-    const int sb = c->r->c->b0; /* a packed call's sequence offset */
-    FlexBlockClass t = ir_interval_mask(c->r->c->mod, &env, b0 + sb, b1 + sb, h0, h1, q0, q1, k0, k1);
-    row[j] = t == FLEX_BLOCK_EMPTY ? CPU_EMPTY : t == FLEX_BLOCK_FULL ? CPU_FULL : CPU_PARTIAL;
-  }
-}
-
 /* The walk of an entry: lists when the call has them, else implicit
- * classification of bm x bn tiles when there is a mask, else none. */
+ * classification of bm x bn tiles by the analysis when there is a mask
+ * (what it cannot decide stays partial), else none. */
 static void walk_init(const RtRun *r, const FlexParams *p, CpuWalk *w, int bm, int bn) {
   memset(w, 0, sizeof *w);
   if (p->kv_list.num) {
@@ -164,68 +133,53 @@ static void walk_init(const RtRun *r, const FlexParams *p, CpuWalk *w, int bm, i
   w->Bm = ir_interval_uses_arg(m, ARG_B) ? p->B : 1;
   w->Hm = ir_interval_uses_arg(m, ARG_H) ? p->H : 1;
   w->cls = base_alloc((size_t)w->Bm * w->Hm * w->nq * w->nkv + 1);
-  Classify c = {r, w, p->B, p->H, p->q_len, p->kv_len};
-  cpu_pool_run((int64_t)w->Bm * w->Hm * w->nq, classify_row, &c);
+  const RtBlockGrid g = {w->Bm, w->Hm, p->q_len, p->kv_len, bm, bn, w->nq, w->nkv, r->c->b0,
+                         p->q_off, p->kv_off};
+  IrIntervalEnv env = {r->c->params, r->c->sizes, r->c->bufs};
+  flex_status st = rt_classify_blocks(&g, m, &env, true, NULL, w->cls, NULL);
+  CHECK(st == FLEX_OK); /* the analysis alone never fails */
 }
 
 /* ---- the BlockMask builder ---------------------------------------------------------- */
 
-/* Class bytes of one (b, h, query block) row of the mask's blocks. */
-static void build_row(void *ctx, int64_t item, int worker) {
-  const RtRun *r = ((void **)ctx)[0];
-  const FlexParams *p = ((void **)ctx)[1];
-  uint8_t *keep = (uint8_t *)((void **)ctx)[2] + (size_t)worker * p->block_q * p->block_kv;
+/* The JIT-compiled mask over one block's elements, into this worker's
+ * keep bytes. */
+typedef struct JitEval {
+  const CpuModule *mod;
+  const FlexParams *p;
+  uint8_t *keep; /* block_q x block_kv bytes per worker */
+} JitEval;
+
+static int jit_block(void *ctx, int worker, const RtRect *r, char *err, size_t cap) {
+  (void)err, (void)cap;
+  const JitEval *j = ctx;
+  const int m = r->q1 - r->q0 + 1, n = r->k1 - r->k0 + 1;
+  uint8_t *keep = j->keep + (size_t)worker * j->p->block_q * j->p->block_kv;
+  j->mod->mask(keep, n, m, n, r->b, r->h, r->q0, r->k0, j->p);
+  int64_t ones = 0, all = (int64_t)m * n;
+  for (int64_t x = 0; x < all; x++) ones += keep[x];
+  return ones == 0 ? FLEX_BLOCK_EMPTY : ones == all ? FLEX_BLOCK_FULL : FLEX_BLOCK_PARTIAL;
+}
+
+/* Class bytes of every block of the mask (the builder entry's work). */
+static flex_status build_mask(const RtRun *r, const FlexParams *p) {
   const CpuModule *mod = r->module;
-  int i = (int)(item % p->mask_nq), h = (int)(item / p->mask_nq % p->mask_H);
-  int b = (int)(item / p->mask_nq / p->mask_H);
-  int q0 = i * p->block_q, m = p->q_len - q0 < p->block_q ? p->q_len - q0 : p->block_q;
+  JitEval j = {mod, p, base_alloc((size_t)p->block_q * p->block_kv * base_pool_size() + 1)};
+  const RtBlockEval ev = {jit_block, &j, true};
+  const RtBlockGrid g = {p->mask_B, p->mask_H, p->q_len, p->kv_len, p->block_q, p->block_kv,
+                         p->mask_nq, p->mask_nkv, r->c->b0, p->q_off, p->kv_off};
   IrIntervalEnv env = {r->c->params, r->c->sizes, r->c->bufs};
-  unsigned char *row = p->mask_cls + (((int64_t)b * p->mask_H + h) * p->mask_nq + i) * p->mask_nkv;
-  for (int j = 0; j < p->mask_nkv; j++) {
-    int k0 = j * p->block_kv, n = p->kv_len - k0 < p->block_kv ? p->kv_len - k0 : p->block_kv;
-    FlexBlockClass t = ir_interval_mask(r->c->mod, &env, b + r->c->b0, b + r->c->b0, h, h, q0, q0 + m - 1,
-                                        k0, k0 + n - 1);
-    int cls = t == FLEX_BLOCK_EMPTY ? CPU_EMPTY : t == FLEX_BLOCK_FULL ? CPU_FULL : CPU_PARTIAL;
-    if (cls == CPU_PARTIAL && mod->mask) {
-      mod->mask(keep, n, m, n, b, h, q0, k0, p);
-      int64_t ones = 0, all = (int64_t)m * n;
-      for (int64_t x = 0; x < all; x++) ones += keep[x];
-      cls = ones == 0 ? CPU_EMPTY : ones == all ? CPU_FULL : CPU_PARTIAL;
-    }
-    row[j] = (unsigned char)cls;
-  }
+  flex_status st = rt_classify_blocks(&g, r->c->mod, &env, true, mod->mask ? &ev : NULL,
+                                      p->mask_cls, NULL);
+  base_free(j.keep);
+  return st;
 }
 
-/* One row or column of classes (`step` bytes apart) into its two lists. */
-static void mask_side(const unsigned char *cls, int64_t step, int n, int32_t *num, int32_t *idx,
-                      int32_t *full_num, int32_t *full_idx) {
-  int np = 0, nf = 0;
-  for (int x = 0; x < n; x++) {
-    int c = cls[x * step];
-    if (c == CPU_FULL) full_idx[nf++] = x;
-    else if (c == CPU_PARTIAL) idx[np++] = x;
-  }
-  for (int x = np; x < n; x++) idx[x] = 0;
-  for (int x = nf; x < n; x++) full_idx[x] = 0;
-  *num = np;
-  *full_num = nf;
-}
-
+/* The eight lists from the classes (kernels/blocklist.cuh). */
 static void mask_lists(const FlexParams *p) {
-  int nq = p->mask_nq, nkv = p->mask_nkv;
-  for (int64_t bh = 0; bh < (int64_t)p->mask_B * p->mask_H; bh++) {
-    const unsigned char *cls = p->mask_cls + bh * nq * nkv;
-    for (int t = 0; t < nq; t++) {
-      int64_t r = bh * nq + t;
-      mask_side(cls + (int64_t)t * nkv, 1, nkv, p->mask_out[0] + r, p->mask_out[1] + r * nkv,
-                p->mask_out[2] + r, p->mask_out[3] + r * nkv);
-    }
-    for (int j = 0; j < nkv; j++) {
-      int64_t r = bh * nkv + j;
-      mask_side(cls + j, nkv, nq, p->mask_out[4] + r, p->mask_out[5] + r * nq, p->mask_out[6] + r,
-                p->mask_out[7] + r * nq);
-    }
-  }
+  for (int64_t bh = 0; bh < (int64_t)p->mask_B * p->mask_H; bh++)
+    for (int t = 0; t < p->mask_nq + p->mask_nkv; t++)
+      flex_block_lists_at(p->mask_cls, bh, p->mask_nq, p->mask_nkv, t, p->mask_out);
 }
 
 /* ---- launch -------------------------------------------------------------------------- */
@@ -273,18 +227,17 @@ static void fwd_groups(CpuAttn *a) {
                                : (int64_t)a->bn * (a->E + a->EVp) * 4;
   int64_t chunk = (256 << 10) / (tile_bytes ? tile_bytes : 1);
   a->kvchunk = chunk < 1 ? 1 : chunk > a->nkt ? a->nkt : (int)chunk;
-  int64_t heads = (int64_t)p->B * p->H, want = 4 * (int64_t)cpu_pool_size();
+  int64_t heads = (int64_t)p->B * p->H, want = 4 * (int64_t)base_pool_size();
   int g = a->nkt * a->bn > 2048 ? 4 : 1;
   while (g > 1 && heads * ((a->nqt + g - 1) / g) < want) g--;
-  const char *env = getenv("FLEXC_CPU_QGROUP");
-  if (env && *env) {
-    long v = strtol(env, NULL, 10);
+  const BaseConfig *cfg = base_config();
+  if (cfg->cpu_qgroup) {
+    long v = cfg->cpu_qgroup;
     g = v < 1 ? 1 : v > CPU_FWD_QGROUP_MAX ? CPU_FWD_QGROUP_MAX : (int)v;
   }
   a->qgroup = g;
-  env = getenv("FLEXC_CPU_KVCHUNK");
-  if (env && *env) {
-    long v = strtol(env, NULL, 10);
+  if (cfg->cpu_kvchunk) {
+    long v = cfg->cpu_kvchunk;
     a->kvchunk = v < 1 ? 1 : v > a->nkt ? a->nkt : (int)v;
   }
   if (a->kvchunk < 1) a->kvchunk = 1;
@@ -295,7 +248,7 @@ static flex_status run_fwd(RtRun *r, const FlexParams *p) {
   attn_init(r, p, &a, false);
   fwd_groups(&a);
   a.scratch_per = cpu_attn_fwd_scratch(&a);
-  a.scratch = base_alloc(sizeof(float) * a.scratch_per * (size_t)cpu_pool_size());
+  a.scratch = base_alloc(sizeof(float) * a.scratch_per * (size_t)base_pool_size());
   cpu_attn_fwd(&a);
   r->tiles = a.tiles;
   attn_free(&a);
@@ -311,7 +264,7 @@ static flex_status run_fwd(RtRun *r, const FlexParams *p) {
 static flex_status run_bwd(RtRun *r, const FlexParams *p) {
   CpuAttn a;
   attn_init(r, p, &a, true);
-  int nw = cpu_pool_size();
+  int nw = base_pool_size();
   a.deterministic = r->opts.deterministic;
   a.scratch_per = cpu_attn_bwd_scratch(&a);
   a.scratch = base_alloc(sizeof(float) * a.scratch_per * (size_t)nw);
@@ -347,18 +300,13 @@ static flex_status run_bwd(RtRun *r, const FlexParams *p) {
   return FLEX_OK;
 }
 
-static flex_status cpu_launch(RtRun *r, RtEntry e, const CgLaunch *g, const FlexParams *p) {
+static flex_status cpu_launch(RtRun *r, RtEntry e, const CgLaunch *g, const void *params) {
   (void)g;
+  const FlexParams *p = params;
   if (!r->module) return rt_err(FLEX_ERR_INVALID, "cpu backend: launch before prepare");
   CpuAttn a;
   switch (e) {
-  case RT_ENTRY_MASK_BUILD: {
-    uint8_t *keep = base_alloc((size_t)p->block_q * (size_t)p->block_kv * (size_t)cpu_pool_size() + 1);
-    void *ctx[3] = {r, (void *)p, keep};
-    cpu_pool_run((int64_t)p->mask_B * p->mask_H * p->mask_nq, build_row, ctx);
-    base_free(keep);
-    return FLEX_OK;
-  }
+  case RT_ENTRY_MASK_BUILD: return build_mask(r, p);
   case RT_ENTRY_MASK_LISTS: mask_lists(p); return FLEX_OK;
   case RT_ENTRY_FWD: return run_fwd(r, p);
   case RT_ENTRY_GRAD_EXACT: { /* as flex_grad_exact: the exact sum plus what the gradient holds */
@@ -373,10 +321,11 @@ static flex_status cpu_launch(RtRun *r, RtEntry e, const CgLaunch *g, const Flex
   case RT_ENTRY_BWD_DQ:
     memset(&a, 0, sizeof a);
     a.p = p, a.mod = r->module, a.dtype = r->opts.dtype, a.E = p->E, a.EV = p->EV;
+    a.deterministic = r->opts.deterministic;
     a.out_dtype = r->opts.out_f32 ? CG_FP32 : a.dtype;
     a.EVp = round_up(p->EV, 16);
     a.scratch_per = 2 * (size_t)a.EVp + 16;
-    a.scratch = base_alloc(sizeof(float) * a.scratch_per * (size_t)cpu_pool_size());
+    a.scratch = base_alloc(sizeof(float) * a.scratch_per * (size_t)base_pool_size());
     if (e == RT_ENTRY_BWD_PRE) cpu_attn_bwd_pre(&a);
     else cpu_attn_bwd_dq(&a);
     base_free(a.scratch);
@@ -397,7 +346,6 @@ const RtBackend rt_cpu_backend = {
     .name = "cpu",
     .host_memory = true,
     .open = cpu_open,
-    .configure = cpu_configure,
     .prepare = cpu_prepare,
     .alloc = cpu_alloc,
     .release = cpu_release,

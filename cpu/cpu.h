@@ -2,7 +2,6 @@
  *
  *   ir_llvm.c  cpu_lower():   IR -> LLVM IR tile functions (score, mask, joint)
  *   jit.c      cpu_jit_get(): optimise for the host, ORC LLJIT, in-memory cache
- *   pool.c     cpu_pool_run(): the thread pool (created once, FLEXC_THREADS)
  *   kern*.c    cpu_kern():    register-blocked matrix products and row
  *                             softmax helpers, one build per ISA level,
  *                             picked at run time (AVX-512, AVX2, baseline)
@@ -39,14 +38,21 @@ typedef void (*CpuJointFn)(float *DS, const float *S, const float *P, int64_t ld
                            int32_t n, int32_t b, int32_t h, int32_t q0, int32_t kv0,
                            const FlexParams *p, float *const *acc);
 
-/* The compiled functions of one module and option set (owned by the cache). */
+/* The sink's gradient into grad buffers: DT[i * ld] is row q0 + i's dsk
+ * (the tile's one column; n is 1); ACCUMs add into acc[slot]. */
+typedef void (*CpuSinkGradFn)(float *DT, int64_t ld, int32_t m, int32_t n, int32_t b, int32_t h,
+                              int32_t q0, int32_t kv0, const FlexParams *p, float *const *acc);
+
+/* The compiled functions of one module and option set (owned by the JIT). */
 typedef struct CpuModule {
   CpuScoreFn score;      /* t = score(s); NULL when the score is the identity */
   CpuScoreFn score_mask; /* t = mask ? score(s) : -inf; NULL without a mask */
   CpuMaskFn mask;        /* the mask alone (BlockMask builder); NULL without a mask */
   CpuJointFn joint;      /* ds from dt; NULL when not asked for or ds == dt */
+  CpuScoreFn sink;       /* S[i * ld] = sink(b, h, q0 + i) (n is 1, S not read); NULL without a sink */
+  CpuSinkGradFn sink_grad; /* NULL when not asked for or no sink */
   double compile_s;      /* seconds its lowering, optimisation, compilation and linking took */
-  bool from_disk;        /* the object code came from the disk cache */
+  bool from_disk;        /* the object code came from the module store */
 } CpuModule;
 
 /* What cpu_jit_get compiles. */
@@ -55,20 +61,22 @@ typedef struct CpuJitOpts {
   bool identity;     /* the score is the identity: no score function */
   bool check_bounds; /* buffer accesses tested; the first failure recorded in p->bounds */
   bool exact;        /* a deterministic backward: ACCUMs call cpu_exact_add */
+  bool sink_grad;    /* also the sink's gradient (a backward of a kernel with a sink) */
 } CpuJitOpts;
 
-/* The module's functions, compiled or found in the in-memory cache (keyed by
- * the printed IR and the options). FLEX_OK, or a status with the message
- * set (rt_err). Thread-safe. */
+/* The module's functions: linked already, or their object code from the
+ * module store (base/store.h), or compiled and stored (keyed by the printed
+ * IR, the options and the host). FLEX_OK, or a status with the message set
+ * (rt_err). Thread-safe. */
 flex_status cpu_jit_get(const IrModule *m, const CpuJitOpts *o, const CpuModule **out);
 /* FLEX_OK when the JIT starts on this host (created on first use), else why not. */
 flex_status cpu_jit_ready(void);
-/* How many modules the cache holds (tests, benchmarks). */
+/* How many modules are linked into the JIT (tests, benchmarks). */
 int cpu_jit_cache_size(void);
 
 /* Lower m's functions into `llvm_module` (an LLVMModuleRef) named with
- * `prefix`: PREFIX_score, PREFIX_score_mask, PREFIX_mask, PREFIX_joint
- * (those that apply). False with a message in err for an op this backend
+ * `prefix`: PREFIX_score, PREFIX_score_mask, PREFIX_mask, PREFIX_joint,
+ * PREFIX_sink, PREFIX_sink_grad (those that apply). False with a message in err for an op this backend
  * does not know. */
 bool cpu_lower(void *llvm_module, const IrModule *m, const CpuJitOpts *o, const char *prefix,
                char *err, size_t errlen);
@@ -80,12 +88,6 @@ void cpu_bounds_fail(int32_t *bounds, int32_t site, int32_t n, int32_t i0, int32
                      int32_t i3, int32_t i4, int32_t i5, int32_t i6, int32_t i7);
 
 /* ---- the thread pool ---------------------------------------------------------- */
-
-/* fn(ctx, item, worker) for item in [0, n), spread over the pool's workers
- * (the caller is worker 0). Returns when every item is done. */
-void cpu_pool_run(int64_t n, void (*fn)(void *ctx, int64_t item, int worker), void *ctx);
-/* Workers of the pool (FLEXC_THREADS, default every online core). */
-int cpu_pool_size(void);
 
 /* ---- kernels (one table per ISA level) ------------------------------------------ */
 
@@ -121,7 +123,7 @@ typedef struct CpuKern {
                     int64_t ldb, float *C, int64_t ldc, float alpha, bool acc);
   /* The forward's bf16 P, x left as it was: dst[j] = exp(x[j] - mx)
    * rounded to bf16 (nearest even) for j < n and dst[n] = 0 when n is odd;
-   * returns the sum of the fp32 values. Its exp is a cheaper one than
+   * returns the sum of the bf16 values as stored. Its exp is a cheaper one than
    * exp_sum's (1.6e-7 relative, kern.h), as P is bf16 anyway. */
   float (*exp_sum_bf16)(uint16_t *dst, const float *x, int n, float mx);
 } CpuKern;

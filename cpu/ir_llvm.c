@@ -534,7 +534,7 @@ static LLVMValueRef lower_body(Lw *w, const IrFunc *f) {
 
 /* ---- tile functions ------------------------------------------------------------------ */
 
-enum { TF_SCORE, TF_SCORE_MASK, TF_MASK, TF_JOINT };
+enum { TF_SCORE, TF_SCORE_MASK, TF_MASK, TF_JOINT, TF_SINK, TF_SINK_GRAD };
 
 /* A counted loop: returns the induction value inside; close with loop_end. */
 typedef struct Loop {
@@ -573,13 +573,14 @@ static bool build_tile(Lw *w, int kind, const char *name) {
   LLVMTypeRef ppf = LLVMPointerType(pf, 0);
   LLVMTypeRef at[12];
   int na = 0;
+  const bool accums = kind == TF_JOINT || kind == TF_SINK_GRAD;
   at[na++] = kind == TF_MASK ? pi8 : pf; /* the tile */
   if (kind == TF_JOINT) at[na++] = pf, at[na++] = pf; /* S, P */
   int first_int = na;
   at[na++] = w->i64; /* ld */
   for (int k = 0; k < 6; k++) at[na++] = w->i32; /* m n b h q0 kv0 */
   at[na++] = pi8; /* p */
-  if (kind == TF_JOINT) at[na++] = ppf;
+  if (accums) at[na++] = ppf;
   LLVMValueRef fn = w->fn = LLVMAddFunction(w->mod, name, LLVMFunctionType(w->vd, at, (unsigned)na, 0));
   add_attr(w, fn, 1, "noalias");
   add_attr(w, fn, (unsigned)first_int + 8, "noalias");
@@ -593,10 +594,13 @@ static bool build_tile(Lw *w, int kind, const char *name) {
   w->arg[ARG_H] = LLVMGetParam(fn, (unsigned)first_int + 4);
   LLVMValueRef q0 = LLVMGetParam(fn, (unsigned)first_int + 5), kv0 = LLVMGetParam(fn, (unsigned)first_int + 6);
   w->p = LLVMGetParam(fn, (unsigned)first_int + 7);
-  w->acc = kind == TF_JOINT ? LLVMGetParam(fn, (unsigned)first_int + 8) : NULL;
+  w->acc = accums ? LLVMGetParam(fn, (unsigned)first_int + 8) : NULL;
   LLVMPositionBuilderAtEnd(w->b, LLVMAppendBasicBlockInContext(w->ctx, fn, "entry"));
   /* b is the sequence index of a packed call: the launch's offset added (FlexParams.b0). */
   w->arg[ARG_B] = LLVMBuildAdd(w->b, w->arg[ARG_B], pfield(w, offsetof(FlexParams, b0), w->i32), "b");
+  /* a shard's positions (FlexParams.q_off, kv_off: 0 unsharded) */
+  q0 = LLVMBuildAdd(w->b, q0, pfield(w, offsetof(FlexParams, q_off), w->i32), "q0");
+  kv0 = LLVMBuildAdd(w->b, kv0, pfield(w, offsetof(FlexParams, kv_off), w->i32), "kv0");
   Loop li = loop_begin(w, m, "row");
   w->arg[ARG_Q] = LLVMBuildAdd(w->b, q0, li.iv, "q");
   LLVMValueRef rowoff = LLVMBuildMul(w->b, LLVMBuildSExt(w->b, li.iv, w->i64, ""), ld, "");
@@ -610,6 +614,13 @@ static bool build_tile(Lw *w, int kind, const char *name) {
     LLVMValueRef k = lower_body(w, w->m->mask);
     if (!k) return false;
     result = LLVMBuildZExt(w->b, k, w->i8, "");
+  } else if (kind == TF_SINK) {
+    if (!(result = lower_body(w, w->m->sink))) return false;
+  } else if (kind == TF_SINK_GRAD) {
+    /* The caller runs it only on rows whose sink weight is not 0. */
+    w->arg[ARG_DT] = LLVMBuildLoad2(w->b, w->f32, at_tile, "dt");
+    if (!lower_body(w, w->m->sink_grad)) return false;
+    result = w->arg[ARG_DT];
   } else if (kind == TF_JOINT) {
     /* Elements with P == 0 are skipped by a branch (their ACCUMs must not
      * run); ds is 0 there. */
@@ -680,6 +691,8 @@ bool cpu_lower(void *llvm_module, const IrModule *m, const CpuJitOpts *o, const 
   int n = m->score->n;
   if (m->mask && m->mask->n > n) n = m->mask->n;
   if (m->joint && m->joint->n > n) n = m->joint->n;
+  if (m->sink && m->sink->n > n) n = m->sink->n;
+  if (m->sink_grad && m->sink_grad->n > n) n = m->sink_grad->n;
   w.v = base_alloc(sizeof(LLVMValueRef) * (size_t)(n + 1));
   w.identity = o->identity;
   w.exact = o->exact;
@@ -698,6 +711,14 @@ bool cpu_lower(void *llvm_module, const IrModule *m, const CpuJitOpts *o, const 
   if (ok && o->joint && m->joint) {
     snprintf(name, sizeof name, "%s_joint", prefix);
     ok = build_tile(&w, TF_JOINT, name);
+  }
+  if (ok && m->sink) {
+    snprintf(name, sizeof name, "%s_sink", prefix);
+    ok = build_tile(&w, TF_SINK, name);
+  }
+  if (ok && o->sink_grad && m->sink_grad) {
+    snprintf(name, sizeof name, "%s_sink_grad", prefix);
+    ok = build_tile(&w, TF_SINK_GRAD, name);
   }
   if (ok) keep_variants(&w);
   base_free(w.v);

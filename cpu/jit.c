@@ -1,16 +1,19 @@
 /* jit.c: cpu_jit_get(): lower a module's functions (ir_llvm.c), optimise
  * them for the host with LLVM's O3 pipeline (the loop vectoriser sees the
  * host's AVX-512 / AVX2 through the target machine), compile them to an
- * object, link that into one ORC LLJIT for the process, and keep the entry
- * points in an in-memory cache keyed by the printed IR and the options.
- * Objects also go to the disk cache of cuda/cache.h (FLEXC_CACHE_DIR; off
- * turns it off), keyed by that text, the LLVM version and the host CPU and
- * features, so a new process skips LLVM's optimiser and code generator.
+ * object, link that into one ORC LLJIT for the process, and look up the
+ * entry points. The object code goes through the module store
+ * (base/store.h, kind BASE_STORE_CPU_OBJECT: memory, and disk unless
+ * FLEXC_CACHE_DIR is off), keyed by the printed IR and the options, the
+ * lowering's version, the LLVM version and the host CPU and features, so a
+ * new process skips LLVM's optimiser and code generator. What only this
+ * process can hold, the linked entry points, is in a table keyed by the
+ * same store key.
  *
  * The JIT and its host target machine are created once, on first use.
- * Compiled code is never freed (like the CUDA backend's module cache, it
- * lives as long as the process). One mutex serialises compiles and cache
- * lookups; the cached functions themselves are called from any thread.
+ * Compiled code is never freed (like the CUDA backend's loaded modules, it
+ * lives as long as the process). One mutex serialises compiles and table
+ * lookups; the functions themselves are called from any thread.
  */
 #include <llvm-c/Analysis.h>
 #include <llvm-c/Core.h>
@@ -31,16 +34,15 @@
 #include <time.h>
 
 #include "cpu/cpu.h"
-#include "cuda/cache.h"
+#include "base/store.h"
 #include "kernels/exact.cuh"
 #include "runtime/rt.h"
 
-/* One cached module. */
+/* One linked module. */
 typedef struct Entry {
-  char *key;          /* printed IR + options */
-  size_t keylen;      /* its length */
-  CpuModule mod;      /* the entry points */
-  struct Entry *next; /* the next entry */
+  uint8_t key[BASE_STORE_KEY_BYTES]; /* its object code's store key */
+  CpuModule mod;                     /* the entry points */
+  struct Entry *next;                /* the next entry */
 } Entry;
 
 /* The process's JIT. */
@@ -52,7 +54,7 @@ static struct {
   LLVMTargetMachineRef tm;  /* the host target machine for the optimiser */
   char *cpu, *features;     /* host CPU name and features */
   bool mvec;                /* glibc's libmvec loaded (vector powf) */
-  Entry *cache;             /* compiled modules */
+  Entry *linked;            /* modules linked into the JIT */
   int count;                /* how many */
 } J = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -217,7 +219,7 @@ static flex_status emit_object(const IrModule *m, const CpuJitOpts *o, const cha
       take_error(e, err, sizeof err);
       st = rt_err(FLEX_ERR_COMPILE, "cpu backend: LLVM optimisation failed: %s", err);
     } else {
-      if (getenv("FLEXC_CPU_DUMP_IR")) LLVMDumpModule(mod);
+      if (base_config()->cpu_dump_ir) LLVMDumpModule(mod);
       char *cmsg = NULL;
       if (LLVMTargetMachineEmitToMemoryBuffer(J.tm, mod, LLVMObjectFile, &cmsg, obj))
         st = rt_err(FLEX_ERR_COMPILE, "cpu backend: LLVM code generation failed: %s", cmsg ? cmsg : "");
@@ -230,7 +232,7 @@ static flex_status emit_object(const IrModule *m, const CpuJitOpts *o, const cha
   return st;
 }
 
-/* The version of the code cpu_lower emits: part of the disk cache's key (the
+/* The version of the code cpu_lower emits: part of the store key (the
  * printed IR it is keyed by is flexc's IR, which does not change with the
  * lowering). The build defines it as the hash of ir_llvm.c and this file
  * (CMakeLists.txt), so that no change to either can be served an object
@@ -241,45 +243,54 @@ static flex_status emit_object(const IrModule *m, const CpuJitOpts *o, const cha
 #define CPU_LOWERING_VERSION "flexc cpu object 6"
 #endif
 
-/* The disk cache's key: the object format, LLVM, the host and our key. */
-static void disk_key(uint8_t out[RT_SHA256_BYTES], const Buf *key) {
-  RtSha256 h;
-  rt_sha256_init(&h);
+/* The printed module and the options: what the store key adds to the host's
+ * fields. */
+static void module_text(Buf *text, const IrModule *m, const CpuJitOpts *o) {
+  buf_printf(text, "joint=%d identity=%d checked=%d exact=%d sink_grad=%d\n", o->joint,
+             o->identity, o->check_bounds, o->exact, o->sink_grad);
+  ir_print(text, m);
+}
+
+/* The store key of an object with module_text `text` (under the lock: the
+ * host's fields are set). */
+static void store_key(uint8_t out[BASE_STORE_KEY_BYTES], const Buf *text) {
+  BaseSha256 h;
+  base_store_key_init(&h, BASE_STORE_CPU_OBJECT);
   /* libmvec or not: an object may name its variants */
   const char *parts[5] = {CPU_LOWERING_VERSION, LLVM_VERSION_STRING, J.cpu, J.features,
                           J.mvec ? "libmvec" : "no libmvec"};
-  for (int i = 0; i < 5; i++) rt_sha256_update(&h, parts[i], strlen(parts[i]) + 1);
+  for (int i = 0; i < 5; i++) base_store_key_str(&h, parts[i]);
   /* The object code reads FlexParams at fixed offsets: a new layout must
    * never be served an old object. */
   const uint64_t layout[6] = {sizeof(FlexParams), offsetof(FlexParams, sizes),
                               offsetof(FlexParams, pf), offsetof(FlexParams, pi),
                               offsetof(FlexParams, buf), offsetof(FlexParams, buf_grad)};
-  rt_sha256_update(&h, layout, sizeof layout);
-  rt_sha256_update(&h, key->data, key->len);
-  rt_sha256_final(&h, out);
+  base_store_key_add(&h, layout, sizeof layout);
+  base_store_key_add(&h, text->data, text->len);
+  base_store_key_final(&h, out);
 }
 
-/* The module's object code from the disk cache (payload: prefix, NUL,
- * object), else compiled and stored there; added to the JIT, entry points
- * looked up (under the lock). */
-static flex_status compile(const IrModule *m, const CpuJitOpts *o, const Buf *key, CpuModule *out) {
+/* The module's object code from the store (payload: prefix, NUL, object),
+ * else compiled and stored; added to the JIT, entry points looked up (under
+ * the lock). */
+static flex_status compile(const IrModule *m, const CpuJitOpts *o, const uint8_t *dk,
+                           CpuModule *out) {
   double t0 = now_s();
   char prefix[64], err[512] = "";
-  uint8_t dk[RT_SHA256_BYTES];
-  disk_key(dk, key);
   void *bytes = NULL;
   size_t len = 0;
   LLVMMemoryBufferRef obj = NULL;
   flex_status st = FLEX_OK;
   size_t plen = 0;
-  if (rt_cache_get(dk, &bytes, &len) && (plen = strnlen(bytes, len)) < len && plen < sizeof prefix) {
+  if (base_store_get(BASE_STORE_CPU_OBJECT, dk, &bytes, &len) &&
+      (plen = strnlen(bytes, len)) < len && plen < sizeof prefix) {
     memcpy(prefix, bytes, plen + 1);
     obj = LLVMCreateMemoryBufferWithMemoryRangeCopy((const char *)bytes + plen + 1, len - plen - 1,
                                                     prefix);
     out->from_disk = true;
   } else {
-    /* The hash keeps names apart across processes sharing the disk cache,
-     * the counter within one. */
+    /* The hash keeps names apart across processes sharing the store's
+     * disk, the counter within one. */
     snprintf(prefix, sizeof prefix, "flex_%02x%02x%02x%02x%02x%02x_%d", dk[0], dk[1], dk[2], dk[3],
              dk[4], dk[5], J.count);
     st = emit_object(m, o, prefix, &obj);
@@ -288,7 +299,7 @@ static flex_status compile(const IrModule *m, const CpuJitOpts *o, const Buf *ke
       char *payload = base_alloc(pl + n);
       memcpy(payload, prefix, pl);
       memcpy(payload + pl, LLVMGetBufferStart(obj), n);
-      rt_cache_put(dk, payload, pl + n);
+      base_store_put(BASE_STORE_CPU_OBJECT, dk, payload, pl + n);
       base_free(payload);
     }
   }
@@ -300,10 +311,11 @@ static flex_status compile(const IrModule *m, const CpuJitOpts *o, const Buf *ke
     take_error(e, err, sizeof err);
     return rt_err(FLEX_ERR_COMPILE, "cpu backend: JIT rejected the object code: %s", err);
   }
-  const char *names[4] = {"score", "score_mask", "mask", "joint"};
-  void *fns[4] = {0};
-  bool want[4] = {!o->identity, m->mask != NULL, m->mask != NULL, o->joint && m->joint};
-  for (int i = 0; i < 4; i++) {
+  const char *names[6] = {"score", "score_mask", "mask", "joint", "sink", "sink_grad"};
+  void *fns[6] = {0};
+  bool want[6] = {!o->identity, m->mask != NULL, m->mask != NULL, o->joint && m->joint,
+                  m->sink != NULL, o->sink_grad && m->sink_grad};
+  for (int i = 0; i < 6; i++) {
     if (!want[i]) continue;
     char name[128];
     snprintf(name, sizeof name, "%s_%s", prefix, names[i]);
@@ -319,20 +331,15 @@ static flex_status compile(const IrModule *m, const CpuJitOpts *o, const Buf *ke
   memcpy(&out->score_mask, &fns[1], sizeof fns[1]);
   memcpy(&out->mask, &fns[2], sizeof fns[2]);
   memcpy(&out->joint, &fns[3], sizeof fns[3]);
+  memcpy(&out->sink, &fns[4], sizeof fns[4]);
+  memcpy(&out->sink_grad, &fns[5], sizeof fns[5]);
   out->compile_s = now_s() - t0;
   return FLEX_OK;
 }
 
-/* The cache key: the printed module and the options. */
-static void make_key(Buf *k, const IrModule *m, const CpuJitOpts *o) {
-  buf_printf(k, "cpu1 joint=%d identity=%d checked=%d exact=%d\n", o->joint, o->identity,
-             o->check_bounds, o->exact);
-  ir_print(k, m);
-}
-
 flex_status cpu_jit_get(const IrModule *m, const CpuJitOpts *o, const CpuModule **out) {
-  Buf key = {0};
-  make_key(&key, m, o);
+  Buf text = {0};
+  module_text(&text, m, o);
   BaseTry *held = base_try_hold(); /* no exhaustion jump while the lock is held */
   pthread_mutex_lock(&J.lock);
   if (!J.tried) jit_create();
@@ -340,24 +347,26 @@ flex_status cpu_jit_get(const IrModule *m, const CpuJitOpts *o, const CpuModule 
   if (J.why[0]) {
     st = rt_err(FLEX_ERR_UNSUPPORTED, "cpu backend: cannot start the LLVM JIT: %s", J.why);
   } else {
-    Entry *e = J.cache;
-    while (e && !(e->keylen == key.len && !memcmp(e->key, key.data, key.len))) e = e->next;
+    uint8_t key[BASE_STORE_KEY_BYTES];
+    store_key(key, &text);
+    Entry *e = J.linked;
+    while (e && memcmp(e->key, key, sizeof key) != 0) e = e->next;
     if (!e) {
       Entry *n = base_alloc(sizeof *n);
-      st = compile(m, o, &key, &n->mod);
+      memcpy(n->key, key, sizeof key);
+      st = compile(m, o, key, &n->mod);
       if (st) {
         base_free(n);
       } else {
-        n->key = key.data, n->keylen = key.len, key.data = NULL;
-        n->next = J.cache;
-        J.cache = e = n;
+        n->next = J.linked;
+        J.linked = e = n;
       }
     }
     if (e) *out = &e->mod;
   }
   pthread_mutex_unlock(&J.lock);
   base_try_restore(held);
-  buf_free(&key);
+  buf_free(&text);
   return st;
 }
 
@@ -375,7 +384,7 @@ flex_status cpu_jit_ready(void) {
 int cpu_jit_cache_size(void) {
   pthread_mutex_lock(&J.lock); /* nothing here allocates */
   int n = 0;
-  for (Entry *e = J.cache; e; e = e->next) n++;
+  for (Entry *e = J.linked; e; e = e->next) n++;
   pthread_mutex_unlock(&J.lock);
   return n;
 }

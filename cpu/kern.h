@@ -609,10 +609,21 @@ static inline vf p_exp(vf x, float mx, __m512 mxl, bool fast) {
   return fast ? vexp2_p(x, mxl) : vexp(x - mx);
 }
 
+/* The 16 fp32 values of the low (lo) or high (hi) half of 32 bf16. */
+static inline vf bf16_lo(__m512bh p) {
+  return (vf)_mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256((__m512i)p)), 16));
+}
+static inline vf bf16_hi(__m512bh p) {
+  return (vf)_mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64((__m512i)p, 1)), 16));
+}
+
 /* The forward's bf16 P straight from S: e^(x - mx) by p_exp rounded to
- * bf16 into dst (no fp32 P), and the sum of the unrounded values (l). A
- * part row of 32 reads -inf where there is no key (e^-inf = 0, which is
- * also the pad). */
+ * bf16 into dst (no fp32 P), and the sum of those rounded values (l), so
+ * the weights P / l that O is made of sum to 1 as stored. A part row of
+ * 32 reads -inf where there is no key (e^-inf = 0, which is also the
+ * pad). */
 static float exp_sum_bf16(uint16_t *dst, const float *x, int n, float mx) {
   bool fast = fabsf(mx) < 0x1p16f;
   __m512 mxl = _mm512_set1_ps(fast ? mx * 1.44269504088896341f : 0.0f);
@@ -620,9 +631,10 @@ static float exp_sum_bf16(uint16_t *dst, const float *x, int n, float mx) {
   int j = 0;
   for (; j + 32 <= n; j += 32) {
     vf e0 = p_exp(LD(x + j), mx, mxl, fast), e1 = p_exp(LD(x + j + 16), mx, mxl, fast);
-    s += e0;
-    s += e1;
-    _mm512_storeu_si512(dst + j, (__m512i)_mm512_cvtne2ps_pbh((__m512)e1, (__m512)e0));
+    __m512bh pb = _mm512_cvtne2ps_pbh((__m512)e1, (__m512)e0);
+    s += bf16_lo(pb);
+    s += bf16_hi(pb);
+    _mm512_storeu_si512(dst + j, (__m512i)pb);
   }
   if (j < n) {
     int left = n - j, pad = left + (left & 1);
@@ -631,10 +643,11 @@ static float exp_sum_bf16(uint16_t *dst, const float *x, int n, float mx) {
     __m512 ninf = _mm512_set1_ps(-INFINITY);
     vf e0 = p_exp((vf)_mm512_mask_loadu_ps(ninf, lo, x + j), mx, mxl, fast);
     vf e1 = p_exp((vf)_mm512_mask_loadu_ps(ninf, hi, x + j + 16), mx, mxl, fast);
-    s += e0;
-    if (left > 16) s += e1;
+    __m512bh pb = _mm512_cvtne2ps_pbh((__m512)e1, (__m512)e0);
+    s += bf16_lo(pb); /* the pad and the keys past n are 0 */
+    s += bf16_hi(pb);
     __mmask32 st = pad >= 32 ? 0xffffffffu : (__mmask32)((1u << pad) - 1);
-    _mm512_mask_storeu_epi16(dst + j, st, (__m512i)_mm512_cvtne2ps_pbh((__m512)e1, (__m512)e0));
+    _mm512_mask_storeu_epi16(dst + j, st, (__m512i)pb);
   }
   return hsum(s);
 }

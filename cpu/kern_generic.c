@@ -17,7 +17,7 @@ const CpuKern *cpu_kern(void) {
   if (known) return known;
   /* "avx512", "avx2" or "generic": a lower table than the CPU runs, so that
    * tests reach every one on a machine that has the best */
-  const char *force = getenv("FLEXC_CPU_ISA");
+  const char *force = base_config()->cpu_isa;
   const CpuKern *k = &cpu_kern_generic;
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();

@@ -13,58 +13,39 @@
 #include "runtime/backend.h"
 #include "runtime/launch.h"
 
-/* The per-call state: NVRTC's target for the device and its SM count. */
+/* The per-call state: NVRTC's target for the device. */
 typedef struct CudaState {
   char arch[32]; /* "sm_90a", "sm_86", ... */
-  int sms;       /* multiprocessors (0: the driver did not say) */
 } CudaState;
 
 /* ---- tensors ------------------------------------------------------------- */
 
-/* A tensor's device, or an error naming it. Optional tensors may be NULL. */
-static flex_status on_device(const char *name, const DLTensor *t, int *device) {
-  if (!t) return FLEX_OK;
+/* The device every tensor of the call lives on (or the first error). */
+typedef struct Where {
+  int device;        /* -1: none seen yet */
+  flex_status st;
+} Where;
+
+static void on_device(void *ctx, const char *name, const DLTensor *t) {
+  Where *w = ctx;
+  if (w->st) return;
   if (t->device.device_type != kDLCUDA && t->device.device_type != kDLCUDAManaged)
-    return rt_err(FLEX_ERR_INVALID,
-                  "the cuda backend needs every tensor on a CUDA device, but '%s' is on "
-                  "device type %d (%s), id %d",
-                  name, (int)t->device.device_type,
-                  t->device.device_type == kDLCPU ? "CPU" : "not CUDA", (int)t->device.device_id);
-  if (*device < 0) *device = t->device.device_id;
-  else if (*device != t->device.device_id)
-    return rt_err(FLEX_ERR_INVALID, "'%s' is on CUDA device %d, but the other tensors are on %d",
-                  name, (int)t->device.device_id, *device);
-  return FLEX_OK;
+    w->st = rt_err(FLEX_ERR_INVALID,
+                   "the cuda backend needs every tensor on a CUDA device, but '%s' is on "
+                   "device type %d (%s), id %d",
+                   name, (int)t->device.device_type,
+                   t->device.device_type == kDLCPU ? "CPU" : "not CUDA", (int)t->device.device_id);
+  else if (w->device < 0) w->device = t->device.device_id;
+  else if (w->device != t->device.device_id)
+    w->st = rt_err(FLEX_ERR_INVALID, "'%s' is on CUDA device %d, but the other tensors are on %d",
+                   name, (int)t->device.device_id, w->device);
 }
-/* The device every tensor of the call lives on. */
+
 static flex_status call_device(const RtCall *c, int *device) {
-  const flex_args *a = c->args;
-  *device = -1;
-  const struct { const char *n; const DLTensor *t; } ts[] = {
-      {"q", a->q}, {"k", a->k}, {"v", a->v}, {"out", a->out}, {"lse", a->lse},
-      {"dout", a->dout}, {"dlse", a->dlse}, {"dq", a->dq}, {"dk", a->dk}, {"dv", a->dv}};
-  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
-    if (!c->backward && i >= 5) break;
-    flex_status st = on_device(ts[i].n, ts[i].t, device);
-    if (st) return st;
-  }
-  for (int i = 0; i < c->mod->nbuffers; i++) {
-    flex_status st = on_device(c->mod->buffers[i].id, c->buf_tensors[i], device);
-    if (!st && c->backward) st = on_device(c->mod->buffers[i].id, c->buf_grads[i], device);
-    if (st) return st;
-  }
-  if (a->block_mask) {
-    const flex_block_mask *m = a->block_mask;
-    const DLTensor *bm[] = {m->kv_num_blocks, m->kv_indices, m->full_kv_num_blocks,
-                            m->full_kv_indices, m->q_num_blocks, m->q_indices,
-                            m->full_q_num_blocks, m->full_q_indices};
-    for (int i = 0; i < 8; i++) {
-      flex_status st = on_device("block_mask", bm[i], device);
-      if (st) return st;
-    }
-  }
-  if (*device < 0) *device = 0;
-  return FLEX_OK;
+  Where w = {-1, FLEX_OK};
+  rt_call_tensors(c, on_device, &w);
+  *device = w.device < 0 ? 0 : w.device;
+  return w.st;
 }
 
 /* ---- arch --------------------------------------------------------------------- */
@@ -97,8 +78,16 @@ static flex_status cuda_open(RtRun *r) {
   r->state = s;
   r->device = device;
   st = pick_arch(device, s->arch, sizeof s->arch);
-  if (!st && !cg_arch_parse(s->arch, &r->arch)) r->arch = CG_SM89; /* newer parts: the portable mma.sync path */
-  if (!st && rt_drv_sm_count(device, &s->sms)) s->sms = 0; /* unknown: the heuristic's default */
+  r->dev = (CgDevice){.arch = CG_SM80};
+  if (!st && !cg_arch_parse(s->arch, &r->dev.arch)) r->dev.arch = CG_SM89; /* newer parts: the portable mma.sync path */
+  if (!st && rt_drv_sm_count(device, &r->dev.sms)) r->dev.sms = 0; /* unknown: the heuristic's default */
+  /* The sm_90a forward and backward on a GPU: each opt-in
+   * ($FLEXC_CUDA_SM90_FWD=1, $FLEXC_CUDA_SM90_BWD=1) until it has been run
+   * on hardware (both are verified on the emulator), and only with a
+   * driver that encodes tensor maps. */
+  const BaseConfig *cfg = base_config();
+  r->dev.tensor_maps = (r->c->backward ? cfg->cuda_sm90_bwd : cfg->cuda_sm90_fwd) &&
+                       rt_drv_has_tensor_maps();
   return st;
 }
 
@@ -140,15 +129,6 @@ static flex_status cuda_download(RtRun *r, void *dst, const void *src, size_t by
   return rt_drv_memcpy_dtoh(dst, (RtCuDevicePtr)(uintptr_t)src, bytes, (RtCuStream)r->stream);
 }
 
-/* The sm_90a forward and backward on a GPU: each opt-in
- * ($FLEXC_CUDA_SM90_FWD=1, $FLEXC_CUDA_SM90_BWD=1) until it has been run
- * on hardware (both are verified on the emulator), and only with a driver
- * that encodes tensor maps. */
-static bool cuda_tensor_maps(RtRun *r) {
-  const char *on = getenv(r->c->backward ? "FLEXC_CUDA_SM90_BWD" : "FLEXC_CUDA_SM90_FWD");
-  return on && !strcmp(on, "1") && rt_drv_has_tensor_maps();
-}
-
 /* RtTmapEncode through the driver. */
 static const char *cuda_tmap(void *ctx, FlexTmapBytes *map, const void *base, const uint64_t dims[4],
                              const uint64_t strides[3], const uint32_t box[4]) {
@@ -160,32 +140,15 @@ static const char *cuda_tmap(void *ctx, FlexTmapBytes *map, const void *base, co
 }
 
 /* Look up and launch one entry of the module with the params struct. */
-static flex_status cuda_launch(RtRun *r, RtEntry e, const CgLaunch *g, const FlexParams *p) {
+static flex_status cuda_launch(RtRun *r, RtEntry e, const CgLaunch *g, const void *params) {
   const char *entry = rt_entry_name(e);
-  flex_status st = rt_launch_check_geometry("cuda", entry, g->grid, g->block);
-  if (st) return st;
   RtCuFunction f;
-  st = rt_drv_function(&f, (RtCuModule)r->module, entry);
+  flex_status st = rt_drv_function(&f, (RtCuModule)r->module, entry);
   if (!st) st = rt_drv_set_smem(f, (int)g->smem);
-  void *args[1] = {(void *)p};
-  FlexFwdTma tma; /* the sm_90a forward's parameter: p and the tensor maps (copied at launch) */
-  if (!st && e == RT_ENTRY_FWD && r->opts.fwd_sm90) {
-    st = rt_launch_fwd_tma(&r->opts, p, cuda_tmap, NULL, &tma);
-    args[0] = &tma;
-  }
-  FlexBwdTma btma; /* the sm_90a backward's: p and the maps of q, dout, k, v */
-  if (!st && e == RT_ENTRY_BWD && r->opts.bwd_sm90) {
-    st = rt_launch_bwd_tma(&r->opts, p, cuda_tmap, NULL, &btma);
-    args[0] = &btma;
-  }
+  void *args[1] = {(void *)params}; /* copied at launch */
   if (!st) st = rt_drv_launch(f, g->grid, g->block, (unsigned)g->smem, (RtCuStream)r->stream, args);
   if (st) return rt_err(st, "launching %s: %s", entry, flex_last_error());
   return FLEX_OK;
-}
-
-static int cuda_sm_count(RtRun *r) {
-  const CudaState *s = r->state;
-  return s ? s->sms : 0;
 }
 
 static flex_status cuda_sync(RtRun *r) { return rt_drv_sync((RtCuStream)r->stream); }
@@ -203,7 +166,6 @@ const RtBackend rt_cuda_backend = {
     .name = "cuda",
     .host_memory = false,
     .sorted_entry = true,
-    .sm_count = cuda_sm_count,
     .dq_slices = true,
     .open = cuda_open,
     .prepare = cuda_prepare,
@@ -215,5 +177,5 @@ const RtBackend rt_cuda_backend = {
     .launch = cuda_launch,
     .sync = cuda_sync,
     .close = cuda_close,
-    .tensor_maps = cuda_tensor_maps,
+    .tmap = cuda_tmap,
 };

@@ -159,12 +159,11 @@ static int resolve(void *lib) {
 }
 
 static void load_once(void) {
-  const char *path = getenv("FLEXC_LIBCUDA");
-  if (!path || !*path) path = "libcuda.so.1";
+  const char *path = *base_config()->libcuda ? base_config()->libcuda : "libcuda.so.1";
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
     const char *e = dlerror();
-    snprintf(load_why, sizeof load_why, "cannot load the CUDA driver library (%s)",
+    snprintf(load_why, sizeof load_why, "cannot load the CUDA driver library (%.400s)",
              e ? e : path);
     return;
   }

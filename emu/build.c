@@ -1,13 +1,21 @@
-/* emu_build.c: turn CUDA source into a loaded emulator module and launch
- * its kernels.
+/* build.c: turn CUDA source into a loaded emulator module and launch its
+ * kernels.
  *
  * The source is compiled by the host C++ compiler ($FLEXC_EMU_CXX, else
  * c++) as C++17 with -DFLEXC_EMU and the shim force-included; every
  * embedded header (kernel templates and the shim) is written into a fresh
  * temporary include directory first. Race-check modules are compiled with
  * -fsanitize=thread but linked without its runtime: the shim's own
- * __tsan_* hooks receive every load and store. Modules are cached in memory
- * for the life of the process, keyed by the exact source and options. */
+ * __tsan_* hooks receive every load and store.
+ *
+ * The shared object goes into the module store (base/store.h, kind
+ * BASE_STORE_EMU_MODULE: memory, and disk unless FLEXC_CACHE_DIR is off),
+ * keyed by the exact source, the embedded headers' digest, the compile
+ * flags, the race-check option and the compiler's name and --version text;
+ * a later process (every test suite's forked tests) finds it there, writes
+ * it to a private temporary file and dlopens that instead of running the
+ * compiler. The loaded modules, which only this process can hold, are in a
+ * table keyed by the same store key, for the life of the process. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -17,19 +25,27 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/embedded.h"
+#include "base/store.h"
 #include "emu/emu_host.h"
+#include "runtime/embedded.h"
+
+/* The compile and link flags (part of the key). */
+#define CXXFLAGS "-std=c++17 -O1 -fwrapv -fno-strict-aliasing -fPIC -pthread -w -DFLEXC_EMU"
+#define RACEFLAGS "-fsanitize=thread"
+#define LDFLAGS "-shared -pthread"
 
 struct EmuModule {
-  EmuModule *next;     /* cache list */
-  char *source;        /* exact source text (the key) */
-  bool racecheck;      /* build option (the key) */
-  void *handle;        /* dlopen handle */
-  EmuLaunchFn launch;  /* the module's emu_launch */
+  EmuModule *next;                   /* the loaded table */
+  uint8_t key[BASE_STORE_KEY_BYTES]; /* the shared object's store key */
+  bool racecheck;                    /* built for race checks */
+  void *handle;                      /* dlopen handle */
+  EmuLaunchFn launch;                /* the module's emu_launch */
 };
 
-static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
-static EmuModule *cache;
+static pthread_mutex_t loaded_mu = PTHREAD_MUTEX_INITIALIZER; /* guards all below */
+static EmuModule *loaded;
+static char *cxx_named;  /* the compiler whose --version text is in cxx_id */
+static Buf cxx_id;       /* that text */
 
 /* Write `len` bytes of `text` to dir/name. Returns 0 or an errno value. */
 static int write_file(const char *dir, const char *name, const char *text, size_t len) {
@@ -45,7 +61,7 @@ static int write_file(const char *dir, const char *name, const char *text, size_
 
 /* Remove the build directory and everything we put in it. */
 static void remove_dir(const char *dir) {
-  static const char *extra[] = {"kernel.cu", "kernel.o", "kernel.so", "build.log"};
+  static const char *extra[] = {"kernel.cu", "kernel.o", "kernel.so", "build.log", "module.so"};
   Buf p = {0};
   for (const EmbeddedFile *e = rt_embedded; e->name; e++) {
     p.len = 0;
@@ -77,8 +93,9 @@ static void append_file(Buf *log, const char *dir, const char *name) {
 
 /* The host C++ compiler: $FLEXC_EMU_CXX, else c++. */
 static const char *compiler(void) {
-  const char *cxx = getenv("FLEXC_EMU_CXX");
-  return cxx && *cxx ? cxx : "c++";
+  static _Thread_local char cxx[1024];
+  snprintf(cxx, sizeof cxx, "%s", *base_config()->emu_cxx ? base_config()->emu_cxx : "c++");
+  return cxx;
 }
 
 bool emu_compiler_available(void) {
@@ -104,27 +121,53 @@ static int run_compiler(const char *dir, bool racecheck) {
   const char *cxx = compiler();
   Buf cmd = {0};
   buf_printf(&cmd,
-             "%s -std=c++17 -O1 -fwrapv -fno-strict-aliasing -fPIC -pthread -w -DFLEXC_EMU "
-             "-include emu_cuda.h -I'%s' %s -x c++ -c '%s/kernel.cu' -o '%s/kernel.o' "
-             ">'%s/build.log' 2>&1 && %s -shared -pthread '%s/kernel.o' -o '%s/kernel.so' "
-             ">>'%s/build.log' 2>&1",
-             cxx, dir, racecheck ? "-fsanitize=thread" : "", dir, dir, dir, cxx, dir, dir, dir);
+             "%s " CXXFLAGS " -include emu_cuda.h -I'%s' %s -x c++ -c '%s/kernel.cu' -o "
+             "'%s/kernel.o' >'%s/build.log' 2>&1 && %s " LDFLAGS " '%s/kernel.o' -o "
+             "'%s/kernel.so' >>'%s/build.log' 2>&1",
+             cxx, dir, racecheck ? RACEFLAGS : "", dir, dir, dir, cxx, dir, dir, dir);
   int rc = system(cmd.data);
   buf_free(&cmd);
   return rc;
 }
 
-/* Build a new module (no cache). */
-static flex_status build_module(EmuModule **out, const char *source, bool racecheck, Buf *log) {
+/* A fresh private directory under $TMPDIR (else /tmp) into *dir; false with
+ * the reason in *log. */
+static bool make_temp_dir(Buf *dir, Buf *log) {
   const char *tmp = getenv("TMPDIR");
-  Buf dir = {0};
-  buf_printf(&dir, "%s/flexc-emu-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  if (!mkdtemp(dir.data)) {
-    if (log) buf_printf(log, "cannot create a build directory %s: %s\n", dir.data, strerror(errno));
-    buf_free(&dir);
-    return FLEX_ERR_COMPILE;
+  buf_printf(dir, "%s/flexc-emu-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (mkdtemp(dir->data)) return true;
+  if (log) buf_printf(log, "cannot create a build directory %s: %s\n", dir->data, strerror(errno));
+  return false;
+}
+
+/* dlopen dir/name and find its emu_launch into a new module; NULL with the
+ * reason in *log. */
+static EmuModule *load_module(const char *dir, const char *name, bool racecheck, Buf *log) {
+  Buf so = {0};
+  buf_printf(&so, "%s/%s", dir, name);
+  void *h = dlopen(so.data, RTLD_NOW | RTLD_LOCAL);
+  buf_free(&so);
+  void *fn = h ? dlsym(h, "emu_launch") : NULL;
+  if (!fn) {
+    if (log) buf_printf(log, "cannot load the emulator module: %s\n", dlerror());
+    if (h) dlclose(h);
+    return NULL;
   }
-  flex_status st = FLEX_ERR_COMPILE;
+  EmuModule *m = base_alloc(sizeof *m);
+  m->racecheck = racecheck;
+  m->handle = h;
+  memcpy(&m->launch, &fn, sizeof fn); /* object pointer to function pointer (POSIX) */
+  return m;
+}
+
+/* Build a new module and put its shared object into the store. */
+static EmuModule *build_module(const uint8_t *key, const char *source, bool racecheck, Buf *log) {
+  Buf dir = {0};
+  if (!make_temp_dir(&dir, log)) {
+    buf_free(&dir);
+    return NULL;
+  }
+  EmuModule *m = NULL;
   int err = 0;
   for (const EmbeddedFile *e = rt_embedded; e->name && !err; e++)
     err = write_file(dir.data, e->name, e->text, strlen(e->text));
@@ -137,55 +180,97 @@ static flex_status build_module(EmuModule **out, const char *source, bool racech
   } else if (run_compiler(dir.data, racecheck) != 0) {
     if (log) buf_printf(log, "host C++ compiler failed on the emulated kernel source:\n");
     append_file(log, dir.data, "build.log");
-  } else {
+  } else if ((m = load_module(dir.data, "kernel.so", racecheck, log))) {
     Buf so = {0};
+    char *bytes = NULL;
+    size_t len = 0;
     buf_printf(&so, "%s/kernel.so", dir.data);
-    void *h = dlopen(so.data, RTLD_NOW | RTLD_LOCAL);
+    if (base_read_file(so.data, &bytes, &len) == 0) /* unreadable: just not stored */
+      base_store_put(BASE_STORE_EMU_MODULE, key, bytes, len);
+    base_free(bytes);
     buf_free(&so);
-    void *fn = h ? dlsym(h, "emu_launch") : NULL;
-    if (!fn) {
-      if (log) buf_printf(log, "cannot load the emulator module: %s\n", dlerror());
-      if (h) dlclose(h);
-    } else {
-      EmuModule *m = base_alloc(sizeof *m);
-      m->source = base_strdup(source);
-      m->racecheck = racecheck;
-      m->handle = h;
-      memcpy(&m->launch, &fn, sizeof fn); /* object pointer to function pointer (POSIX) */
-      *out = m;
-      st = FLEX_OK;
-    }
   }
   remove_dir(dir.data);
   buf_free(&dir);
-  return st;
+  return m;
+}
+
+/* The module of `key` from the store: its shared object written to a private
+ * temporary file and loaded from there; NULL when the store has none (or it
+ * does not load: then it is rebuilt, and the put replaces it). */
+static EmuModule *stored_module(const uint8_t *key, bool racecheck) {
+  void *bytes = NULL;
+  size_t len = 0;
+  if (!base_store_get(BASE_STORE_EMU_MODULE, key, &bytes, &len)) return NULL;
+  Buf dir = {0};
+  EmuModule *m = NULL;
+  if (make_temp_dir(&dir, NULL)) {
+    if (write_file(dir.data, "module.so", bytes, len) == 0)
+      m = load_module(dir.data, "module.so", racecheck, NULL);
+    remove_dir(dir.data); /* a loaded object stays mapped */
+  }
+  buf_free(&dir);
+  base_free(bytes);
+  return m;
+}
+
+/* The compiler's identity for the key: its name and what `NAME --version`
+ * prints (asked once per name and process, under loaded_mu). */
+static const char *compiler_id(const char *cxx) {
+  if (cxx_named && !strcmp(cxx_named, cxx)) return cxx_id.data;
+  base_free(cxx_named);
+  cxx_named = base_strdup(cxx);
+  cxx_id.len = 0;
+  buf_printf(&cxx_id, "%s\n", cxx);
+  Buf cmd = {0};
+  buf_printf(&cmd, "%s --version 2>/dev/null", cxx);
+  FILE *p = popen(cmd.data, "r");
+  buf_free(&cmd);
+  if (p) {
+    char chunk[512];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0) buf_put(&cxx_id, chunk, n);
+    buf_printf(&cxx_id, "\nstatus %d", pclose(p));
+  }
+  return cxx_id.data;
+}
+
+/* The store key of `source` built with these options by this compiler
+ * (under loaded_mu). */
+static void module_key(uint8_t key[BASE_STORE_KEY_BYTES], const char *source, bool racecheck) {
+  BaseSha256 s;
+  base_store_key_init(&s, BASE_STORE_EMU_MODULE);
+  base_store_key_str(&s, source);
+  base_store_key_add(&s, rt_embedded_digest, sizeof rt_embedded_digest);
+  base_store_key_str(&s, CXXFLAGS " " LDFLAGS);
+  base_store_key_str(&s, racecheck ? RACEFLAGS : "");
+  base_store_key_str(&s, compiler_id(compiler()));
+  base_store_key_final(&s, key);
 }
 
 flex_status emu_module_get(EmuModule **out, const char *source, const EmuBuildOpts *opts, Buf *log) {
   bool race = opts && opts->racecheck;
+  uint8_t key[BASE_STORE_KEY_BYTES];
   BaseTry *held = base_try_hold(); /* no jump may leave the lock held */
-  pthread_mutex_lock(&cache_mu);
-  EmuModule *m = cache;
-  while (m && (m->racecheck != race || strcmp(m->source, source) != 0)) m = m->next;
-  flex_status st = FLEX_OK;
-  if (!m) {
-    st = build_module(&m, source, race, log);
-    if (st == FLEX_OK) {
-      m->next = cache;
-      cache = m;
-    }
+  pthread_mutex_lock(&loaded_mu);
+  module_key(key, source, race);
+  EmuModule *m = loaded;
+  while (m && memcmp(m->key, key, sizeof key) != 0) m = m->next;
+  if (!m && ((m = stored_module(key, race)) || (m = build_module(key, source, race, log)))) {
+    memcpy(m->key, key, sizeof key);
+    m->next = loaded;
+    loaded = m;
   }
-  pthread_mutex_unlock(&cache_mu);
+  pthread_mutex_unlock(&loaded_mu);
   base_try_restore(held);
-  *out = st == FLEX_OK ? m : NULL;
-  return st;
+  *out = m;
+  return m ? FLEX_OK : FLEX_ERR_COMPILE;
 }
 
-/* Worker OS threads per launch: $FLEXC_EMU_THREADS, else up to 2 cores. */
+/* Block runners per launch, on the thread pool: $FLEXC_THREADS, else up to 2. */
 static int emu_threads(void) {
-  const char *s = getenv("FLEXC_EMU_THREADS");
-  int n = s ? atoi(s) : 0;
-  if (n >= 1) return n > 64 ? 64 : n;
+  long n = base_config()->threads;
+  if (n >= 1) return n > 64 ? 64 : (int)n;
   long c = sysconf(_SC_NPROCESSORS_ONLN);
   return c >= 2 ? 2 : 1;
 }
@@ -204,9 +289,10 @@ flex_status emu_module_launch(EmuModule *m, EmuLaunch *L, Buf *log) {
   L->abi = EMU_ABI_VERSION;
   L->racecheck = m->racecheck;
   if (L->threads <= 0) L->threads = emu_threads();
+  L->pool_run = base_pool_run;
   if (!L->shuffle) { /* $FLEXC_EMU_SHUFFLE: blocks in a seeded order (docs/emulator.md) */
-    const char *s = getenv("FLEXC_EMU_SHUFFLE");
-    L->shuffle = s && *s ? strtoull(s, NULL, 10) : 0;
+    const char *s = base_config()->emu_shuffle;
+    L->shuffle = *s ? strtoull(s, NULL, 10) : 0;
   }
   if (L->stack_bytes == 0) L->stack_bytes = 256 * 1024;
   if (m->launch(L) != 0) {

@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever EmuLaunch changes, so a stale module is never driven. */
-#define EMU_ABI_VERSION 2
+#define EMU_ABI_VERSION 3
 /* Largest dynamic shared memory a launch may ask for (sm_90 opt-in is 227 KiB). */
 #define EMU_SMEM_MAX (256u * 1024u)
 /* Room for the first error of a launch. */
@@ -40,7 +40,10 @@ typedef struct EmuLaunch {
   const EmuRange *ranges;         /* allocations global accesses must hit */
   int nranges;                    /* entries in ranges */
   int racecheck;                  /* 1: shadow shared memory, flag races (module built with race hooks) */
-  int threads;                    /* OS threads running blocks (>= 1) */
+  int threads;                    /* block runners (>= 1), each an item of pool_run */
+  /* The host's thread pool (base_pool_run): runs fn(ctx, i, worker) for
+   * i in [0, n) on its workers and returns when all are done. */
+  void (*pool_run)(int64_t n, void (*fn)(void *ctx, int64_t i, int worker), void *ctx);
   uint64_t shuffle;               /* nonzero: blocks run in an order drawn from this seed */
   uint64_t stack_bytes;           /* per emulated thread */
   uint64_t blocks_run;            /* out: blocks that ran to completion */

@@ -716,6 +716,12 @@ EMU_NOSAN static void emu_worker_free(EmuWorker *w) {
   free(w->shadow);
 }
 
+/* One block runner as an item of the host's pool. */
+EMU_NOSAN static void emu_runner_item(void *ctx, int64_t i, int worker) {
+  (void)worker;
+  emu_worker_main(&((EmuWorker *)ctx)[i]);
+}
+
 /* The module's launcher (see EmuLaunchFn). */
 extern "C" __attribute__((visibility("default"))) EMU_NOSAN int emu_launch(EmuLaunch *L) {
   if (L->abi != EMU_ABI_VERSION) return -1;
@@ -741,17 +747,15 @@ extern "C" __attribute__((visibility("default"))) EMU_NOSAN int emu_launch(EmuLa
   } else {
     if ((uint64_t)nw > nblocks) nw = (int)nblocks;
     std::vector<EmuWorker> ws((size_t)nw);
-    std::vector<pthread_t> th((size_t)nw);
-    std::vector<bool> started((size_t)nw, false);
     bool ok = true;
     for (int i = 0; i < nw && ok; i++)
       ok = emu_worker_init(&ws[(size_t)i], (int)nthreads, (size_t)L->stack_bytes);
     if (!ok) snprintf(L->error, EMU_ERR_LEN, "%s: out of memory for fiber stacks", L->kernel);
-    for (int i = 1; i < nw && ok; i++)
-      started[(size_t)i] = pthread_create(&th[(size_t)i], NULL, emu_worker_main, &ws[(size_t)i]) == 0;
-    if (ok) emu_worker_main(&ws[0]);
+    /* Each block runner is an item of the host's pool; they take blocks
+     * from one counter, so runners that share a pool thread just take turns. */
+    if (ok && L->pool_run && nw > 1) L->pool_run(nw, emu_runner_item, ws.data());
+    else if (ok) emu_worker_main(&ws[0]);
     for (int i = 0; i < nw; i++) {
-      if (started[(size_t)i]) pthread_join(th[(size_t)i], NULL);
       L->blocks_run += ws[(size_t)i].blocks;
       L->tiles += ws[(size_t)i].tiles;
       emu_worker_free(&ws[(size_t)i]);

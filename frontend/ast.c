@@ -62,7 +62,9 @@ const char *astop_spelling(AstOp op) {
   return (unsigned)op < AOP_COUNT ? sp[op] : "?";
 }
 
-bool fe_is_fn(const Decl *d) { return d->kind == D_SCORE || d->kind == D_MASK || d->kind == D_FUNC; }
+bool fe_is_fn(const Decl *d) {
+  return d->kind == D_SCORE || d->kind == D_MASK || d->kind == D_SINK || d->kind == D_FUNC;
+}
 
 Type fe_param_type(const Decl *fn, int i) {
   if (fn->kind == D_FUNC) return fn->fn.ptypes[i];
@@ -70,7 +72,7 @@ Type fe_param_type(const Decl *fn, int i) {
 }
 
 Type fe_return_type(const Decl *fn) {
-  return fn->kind == D_FUNC ? fn->fn.rtype : fn->kind == D_SCORE ? TY_FLOAT : TY_BOOL;
+  return fn->kind == D_FUNC ? fn->fn.rtype : fn->kind == D_MASK ? TY_BOOL : TY_FLOAT;
 }
 
 Decl *prog_find(const Program *p, const char *id) {
@@ -274,6 +276,18 @@ KItems *fe_kitem_score(Parser *ps, KItems *k, const char *id, Loc loc, Loc whole
   return k;
 }
 
+KItems *fe_kitem_sink(Parser *ps, KItems *k, const char *id, Loc loc, Loc whole) {
+  if (!k) k = arena_alloc(ps->a, sizeof *k);
+  if (k->has_sink) {
+    diag_error(ps->d, whole, "the kernel sets 'sink' twice (a kernel has at most one sink)");
+    return k;
+  }
+  k->has_sink = true;
+  k->sink = id;
+  k->sink_loc = loc;
+  return k;
+}
+
 KItems *fe_kitem_mask(Parser *ps, KItems *k, Expr *e, Loc whole) {
   if (!k) k = arena_alloc(ps->a, sizeof *k);
   if (k->has_mask) {
@@ -425,7 +439,8 @@ void fe_decl_fn(Parser *ps, DeclKind kind, const char *id, Loc idloc, NameList *
   if (!d->fn.ret && !broken) {
     Loc end = {whole.end - 1, whole.end};
     diag_error(ps->d, end, "%s '%s' has no 'return'",
-               kind == D_SCORE ? "score" : kind == D_MASK ? "mask" : "function", id);
+               kind == D_SCORE ? "score" : kind == D_MASK ? "mask" : kind == D_SINK ? "sink" : "function",
+               id);
   }
 }
 
@@ -453,6 +468,8 @@ void fe_decl_kernel(Parser *ps, const char *id, Loc idloc, KItems *k, Loc whole)
   d->kernel.score = k->score;
   d->kernel.score_loc = k->score_loc;
   d->kernel.mask = k->mask;
+  d->kernel.sink = k->sink;
+  d->kernel.sink_loc = k->sink_loc;
 }
 
 /* ---- scanner hooks and the entry point --------------------------------- */

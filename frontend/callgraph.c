@@ -36,10 +36,11 @@ static void build(Arena *a, const Program *p, const FeCall *calls, int ncalls, G
   memset(g, 0, sizeof *g);
   int count[D_KERNEL + 1] = {0};
   for (int i = 0; i < p->ndecls; i++) count[p->decls[i]->kind]++;
-  g->base[D_SCORE] = 0;
-  g->base[D_MASK] = count[D_SCORE];
-  g->base[D_FUNC] = count[D_SCORE] + count[D_MASK];
-  g->n = count[D_SCORE] + count[D_MASK] + count[D_FUNC];
+  const DeclKind fns[] = {D_SCORE, D_MASK, D_SINK, D_FUNC};
+  for (int k = 0; k < 4; k++) {
+    g->base[fns[k]] = g->n;
+    g->n += count[fns[k]];
+  }
   g->fn = arena_alloc(a, sizeof(Decl *) * (size_t)(g->n + 1));
   for (int i = 0; i < p->ndecls; i++)
     if (fe_is_fn(p->decls[i])) g->fn[g->base[p->decls[i]->kind] + p->decls[i]->index] = p->decls[i];

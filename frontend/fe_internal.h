@@ -52,7 +52,9 @@ typedef struct KItems {
   const char *score; /* `score = NAME;` (NULL when absent) */
   Loc score_loc;     /* NAME */
   Expr *mask;        /* `mask = EXPR;` (NULL when absent) */
-  bool has_score, has_mask; /* seen (duplicates are diagnosed) */
+  const char *sink;  /* `sink = NAME;` (NULL when absent) */
+  Loc sink_loc;      /* NAME */
+  bool has_score, has_mask, has_sink; /* seen (duplicates are diagnosed) */
 } KItems;
 
 /* An open bracket the scanner has seen and not yet closed. */
@@ -113,6 +115,7 @@ Body *fe_body_assign(Parser *ps, Body *b, const char *id, Loc idloc);
 Body *fe_body_return(Parser *ps, Body *b, Expr *e, Loc kwloc);
 KItems *fe_kitem_score(Parser *ps, KItems *k, const char *id, Loc loc, Loc whole);
 KItems *fe_kitem_mask(Parser *ps, KItems *k, Expr *e, Loc whole);
+KItems *fe_kitem_sink(Parser *ps, KItems *k, const char *id, Loc loc, Loc whole);
 void fe_decl_param(Parser *ps, int tok_type, Loc tloc, const char *id, Loc idloc, Expr *def, Loc whole);
 void fe_decl_const(Parser *ps, const char *id, Loc idloc, Expr *e, Loc whole);
 void fe_decl_buffer(Parser *ps, const char *id, Loc idloc, const char *dtype, Loc dloc,
@@ -164,6 +167,8 @@ void fe_check_calls(Arena *a, const Program *p, Diags *d, const FeCall *calls, i
 /* fe_check() after syntax errors: skips the broken declarations and reports
  * no unknown names that a lost declaration may have defined. */
 int fe_check_rest(Arena *a, Program *p, Diags *d, const FeLost *lost);
+/* Edit distance of a and b, or cap + 1 when it exceeds cap ("did you mean"). */
+int fe_edit_distance(const char *a, const char *b, int cap);
 
 /* ---- scanner helpers (lex.l) ---- */
 /* Note an opening/closing bracket; the parser uses the stack for messages

@@ -67,7 +67,7 @@ const char *dtype_name(DType t);  /* "f32", ... */
 Type dtype_value_type(DType t);   /* the language type a load yields */
 
 /* Predefined integer sizes, bound at launch. */
-/* TOTAL_Q .. KV_START: packed batches (DSL.md); Q_LEN, KV_LEN, 0, 0 in an ordinary call */
+/* TOTAL_Q .. KV_START: packed batches (docs/language.md); Q_LEN, KV_LEN, 0, 0 in an ordinary call */
 typedef enum SizeName {
   SZ_B, SZ_H, SZ_HKV, SZ_Q_LEN, SZ_KV_LEN, SZ_TOTAL_Q, SZ_TOTAL_KV, SZ_Q_START, SZ_KV_START, SZ_COUNT
 } SizeName;
@@ -205,6 +205,7 @@ typedef enum DeclKind {
   D_BUFFER, /* buffer */
   D_SCORE,  /* fn */
   D_MASK,   /* fn */
+  D_SINK,   /* fn: an attention sink's logit, sink NAME(b, h, q) -> float */
   D_FUNC,   /* fn: a typed helper, int|float|bool NAME(TYPE a, ...) */
   D_KERNEL, /* kernel */
 } DeclKind;
@@ -249,6 +250,9 @@ struct Decl {
       Loc score_loc;
       Decl *score_fn;      /* set by sema */
       Expr *mask;          /* NULL when absent; EX_NAME (REF_MASK), EX_UNARY !, EX_BINARY && || */
+      const char *sink;    /* NULL when absent */
+      Loc sink_loc;
+      Decl *sink_fn;       /* set by sema */
       bool implicit;       /* the implicit `default` kernel (no kernel block in the file) */
     } kernel;
   };
@@ -263,11 +267,12 @@ typedef struct Program {
 
 /* Look up a top-level declaration by name (NULL if none). */
 Decl *prog_find(const Program *p, const char *id);
-/* The type of parameter i of a score, mask or helper function, and what it
- * returns (score: float, int, int, int, int -> float; mask: int x4 -> bool). */
+/* The type of parameter i of a score, mask, sink or helper function, and
+ * what it returns (score: float, int, int, int, int -> float; mask: int x4
+ * -> bool; sink: int x3 -> float). */
 Type fe_param_type(const Decl *fn, int i);
 Type fe_return_type(const Decl *fn);
-/* Whether d is a function (score, mask or helper). */
+/* Whether d is a function (score, mask, sink or helper). */
 bool fe_is_fn(const Decl *d);
 
 /* ---- entry points ------------------------------------------------------- */
@@ -280,7 +285,7 @@ Program *fe_parse(Arena *a, const Source *src, Diags *d);
  * Returns the number of errors reported (0: the program is well-formed). */
 int fe_check(Arena *a, Program *p, Diags *d);
 
-/* Pick the kernel a run means (DSL.md "Which kernel a file means"): the
+/* Pick the kernel a run means (docs/language.md "Which kernel a file means"): the
  * named one, the only one, or the implicit `default` kernel (synthesised in
  * `a` and appended to the program). NULL after reporting an error. */
 Decl *fe_pick_kernel(Arena *a, Program *p, const char *name, Diags *d);

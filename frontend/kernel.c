@@ -1,5 +1,6 @@
-/* kernel.c: fe_pick_kernel(): which kernel a run means (DSL.md "Which
- * kernel a file means"). */
+/* kernel.c: fe_pick_kernel(): which kernel a run means (docs/language.md "Which
+ * kernel a file means": the named kernel block, the only one, or an
+ * implicit `default` of the file's only score, mask and sink). */
 #include <string.h>
 
 #include "frontend.h"
@@ -30,7 +31,7 @@ static bool only_one(const Program *p, DeclKind k, Decl **out, Diags *d) {
     if (p->decls[i]->kind == k && ++seen == 2) second = p->decls[i];
   if (second)
     diag_error(d, second->loc, "the file has %d %s functions (%s) and no kernel block; add a kernel block that picks one",
-               n, k == D_SCORE ? "score" : "mask", names.data);
+               n, k == D_SCORE ? "score" : k == D_MASK ? "mask" : "sink", names.data);
   for (int i = 0; n == 1 && i < p->ndecls; i++)
     if (p->decls[i]->kind == k) *out = p->decls[i];
   buf_free(&names);
@@ -38,7 +39,7 @@ static bool only_one(const Program *p, DeclKind k, Decl **out, Diags *d) {
 }
 
 /* Synthesise the implicit `default` kernel and append it to the program. */
-static Decl *implicit_kernel(Arena *a, Program *p, Decl *score, Decl *mask) {
+static Decl *implicit_kernel(Arena *a, Program *p, Decl *score, Decl *mask, Decl *sink) {
   Decl *k = arena_alloc(a, sizeof *k);
   k->kind = D_KERNEL;
   k->id = "default";
@@ -57,6 +58,11 @@ static Decl *implicit_kernel(Arena *a, Program *p, Decl *score, Decl *mask) {
     e->name.ref = REF_MASK;
     e->name.decl = mask;
     k->kernel.mask = e;
+  }
+  if (sink) {
+    k->kernel.sink = sink->id;
+    k->kernel.sink_loc = sink->loc;
+    k->kernel.sink_fn = sink;
   }
   Decl **decls = arena_alloc(a, sizeof(Decl *) * (size_t)(p->ndecls + 1));
   if (p->ndecls) memcpy(decls, p->decls, sizeof(Decl *) * (size_t)p->ndecls);
@@ -92,8 +98,9 @@ Decl *fe_pick_kernel(Arena *a, Program *p, const char *name, Diags *d) {
   }
   buf_free(&names);
   if (nk > 0) return pick;
-  Decl *score, *mask;
+  Decl *score, *mask, *sink;
   bool ok = only_one(p, D_SCORE, &score, d);
   ok = only_one(p, D_MASK, &mask, d) && ok;
-  return ok ? implicit_kernel(a, p, score, mask) : NULL;
+  ok = only_one(p, D_SINK, &sink, d) && ok;
+  return ok ? implicit_kernel(a, p, score, mask, sink) : NULL;
 }

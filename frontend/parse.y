@@ -22,6 +22,7 @@ typedef void *yyscan_t;
 }
 
 %code {
+#include <stdio.h>
 #include <string.h>
 int fe_yylex(FE_YYSTYPE *lval, FE_YYLTYPE *lloc, yyscan_t scanner);
 static void fe_yyerror(FE_YYLTYPE *lloc, yyscan_t scanner, Parser *ps, const char *msg);
@@ -64,7 +65,7 @@ static Loc span(Loc a, Loc b) { Loc l = {a.start, b.end}; return l; }
 %token PARAM "'param'" CONST "'const'" BUFFER "'buffer'" SCORE "'score'"
 %token MASK "'mask'" KERNEL "'kernel'" LET "'let'" RETURN "'return'"
 %token TRUE "'true'" FALSE "'false'" INT "'int'" FLOAT "'float'" BOOL "'bool'"
-%token GRAD "'grad'" SORTED "'sorted'"
+%token GRAD "'grad'" SORTED "'sorted'" SINK "'sink'"
 %token <id> IDENT "identifier"
 %token <ival> INTLIT "integer"
 %token <fval> FLOATLIT "number"
@@ -108,15 +109,16 @@ file
   | file decl  { fe_decl_done(ps); }
   ;
 
-/* decl := param | const | buffer | score | mask | helper | kernel
+/* decl := param | const | buffer | score | mask | sink | helper | kernel
  * helper := ptype identifier '(' [ ptype identifier (',' ptype identifier)* ] ')' '{' body '}'
  * A broken declaration is skipped up to its ';' or '}'. */
 decl
   : PARAM ptype IDENT opt_default ';'  { fe_decl_param(ps, $2, @2, $3, @3, $4, @$); }
   | CONST IDENT '=' expr ';'           { fe_decl_const(ps, $2, @2, $4, @$); }
   | BUFFER IDENT ':' dtype '[' dims ']' flags ';' { fe_decl_buffer(ps, $2, @2, $4, @4, $6, $8, @$); }
-  | SCORE IDENT '(' opt_params ')' '{' body '}' { fe_decl_fn(ps, D_SCORE, $2, @2, $4, $7, @$); }
-  | MASK IDENT '(' opt_params ')' '{' body '}'  { fe_decl_fn(ps, D_MASK, $2, @2, $4, $7, @$); }
+  | SCORE name '(' opt_params ')' '{' body '}'  { fe_decl_fn(ps, D_SCORE, $2, @2, $4, $7, @$); }
+  | MASK name '(' opt_params ')' '{' body '}'   { fe_decl_fn(ps, D_MASK, $2, @2, $4, $7, @$); }
+  | SINK name '(' opt_params ')' '{' body '}'   { fe_decl_fn(ps, D_SINK, $2, @2, $4, $7, @$); }
   | ptype IDENT '(' opt_tparams ')' '{' body '}' { fe_decl_helper(ps, $1, $2, @2, $4, $7, @$); }
   | KERNEL IDENT '{' kitems '}'        { fe_decl_kernel(ps, $2, @2, $4, @$); }
   | error ';'                          { fe_decl_lost(ps, @$); }
@@ -186,10 +188,12 @@ body
   | body error ';'                  { $$ = $1; }
   ;
 
-/* kitems := kitem*    kitem := 'score' '=' identifier ';' | 'mask' '=' expr ';' */
+/* kitems := kitem*
+ * kitem := 'score' '=' identifier ';' | 'mask' '=' expr ';' | 'sink' '=' identifier ';' */
 kitems
   : %empty                        { $$ = NULL; }
-  | kitems SCORE '=' IDENT ';'    { $$ = fe_kitem_score(ps, $1, $4, @4, @2); }
+  | kitems SCORE '=' name ';'     { $$ = fe_kitem_score(ps, $1, $4, @4, @2); }
+  | kitems SINK '=' name ';'      { $$ = fe_kitem_sink(ps, $1, $4, @4, @2); }
   | kitems MASK '=' expr ';'      { $$ = fe_kitem_mask(ps, $1, $4, @2); }
   | kitems error ';'              { $$ = $1; }
   ;
@@ -256,13 +260,15 @@ index
   | index '[' args ']'          { $$ = fe_reindex(ps, $1, $3, @$); }
   ;
 
-/* name := identifier | 'score' | 'mask' | 'grad' | 'sorted'
- * (those four are keywords only where a declaration, a kernel binding or a
- * buffer attribute is expected) */
+/* name := identifier | 'score' | 'mask' | 'sink' | 'grad' | 'sorted'
+ * (those five are keywords only where a declaration, a kernel binding or a
+ * buffer attribute is expected: a function may be named `sink`, a mask of
+ * sink tokens, say) */
 name
   : IDENT   { $$ = $1; }
   | SCORE   { $$ = "score"; }
   | MASK    { $$ = "mask"; }
+  | SINK    { $$ = "sink"; }
   | GRAD    { $$ = "grad"; }
   | SORTED  { $$ = "sorted"; }
   ;
@@ -322,7 +328,7 @@ static bool starts_expr(yysymbol_kind_t k) {
   switch (k) {
   case YYSYMBOL_INTLIT: case YYSYMBOL_FLOATLIT: case YYSYMBOL_IDENT: case YYSYMBOL_TRUE:
   case YYSYMBOL_FALSE: case YYSYMBOL_INT: case YYSYMBOL_FLOAT: case YYSYMBOL_SCORE:
-  case YYSYMBOL_MASK: case YYSYMBOL_GRAD: case YYSYMBOL_SORTED:
+  case YYSYMBOL_MASK: case YYSYMBOL_SINK: case YYSYMBOL_GRAD: case YYSYMBOL_SORTED:
     return true;
   default:
     return is_char(k, '(') || is_char(k, '-') || is_char(k, '!') || is_char(k, '~');
@@ -359,8 +365,56 @@ static const Bracket *open_bracket(Parser *ps, yysymbol_kind_t look) {
   return i >= 0 ? &ps->br[i] : NULL;
 }
 
+/* The keyword a misspelled word meant ('parm' for 'param', 'retrun' for
+ * 'return'), written to out: the closest of the keyword tokens among `exp`
+ * (or `only` when not NULL), within the typo distance sema's "did you
+ * mean" uses. False when none is that close. */
+static bool keyword_guess(const char *word, int len, const yysymbol_kind_t *exp, int n,
+                          const char *only, char out[16]) {
+  char w[32];
+  if (len < 2 || len >= (int)sizeof w) return false;
+  memcpy(w, word, (size_t)len);
+  w[len] = 0;
+  int cap = len <= 3 ? 1 : len <= 6 ? 2 : 3, bestd = cap + 1;
+  for (int i = 0; i < (only ? 1 : n); i++) {
+    char k[16];
+    if (only) {
+      snprintf(k, sizeof k, "%s", only);
+    } else {
+      const char *nm = yysymbol_name(exp[i]);
+      size_t l = strlen(nm);
+      if (py_token(exp[i]) != -1 || l < 4 || l - 2 >= sizeof k || nm[0] != '\'' ||
+          nm[l - 1] != '\'' || nm[1] < 'a' || nm[1] > 'z')
+        continue; /* not a word keyword */
+      snprintf(k, sizeof k, "%.*s", (int)l - 2, nm + 1);
+    }
+    int d = fe_edit_distance(w, k, cap);
+    if (d > 0 && d < len && d < bestd) bestd = d, snprintf(out, 16, "%s", k);
+  }
+  return bestd <= cap;
+}
+
+/* The word just before offset `at` when it starts a statement (it follows
+ * '{', ';' or '}'): its [start, end), else false. */
+static bool statement_word(const Source *src, uint32_t at, uint32_t *start, uint32_t *end) {
+  const char *t = src->text;
+  uint32_t e = at;
+  while (e > 0 && (t[e - 1] == ' ' || t[e - 1] == '\t' || t[e - 1] == '\n' || t[e - 1] == '\r')) e--;
+  uint32_t b = e;
+  while (b > 0 && (t[b - 1] == '_' || (t[b - 1] >= 'a' && t[b - 1] <= 'z') ||
+                   (t[b - 1] >= 'A' && t[b - 1] <= 'Z') || (t[b - 1] >= '0' && t[b - 1] <= '9')))
+    b--;
+  uint32_t p = b;
+  while (p > 0 && (t[p - 1] == ' ' || t[p - 1] == '\t' || t[p - 1] == '\n' || t[p - 1] == '\r')) p--;
+  if (b == e || p == 0 || (t[p - 1] != '{' && t[p - 1] != ';' && t[p - 1] != '}')) return false;
+  *start = b, *end = e;
+  return true;
+}
+
 /* "unexpected X, expected A, B or C", or "expected ')' to close '(' at line
- * N" when the parser wanted the bracket that closes an open one. */
+ * N" when the parser wanted the bracket that closes an open one, "expected
+ * ';' before X" when a ';' would have ended the statement, and "did you
+ * mean 'param'?" for a misspelled keyword. */
 static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, Parser *ps) {
   (void)scanner;
   yysymbol_kind_t look = yypcontext_token(ctx);
@@ -373,6 +427,31 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, Pars
   }
   yysymbol_kind_t exp[YYNTOKENS];
   int n = yypcontext_expected_tokens(ctx, exp, YYNTOKENS);
+  bool want_assign = false, want_semi = false;
+  for (int i = 0; i < n; i++) {
+    want_assign = want_assign || is_char(exp[i], '=');
+    want_semi = want_semi || is_char(exp[i], ';');
+  }
+  uint32_t ws, we;
+  if (want_assign && look != YYSYMBOL_YYEOF && statement_word(ps->src, loc.start, &ws, &we)) {
+    /* `retrun s;` parses as the start of an assignment to `retrun` */
+    char g[16];
+    if (keyword_guess(ps->src->text + ws, (int)(we - ws), exp, n, "return", g) ||
+        keyword_guess(ps->src->text + ws, (int)(we - ws), exp, n, "let", g)) {
+      Loc wl = {ws, we};
+      diag_error(ps->d, wl, "unknown statement '%.*s'; did you mean '%s'?", (int)(we - ws),
+                 ps->src->text + ws, g);
+      return 0;
+    }
+  }
+  if (look == YYSYMBOL_IDENT) {
+    char g[16];
+    if (keyword_guess(ps->src->text + loc.start, (int)(loc.end - loc.start), exp, n, NULL, g)) {
+      diag_error(ps->d, loc, "unexpected identifier '%.*s'; did you mean '%s'?",
+                 (int)(loc.end - loc.start), ps->src->text + loc.start, g);
+      return 0;
+    }
+  }
   const Bracket *br = open_bracket(ps, look);
   static const char closer[] = {['('] = ')', ['['] = ']', ['{'] = '}'};
   for (int i = 0; br && i < n; i++) {
@@ -384,6 +463,17 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, Pars
       diag_note(ps->d, br->loc, "the '%c' is here", br->ch);
       return 0;
     }
+  }
+  if (want_semi) {
+    Buf b = {0};
+    buf_printf(&b, "expected ';' before %s", tok_name(look));
+    if (look == YYSYMBOL_IDENT || look == YYSYMBOL_INTLIT || look == YYSYMBOL_FLOATLIT) {
+      uint32_t len = loc.end - loc.start;
+      buf_printf(&b, " '%.*s'", len > 40 ? 40 : (int)len, ps->src->text + loc.start);
+    }
+    diag_error(ps->d, loc, "%s", b.data);
+    buf_free(&b);
+    return 0;
   }
   const char *what[YYNTOKENS];
   int shown = 0;

@@ -40,7 +40,7 @@ static Type check_expr(Sema *s, Expr *e, int depth);
 
 static const char *kind_name(DeclKind k) {
   static const char *const n[] = {"param", "const", "buffer", "score function",
-                                  "mask function", "function", "kernel"};
+                                  "mask function", "sink function", "function", "kernel"};
   return n[k];
 }
 
@@ -190,11 +190,11 @@ static Type check_const(Sema *s, Decl *c) {
 /* ---- "did you mean" ----------------------------------------------------------- */
 
 /* What an unknown name could have meant. */
-typedef enum Want { W_VALUE, W_FUNCTION, W_BUFFER, W_MASK, W_SCORE } Want;
+typedef enum Want { W_VALUE, W_FUNCTION, W_BUFFER, W_MASK, W_SCORE, W_SINK } Want;
 
 /* Edit distance of a and b (insertions, deletions, substitutions), or
- * more than `cap` when it exceeds it. */
-static int edit_distance(const char *a, const char *b, int cap) {
+ * more than `cap` when it exceeds it (the parser's keyword guesses use it too). */
+int fe_edit_distance(const char *a, const char *b, int cap) {
   int la = (int)strlen(a), lb = (int)strlen(b);
   if (la > 64 || lb > 64 || abs(la - lb) > cap) return cap + 1;
   int row[65];
@@ -223,7 +223,7 @@ typedef struct Guess {
 
 static void consider(Guess *g, const char *id, const char *cand) {
   if (!strcmp(id, cand)) return;
-  int d = edit_distance(id, cand, g->cap);
+  int d = fe_edit_distance(id, cand, g->cap);
   if (d <= g->cap && (!g->id || d < g->d)) g->id = cand, g->d = d;
 }
 
@@ -270,6 +270,7 @@ static const char *did_you_mean(Sema *s, const char *id, Want want) {
                 : want == W_FUNCTION ? fe_is_fn(d)
                 : want == W_BUFFER   ? d->kind == D_BUFFER
                 : want == W_MASK     ? d->kind == D_MASK
+                : want == W_SINK     ? d->kind == D_SINK
                                      : d->kind == D_SCORE;
     if (fits) consider(&g, id, d->id);
   }
@@ -523,7 +524,7 @@ static Type check_builtin(Sema *s, Expr *e, Builtin b) {
 /* A call of a score, mask or helper function: arity and argument types (an
  * int argument promotes to a float parameter; nothing else converts). */
 static Type check_user_call(Sema *s, Expr *e, Decl *f) {
-  int want = f->kind == D_SCORE ? 5 : f->kind == D_MASK ? 4 : f->fn.nparams;
+  int want = f->kind == D_SCORE ? 5 : f->kind == D_MASK ? 4 : f->kind == D_SINK ? 3 : f->fn.nparams;
   e->call.fn = f;
   if (e->call.nargs != want) {
     diag_error(s->d, e->loc, "function '%s' takes %d argument%s, got %d", f->id, want,
@@ -686,11 +687,12 @@ static void check_dims(Sema *s, Decl *b) {
 
 static void check_fn(Sema *s, Decl *f) {
   bool score = f->kind == D_SCORE;
-  int want = score ? 5 : 4;
+  static const char *const sig[] = {[D_SCORE] = "score function must have 5 parameters (s, b, h, q, kv)",
+                                    [D_MASK] = "mask function must have 4 parameters (b, h, q, kv)",
+                                    [D_SINK] = "sink function must have 3 parameters (b, h, q)"};
+  int want = score ? 5 : f->kind == D_MASK ? 4 : 3;
   if (f->kind != D_FUNC && f->fn.nparams != want)
-    diag_error(s->d, f->loc, "%s", score
-                   ? arena_printf(s->a, "score function must have 5 parameters (s, b, h, q, kv), got %d", f->fn.nparams)
-                   : arena_printf(s->a, "mask function must have 4 parameters (b, h, q, kv), got %d", f->fn.nparams));
+    diag_error(s->d, f->loc, "%s, got %d", sig[f->kind], f->fn.nparams);
   s->fn = f;
   s->nvis = 0;
   for (int i = 0; i < f->fn.nparams; i++) check_fresh(s, f->fn.params[i], f->fn.param_locs[i], i, 0);
@@ -717,8 +719,8 @@ static void check_fn(Sema *s, Decl *f) {
       c->call.builtin = BI_FLOAT;
       c->call.argtype = TY_INT;
       f->fn.ret = c;
-    } else if (score && t == TY_BOOL) {
-      diag_error(s->d, r->loc, "score '%s' must return float, not bool", f->id);
+    } else if ((score || f->kind == D_SINK) && t == TY_BOOL) {
+      diag_error(s->d, r->loc, "%s '%s' must return float, not bool", score ? "score" : "sink", f->id);
     } else if (f->kind == D_MASK && t != TY_BOOL && t != TY_ERROR) {
       diag_error(s->d, r->loc, "mask '%s' must return bool, not %s", f->id, type_name(t));
     } else if (f->kind == D_FUNC && t != rt && t != TY_ERROR && !(rt == TY_FLOAT && t == TY_INT)) {
@@ -777,6 +779,17 @@ static void check_kernel(Sema *s, Decl *k) {
                  did_you_mean(s, k->kernel.score, W_SCORE));
   }
   if (k->kernel.mask) check_mask_expr(s, k->kernel.mask, 0);
+  if (k->kernel.sink) {
+    Decl *d = prog_find(s->p, k->kernel.sink);
+    if (d && d->kind == D_SINK)
+      k->kernel.sink_fn = d;
+    else if (d)
+      diag_error(s->d, k->kernel.sink_loc, "'%s' is a %s, not a sink function", d->id,
+                 kind_name(d->kind));
+    else if (!lost_name(s, k->kernel.sink))
+      diag_error(s->d, k->kernel.sink_loc, "unknown sink function '%s'%s", k->kernel.sink,
+                 did_you_mean(s, k->kernel.sink, W_SINK));
+  }
 }
 
 /* Top-level names: one namespace, no predefined names, and functions may

@@ -1,4 +1,6 @@
-/* autodiff.c: reverse mode over the score function -> the joint function.
+/* autodiff.c: reverse mode over the score function -> the joint function
+ * (and over a sink function -> its gradient into grad buffers, the same
+ * way with dt the logit's gradient and no s).
  *
  * The joint takes (s, b, h, q, kv, dt) and returns ds = dt * d score/d s,
  * plus one ACCUM per load from a `grad` buffer that adds dt * d score/d X[idx]
@@ -170,9 +172,10 @@ static void find_active(Ad *d, int n) {
   }
 }
 
-void ir_autodiff(IrModule *m) {
-  const IrFunc *score = m->score;
-  IrFunc *f = ir_func_new(m->arena, score->name, IRF_JOINT);
+/* The reverse mode of `score` (a score function, or a sink, kind says
+ * which): ds is the sum of s's adjoints (0 for a sink, which has no s). */
+static IrFunc *derive(IrModule *m, const IrFunc *score, IrFuncKind kind) {
+  IrFunc *f = ir_func_new(m->arena, score->name, kind);
   for (int i = 0; i < score->n; i++) ir_push(m->arena, f, score->inst[i]);
   int n = score->n;
   Ad d = {m->arena, f, m, NULL, NULL, {0, 0}};
@@ -201,8 +204,13 @@ void ir_autodiff(IrModule *m) {
   }
   if (ds < 0) ds = cf(&d, 0.0);
   f->ret = ds;
-  m->joint = f;
   ir_fold(m->arena, f);
   ir_cse(m->arena, f);
   ir_dce(m->arena, f);
+  return f;
+}
+
+void ir_autodiff(IrModule *m) {
+  m->joint = derive(m, m->score, IRF_JOINT);
+  if (m->sink) m->sink_grad = derive(m, m->sink, IRF_SINK_GRAD);
 }

@@ -32,6 +32,8 @@ static void verify_all(const IrModule *m) {
   ir_verify(m, m->score);
   if (m->mask) ir_verify(m, m->mask);
   if (m->joint) ir_verify(m, m->joint);
+  if (m->sink) ir_verify(m, m->sink);
+  if (m->sink_grad) ir_verify(m, m->sink_grad);
 #else
   (void)m;
 #endif
@@ -42,6 +44,8 @@ static void each(IrModule *m, void (*pass)(Arena *, IrFunc *)) {
   pass(m->arena, m->score);
   if (m->mask) pass(m->arena, m->mask);
   if (m->joint) pass(m->arena, m->joint);
+  if (m->sink) pass(m->arena, m->sink);
+  if (m->sink_grad) pass(m->arena, m->sink_grad);
 }
 
 static void run(IrModule *m, int pass) {

@@ -25,3 +25,17 @@ void ir_dce(Arena *a, IrFunc *f) {
   f->n = w;
   if (f->ret >= 0) f->ret = map[f->ret];
 }
+
+IrFunc *ir_drop_accums(Arena *a, const IrFunc *f, const bool *keep) {
+  IrFunc *g = ir_func_new(a, f->name, f->kind);
+  for (int i = 0; i < f->n; i++) ir_push(a, g, f->inst[i]);
+  for (int i = 0; i < g->n; i++) {
+    IrInst *in = &g->inst[i];
+    /* A dropped ACCUM becomes a dead constant (same index, no operands),
+     * so no operand moves; dce then removes it and its inputs. */
+    if (in->op == IR_ACCUM && !keep[in->aux]) *in = (IrInst){.op = IR_CONST, .type = IT_BOOL, .loc = in->loc};
+  }
+  g->ret = f->ret;
+  ir_dce(a, g);
+  return g;
+}

@@ -88,6 +88,8 @@ typedef enum IrFuncKind {
   IRF_SCORE, /* (s, b, h, q, kv) -> f32 */
   IRF_MASK,  /* (b, h, q, kv) -> bool */
   IRF_JOINT, /* (s, b, h, q, kv, dt) -> ds (f32), plus ACCUMs into grad buffers */
+  IRF_SINK,  /* (b, h, q) -> f32: an attention sink's logit */
+  IRF_SINK_GRAD, /* (b, h, q, dt) -> 0, plus ACCUMs into grad buffers of dt * d sink/d X */
 } IrFuncKind;
 
 /* A function: instructions in evaluation order and the result. */
@@ -144,6 +146,9 @@ typedef struct IrModule {
   IrFunc *score;     /* never NULL: identity (`return s`) when the kernel has none */
   IrFunc *mask;      /* NULL when the kernel has no mask */
   IrFunc *joint;     /* NULL until ir_autodiff() */
+  IrFunc *sink;      /* NULL when the kernel has no sink */
+  IrFunc *sink_grad; /* the sink's gradient into grad buffers (dt = the logit's), after
+                        ir_autodiff; NULL without a sink */
   bool score_is_identity; /* the kernel named no score function */
 } IrModule;
 
@@ -204,7 +209,12 @@ void ir_fold(Arena *a, IrFunc *f);    /* fold + simplify, then drop dead code */
 bool ir_fold_eval(Arena *a, IrFunc *f, IrVal *out);
 void ir_cse(Arena *a, IrFunc *f);
 void ir_dce(Arena *a, IrFunc *f);
-/* Build m->joint from m->score (reverse mode w.r.t. s and grad buffers). */
+/* A copy of joint function f without the ACCUMs into buffers whose
+ * keep[slot] is false, and without the code only they used: the joint of a
+ * call that wants some buffers' gradients and not others (dce.c). */
+IrFunc *ir_drop_accums(Arena *a, const IrFunc *f, const bool *keep);
+/* Build m->joint from m->score (reverse mode w.r.t. s and grad buffers),
+ * and m->sink_grad from m->sink (w.r.t. grad buffers). */
 void ir_autodiff(IrModule *m);
 /* Structural checks; panics naming the function and instruction on failure. */
 void ir_verify(const IrModule *m, const IrFunc *f);

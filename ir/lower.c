@@ -511,6 +511,14 @@ static IrFunc *mask_func(Lower *L, const Decl *kernel) {
   return f;
 }
 
+/* A kernel's sink function (b, h, q) -> its logit. */
+static IrFunc *sink_func(Lower *L, const Decl *fn) {
+  IrFunc *f = ir_func_new(L->a, fn->id, IRF_SINK);
+  L->f = f;
+  f->ret = body(L, fn, NULL, 0);
+  return f;
+}
+
 IrModule *ir_lower(Arena *a, const Program *p, const Decl *kernel) {
   CHECK(kernel && kernel->kind == D_KERNEL);
   Lower L;
@@ -521,5 +529,6 @@ IrModule *ir_lower(Arena *a, const Program *p, const Decl *kernel) {
   m->score = score_func(&L, kernel->kernel.score_fn);
   m->score_is_identity = kernel->kernel.score_fn == NULL;
   m->mask = kernel->kernel.mask ? mask_func(&L, kernel) : NULL;
+  m->sink = kernel->kernel.sink_fn ? sink_func(&L, kernel->kernel.sink_fn) : NULL;
   return m;
 }

@@ -66,11 +66,15 @@ static void put_rhs(Buf *out, const IrModule *m, const IrInst *in, const int *nu
 }
 
 static const char *kind_name(IrFuncKind k) {
-  return k == IRF_SCORE ? "score" : k == IRF_MASK ? "mask" : "joint";
+  static const char *const n[] = {[IRF_SCORE] = "score", [IRF_MASK] = "mask", [IRF_JOINT] = "joint",
+                                  [IRF_SINK] = "sink", [IRF_SINK_GRAD] = "sink_grad"};
+  return n[k];
 }
 
 void ir_print_func(Buf *out, const IrModule *m, const IrFunc *f) {
-  static const char *const sig[] = {"(s, b, h, q, kv)", "(b, h, q, kv)", "(s, b, h, q, kv, dt)"};
+  static const char *const sig[] = {[IRF_SCORE] = "(s, b, h, q, kv)", [IRF_MASK] = "(b, h, q, kv)",
+                                    [IRF_JOINT] = "(s, b, h, q, kv, dt)", [IRF_SINK] = "(b, h, q)",
+                                    [IRF_SINK_GRAD] = "(b, h, q, dt)"};
   IrType rt = f->kind == IRF_MASK ? IT_BOOL : IT_F32;
   buf_printf(out, "%s %s%s -> %s\n", kind_name(f->kind), f->name ? f->name : "?", sig[f->kind],
              ir_type_name(rt));
@@ -138,8 +142,8 @@ static void put_header(Buf *out, const IrModule *m) {
 
 void ir_print(Buf *out, const IrModule *m) {
   put_header(out, m);
-  const IrFunc *fns[3] = {m->score, m->mask, m->joint};
-  for (int i = 0; i < 3; i++) {
+  const IrFunc *fns[5] = {m->score, m->mask, m->sink, m->joint, m->sink_grad};
+  for (int i = 0; i < 5; i++) {
     if (!fns[i]) continue;
     buf_puts(out, "\n");
     ir_print_func(out, m, fns[i]);

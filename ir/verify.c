@@ -22,7 +22,10 @@ static void check_aux(const IrModule *m, const IrFunc *f, int i, const IrInst *i
   case IR_ARG:
     if (in->aux < 0 || in->aux >= ARG_COUNT) FAIL("arg %d out of range", in->aux);
     if (in->aux == ARG_S && f->kind == IRF_MASK) FAIL("a mask has no s");
-    if (in->aux == ARG_DT && f->kind != IRF_JOINT) FAIL("only the joint has dt");
+    if (in->aux == ARG_DT && f->kind != IRF_JOINT && f->kind != IRF_SINK_GRAD)
+      FAIL("only a gradient function has dt");
+    if ((in->aux == ARG_S || in->aux == ARG_KV) && (f->kind == IRF_SINK || f->kind == IRF_SINK_GRAD))
+      FAIL("a sink has no s and no kv");
     if (in->type != (in->aux == ARG_S || in->aux == ARG_DT ? IT_F32 : IT_I32))
       FAIL("arg %s has type %s", ir_arg_name((IrArg)in->aux), ir_type_name((IrType)in->type));
     break;

@@ -197,7 +197,7 @@ __device__ __forceinline__ float flex_ex2(float x) {
 }
 
 /* The online softmax's running max: one max.NaN (sm_80 on), where fmaxf
- * would drop a NaN and hide it (DSL.md, non-finite values). */
+ * would drop a NaN and hide it (docs/language.md, non-finite values). */
 __device__ __forceinline__ float flex_max_nan(float a, float b) {
   float r;
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));

@@ -18,6 +18,14 @@
 #define FLEX_DROP false
 #endif
 
+/* An attention sink (docs/language.md "Attention sinks"; the generated flex_sink and
+ * flex_sink_grad): FLEX_SINK defined. Without it the code below is dead. */
+#ifdef FLEX_SINK
+#define FLEX_HAS_SINK true
+#else
+#define FLEX_HAS_SINK false
+#endif
+
 /* Split-KV likewise (CgOptions.kv_split, FLEX_KV_SPLIT defined): only the
  * forward of a split call carries the chunk arithmetic and the partials'
  * stores, so every other forward is the code it was without them. */
@@ -37,19 +45,38 @@ template <bool B> struct FlexBool {
  * backward's P, which cannot pass 1 but may where a huge row's LSE was
  * rounded below its max (docs/kernels.md, "Huge scores"). */
 __device__ __forceinline__ float flex_nonpos(float x) { return x > 0.0f ? 0.0f : x; }
+/* Position offsets (docs/language.md "Position offsets"; CgOptions.offsets,
+ * FLEX_OFFSETS defined): a shard's functions and dropout bits see row qi
+ * as position qi + p.q_off and key kj as kj + p.kv_off. Without them the
+ * positions are the rows, at no cost. */
+#ifdef FLEX_OFFSETS
+#define FLEX_Q_OFF(p) (p).q_off
+#define FLEX_KV_OFF(p) (p).kv_off
+#else
+#define FLEX_Q_OFF(p) 0
+#define FLEX_KV_OFF(p) 0
+#endif
 
 /* Whether element (qi, kj) of batch b (as the kernel indexes it; functions
- * and the bits see b + b0) and query head h is kept (DSL.md "Dropout"). */
+ * and the bits see b + b0 and the positions) and query head h is kept
+ * (docs/language.md "Dropout"). */
 __device__ __forceinline__ bool flex_drop_keep(const FlexParams &p, int b, int h, int qi, int kj) {
+  qi += FLEX_Q_OFF(p), kj += FLEX_KV_OFF(p);
   uint32_t w[4];
   flex_dropout_words(w, p.drop_seed[0], p.drop_seed[1], p.drop_ctr3,
                      (uint32_t)((b + p.b0) * p.H + h), (uint32_t)qi, (uint32_t)kj >> 2);
   return flex_dropout_keep(flex_dropout_word(w, (uint32_t)kj & 3), p.drop_p);
 }
 
-/* The same for the two keys kj, kj + 1 of one row, kj even: one Philox call. */
+/* The same for the two keys kj, kj + 1 of one row, kj even: one Philox call
+ * (two where an odd key offset puts them in two words). */
 __device__ __forceinline__ void flex_drop_keep2(const FlexParams &p, int b, int h, int qi, int kj,
                                                 bool keep[2]) {
+  if (FLEX_KV_OFF(p) & 1) {
+    keep[0] = flex_drop_keep(p, b, h, qi, kj), keep[1] = flex_drop_keep(p, b, h, qi, kj + 1);
+    return;
+  }
+  qi += FLEX_Q_OFF(p), kj += FLEX_KV_OFF(p);
   uint32_t w[4];
   flex_dropout_words(w, p.drop_seed[0], p.drop_seed[1], p.drop_ctr3,
                      (uint32_t)((b + p.b0) * p.H + h), (uint32_t)qi, (uint32_t)kj >> 2);
@@ -105,7 +132,7 @@ __device__ __forceinline__ int flex_f2i(float x) {
 }
 
 /* ---- the DSL's inexact float builtins ------------------------------------
- * Accurate by default (CUDA's libm: a few ulp), as DSL.md requires. A
+ * Accurate by default (CUDA's libm: a few ulp), as docs/language.md requires. A
  * generated file that defines FLEX_FAST_MATH (flexc's explicit opt-in)
  * gets the hardware approximations instead (arch.cuh's flex_approx_*:
  * __expf and friends, tanh.approx.f32 for tanh and sigmoid). */

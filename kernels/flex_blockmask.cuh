@@ -9,8 +9,7 @@
  *   class byte per block goes to p.mask_cls.
  * flex_mask_lists_body: one thread per query-block row (kv side) or
  *   key-block column (q side) turns the class bytes into PyTorch-layout
- *   lists: full and partial block indices ascending, the rest of the row
- *   0, and the counts.
+ *   lists (kernels/blocklist.cuh, the host's list step too).
  * Memory is one byte per block plus the lists: never a dense B*H*Q*KV
  * tensor. The emulator runs the same code on the CPU (RT_MASK_EVAL in
  * runtime/blockmask.c is the interpreter's twin of it).
@@ -20,6 +19,7 @@
 
 #include "common.cuh"
 #include "interval.cuh"
+#include "blocklist.cuh"
 
 /* The class of one block: the analysis, then elements where it is unsure. */
 __device__ __forceinline__ int flex_mask_block_eval(const FlexParams &p, int b, int h, int q0, int q1,
@@ -43,37 +43,10 @@ __device__ __forceinline__ void flex_mask_build_body(const FlexParams &p) {
   }
 }
 
-/* One row (or column) of classes, `step` bytes apart, into the two lists. */
-__device__ __forceinline__ void flex_mask_side(const unsigned char *cls, int64_t step, int n,
-                                               int32_t *num, int32_t *idx, int32_t *full_num,
-                                               int32_t *full_idx) {
-  int np = 0, nf = 0;
-  for (int x = 0; x < n; x++) {
-    const int c = flex_gload(cls + x * step);
-    if (c == FLEX_BLOCK_FULL) flex_gstore(full_idx + nf++, (int32_t)x);
-    else if (c == FLEX_BLOCK_PARTIAL) flex_gstore(idx + np++, (int32_t)x);
-  }
-  for (int x = np; x < n; x++) flex_gstore(idx + x, (int32_t)0);
-  for (int x = nf; x < n; x++) flex_gstore(full_idx + x, (int32_t)0);
-  flex_gstore(num, (int32_t)np);
-  flex_gstore(full_num, (int32_t)nf);
-}
-
+/* One thread per row and column of one (b, h): blocklist.cuh's list step. */
 __device__ __forceinline__ void flex_mask_lists_body(const FlexParams &p) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int nq = p.mask_nq, nkv = p.mask_nkv;
-  const int64_t bh = (int64_t)b * p.mask_H + h;
-  const unsigned char *cls = p.mask_cls + bh * nq * nkv;
-  if (t < nq) {
-    const int64_t r = bh * nq + t;
-    flex_mask_side(cls + (int64_t)t * nkv, 1, nkv, p.mask_out[0] + r, p.mask_out[1] + r * nkv,
-                   p.mask_out[2] + r, p.mask_out[3] + r * nkv);
-  } else if (t < nq + nkv) {
-    const int j = t - nq;
-    const int64_t r = bh * nkv + j;
-    flex_mask_side(cls + j, nkv, nq, p.mask_out[4] + r, p.mask_out[5] + r * nq,
-                   p.mask_out[6] + r, p.mask_out[7] + r * nq);
-  }
+  flex_block_lists_at(p.mask_cls, (int64_t)b * p.mask_H + h, p.mask_nq, p.mask_nkv, t, p.mask_out);
 }
 
 #endif /* FLEX_BLOCKMASK_CUH */

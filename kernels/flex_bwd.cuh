@@ -48,6 +48,15 @@ __device__ __forceinline__ void flex_bwd_pre(const FlexParams &p) {
   const int64_t row = (int64_t)(b * p.H + h) * p.q_len + qi;
   if (p.dlse) acc -= flex_gload(p.dlse + b * p.lse_b + h * p.lse_h + qi);
   flex_gstore(p.delta + row, acc);
+#ifdef FLEX_SINK
+  /* The sink's logit gets dsk = -Ps D, Ps = exp(sk - LSE): once per row,
+   * nothing when Ps = 0 (no sink, or a +inf key outweighs it). */
+  if (p.kv_off == 0) { /* the shard that carries the sink (flex_row_sink) */
+    const float sk = flex_sink(p, b, h, qi); /* -inf: no sink, no weight (even with LSE -inf) */
+    const float ps = sk != -INFINITY ? expf(sk - flex_gload(p.lse + b * p.lse_b + h * p.lse_h + qi)) : 0.0f;
+    if (ps != 0.0f) flex_sink_grad(p, b, h, qi, -ps * acc);
+  }
+#endif
   float *dq = p.dq_acc + row * p.E;
   for (int e = 0; e < p.E; e++) flex_gstore(dq + e, 0.0f);
   for (int sp = 1; FLEX_DET && sp < p.dq_splits; sp++) /* the other slices */
@@ -83,7 +92,7 @@ __device__ __forceinline__ void flex_bwd_elem(const FlexParams &p, float qk, flo
   /* Underflow: no contribution. A NaN pr (the row's LSE is NaN, or
    * t = +inf) goes on into the gradients (IEEE). */
   if (pr == 0.0f) return;
-  /* Dropout: M = keep / (1 - p) on P for dV and on dP (DSL.md). */
+  /* Dropout: M = keep / (1 - p) on P for dV and on dP (docs/language.md). */
   float M = 1.0f;
   if (FLEX_DROP) M = flex_drop_keep(p, b, h, qi, kj) ? p.drop_scale : 0.0f;
   const float dt = pr * (M * dp - delta);
@@ -341,13 +350,13 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, uint32_t
         if (live[0] >> e & 1) {
           /* user code never sees an element that is out of range or masked */
           const float sv = SCORE_ID ? qk : flex_score(p, qk * p.scale, b, h, m0 + qm + c, n0 + key);
-          /* masked by the score (-inf): P = 0 even where LSE is NaN (DSL.md);
+          /* masked by the score (-inf): P = 0 even where LSE is NaN (docs/language.md);
            * at most 1 where a huge row's rounded LSE is below its max */
           const float ex = fmaf(sv, SCORE_ID ? scale_log2 : FLEX_LOG2E, -lse2);
           x = sv == -INFINITY ? 0.0f : flex_ex2(flex_nonpos(ex));
         }
         if (x != 0.0f) { /* 0 where masked or underflowed; a NaN P reaches the gradients */
-          /* Dropout: M = keep / (1 - p) on P for dV and on dP (DSL.md). */
+          /* Dropout: M = keep / (1 - p) on P for dV and on dP (docs/language.md). */
           float M = 1.0f;
           if (FLEX_DROP) M = flex_drop_keep(p, b, h, m0 + qm + c, n0 + key) ? p.drop_scale : 0.0f;
           const float dt = x * (M * dpt[j][e & 3] - dd);

@@ -253,7 +253,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
             if (live[0] >> e & 1) {
               /* user code never sees an element that is out of range or masked */
               const float sv = SCORE_ID ? qk : flex_score(p, qk * p.scale, b, h, qi, kj);
-              /* masked by the score (-inf): P = 0 even where LSE is NaN (DSL.md);
+              /* masked by the score (-inf): P = 0 even where LSE is NaN (docs/language.md);
                * at most 1 where a huge row's rounded LSE is below its max */
               x = sv == -INFINITY
                       ? 0.0f

@@ -63,8 +63,26 @@ __device__ __forceinline__ void flex_drop_bits(Bits bits[RW], const FlexParams &
  * A +inf logit (and no NaN) gives LSE +inf and O NaN; a NaN one, NaN.
  * row_max: the row's max (any positive multiple of it: only its sign and
  * infinities are read); ref: the row's reference in the exp2 domain (P =
- * 2^(logit - ref), so LSE = (ref + log2(sum)) ln 2). */
-__device__ __forceinline__ float flex_finish_row(float row_max, float ref, float row_sum, float *lse) {
+ * 2^(logit - ref), so LSE = (ref + log2(sum)) ln 2).
+ * sink2: the row's sink logit times log2 e (FLEX_SINK; -inf: none), one
+ * more term of the sum with no value: the keys' O is scaled down by it,
+ * and a fully masked row gets O = 0, LSE = the sink. A NaN or +inf sink
+ * makes LSE that and O NaN (docs/language.md). */
+__device__ __forceinline__ float flex_finish_row(float row_max, float ref, float row_sum, float *lse,
+                                                 float sink2 = -INFINITY) {
+  if (FLEX_HAS_SINK && !(sink2 < INFINITY)) { /* NaN or +inf */
+    *lse = sink2;
+    return sink2 - sink2; /* NaN */
+  }
+  if (FLEX_HAS_SINK && sink2 > -INFINITY && row_max == row_max && row_max < INFINITY) {
+    /* the keys' sum is relative to ref (none when the row is fully masked) */
+    const bool keys = row_max > -INFINITY;
+    const float m = keys && ref > sink2 ? ref : sink2;
+    const float corr = keys ? exp2f(ref - m) : 0.0f;
+    const float sum = row_sum * corr + exp2f(sink2 - m);
+    *lse = (m + log2f(sum)) * FLEX_LN2;
+    return corr / sum;
+  }
   if (row_max == INFINITY) {
     *lse = INFINITY;
     return 1.0f / row_sum; /* NaN: the sum holds exp2(inf - inf) */
@@ -158,6 +176,23 @@ __device__ __forceinline__ float flex_softmax_rescale(float &row_max, float tile
   const float corr = exp2f(row_max - m_use);
   row_max = m_new;
   return corr;
+}
+
+/* The sink logit of row qi: -inf without a sink, past Q_LEN (whose rows
+ * are never written), for a split-KV partial, whose sink the combine
+ * adds once, and for a shard whose keys do not begin the sequence
+ * (kv_off > 0: the shard pair at kv_off 0 carries it, so merged pairs
+ * count it once). flex_row_sink2: the same times log2 e, for flex_finish_row. */
+__device__ __forceinline__ float flex_row_sink(const FlexParams &p, int b, int h, int qi, bool part) {
+#ifdef FLEX_SINK
+  if (qi < p.q_len && !part && p.kv_off == 0) return flex_sink(p, b, h, qi);
+#else
+  (void)p, (void)b, (void)h, (void)qi, (void)part;
+#endif
+  return -INFINITY;
+}
+__device__ __forceinline__ float flex_row_sink2(const FlexParams &p, int b, int h, int qi, bool part) {
+  return flex_row_sink(p, b, h, qi, part) * FLEX_LOG2E;
 }
 
 /* ---- split-KV (docs/decoding.md) ---------------------------------------- */
@@ -599,6 +634,17 @@ struct FlexFwdTc {
     }
     flex_cp_async_wait<0>();
 
+    /* A sink's logits, one row per thread into the start of shared memory
+     * (Q's, or V's second stage: free once every warp is past its last
+     * tile): evaluated here, one at a time, rather than the warp's rows at
+     * once beside the O accumulators, where their registers would spill. */
+    float *sSink = (float *)flex_smem;
+    if (FLEX_HAS_SINK) {
+      __syncthreads(); /* every warp is done with the last tile */
+      for (int i = tid; i < BM; i += NT) sSink[i] = flex_row_sink2(p, b, h, m0 + i, sp.split >= 0);
+      __syncthreads();
+    }
+
     /* Normalise and write O and LSE. */
     typename OutEl::T *out = (typename OutEl::T *)p.out + b * p.so.b + h * p.so.h;
 #pragma unroll
@@ -608,10 +654,10 @@ struct FlexFwdTc {
         row_sum[m][r] += __shfl_xor_sync(0xffffffffu, row_sum[m][r], 1);
         row_sum[m][r] += __shfl_xor_sync(0xffffffffu, row_sum[m][r], 2);
         float lse;
-        float inv = flex_finish_row(row_max[m][r], flex_row_ref<SCORE_ID>(row_max[m][r], scale_log2),
-                                    row_sum[m][r], &lse);
-        if (FLEX_DROP) inv *= p.drop_scale;
         const int qi = m0 + wr + 16 * m + g + r * 8;
+        float inv = flex_finish_row(row_max[m][r], flex_row_ref<SCORE_ID>(row_max[m][r], scale_log2),
+                                    row_sum[m][r], &lse, FLEX_HAS_SINK ? sSink[qi - m0] : -INFINITY);
+        if (FLEX_DROP) inv *= p.drop_scale;
         if (qi >= p.q_len) continue;
         if (sp.split >= 0) { /* a partial: fp32, normalised by its own sum, into the workspace */
           const int64_t pr = flex_part_row(p, sp.split, b, h, qi);
@@ -719,7 +765,7 @@ __device__ __forceinline__ void flex_fwd_simt(const FlexParams &p) {
 #pragma unroll
   for (int off = 1; off < TPR; off *= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
   float lse;
-  float inv = flex_finish_row(row_max, row_max, row_sum, &lse);
+  float inv = flex_finish_row(row_max, row_max, row_sum, &lse, flex_row_sink2(p, b, h, qi, sp.split >= 0));
   if (FLEX_DROP) inv *= p.drop_scale;
   if (qi >= p.q_len) return;
   float *out = (float *)p.out + b * p.so.b + h * p.so.h + qi * p.so.row;
@@ -746,7 +792,8 @@ __device__ __forceinline__ void flex_fwd_simt(const FlexParams &p) {
  * lse_s = -inf and weight 0 and is skipped, so it adds no NaN. The
  * non-finite rows of flex_finish_row carry over: any NaN lse_s makes the
  * row NaN; else a +inf one gives LSE +inf and O NaN; all -inf (a fully
- * masked row) gives O = 0 and LSE = -inf. */
+ * masked row) gives O = 0 and LSE = -inf. A sink joins here, once (the
+ * partials have none): one more term of the sum with no value. */
 template <class OutEl>
 __device__ __forceinline__ void flex_fwd_combine_body(const FlexParams &p) {
   const int64_t rows = (int64_t)p.B * p.H * p.q_len;
@@ -754,10 +801,12 @@ __device__ __forceinline__ void flex_fwd_combine_body(const FlexParams &p) {
   const int lane = threadIdx.x % 32, S = p.kv_splits;
   if (row >= rows) return;
   const int qi = (int)(row % p.q_len), h = (int)(row / p.q_len % p.H), b = (int)(row / p.q_len / p.H);
-  float m = -INFINITY;
+  const float sk = flex_row_sink(p, b, h, qi, false);
+  float m = sk;
 #pragma unroll 1
   for (int s = 0; s < S; s++) m = flex_max_nan(m, flex_gload(p.part_lse + s * rows + row));
-  float lse, sum = 0.0f;
+  if (sk != sk) m = sk; /* a NaN sink (flex_max_nan keeps NaN from the partials only) */
+  float lse, sum = sk == -INFINITY || m != m || m == INFINITY ? 0.0f : expf(sk - m);
   if (m != m || m == INFINITY) lse = m;
   else if (m == -INFINITY) lse = -INFINITY;
   else {

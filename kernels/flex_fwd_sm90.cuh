@@ -281,9 +281,9 @@ struct FlexFwdSm90Consumer {
       row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
       row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
       float lse;
-      const float inv =
-          flex_finish_row(row_max[r], flex_row_ref<SCORE_ID>(row_max[r], scale_log2), row_sum[r], &lse);
       const int qi = r0 + 16 * w + g + r * 8;
+      const float inv = flex_finish_row(row_max[r], flex_row_ref<SCORE_ID>(row_max[r], scale_log2),
+                                        row_sum[r], &lse, flex_row_sink2(p, b, h, qi, false));
       if (qi >= p.q_len) continue;
       if (t4 == 0) flex_gstore(p.lse + b * p.lse_b + h * p.lse_h + qi, lse);
 #pragma unroll

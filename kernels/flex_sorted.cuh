@@ -1,5 +1,5 @@
 /* flex_sorted.cuh: the `sorted` promise of one 1-D integer buffer, checked
- * where the buffer lives (DSL.md: one O(length) pass per buffer, before any
+ * where the buffer lives (docs/language.md: one O(length) pass per buffer, before any
  * block is skipped).
  *
  * flex_sorted_check_body: a grid-stride loop over i in [1, n) of

@@ -60,12 +60,14 @@ typedef struct FlexParams {
   int32_t sizes[FLEX_MAX_SIZES];   /* by IR size slot: B H HKV Q_LEN KV_LEN, then free symbols */
   int32_t B, H, HKV, G, q_len, kv_len, E, EV; /* G = H / HKV */
   int32_t b0;                      /* functions see batch index b as b + b0 (a packed call's sequence) */
+  int32_t q_off, kv_off;           /* position offsets (kernels generated with FLEX_OFFSETS): functions
+                                      and dropout bits see row q as q + q_off, key kv as kv + kv_off */
   int32_t block_q, block_kv;       /* block-mask block sizes (multiples of the kernel's tiles) */
   int32_t vec16;                   /* nonzero: q/k/v/dout rows are 16-byte aligned (cp.async path) */
   int32_t page_size;               /* paged K/V: keys per page (key kv is row kv % page_size of
                                       page pages[kv / page_size]) */
   float scale;                     /* softmax scale (1/sqrt(E) by default) */
-  /* ---- dropout (DSL.md; read only by kernels generated with FLEX_DROPOUT) ---- */
+  /* ---- dropout (docs/language.md; read only by kernels generated with FLEX_DROPOUT) ---- */
   float drop_p;                    /* probability of dropping a weight, in [0, 1) */
   float drop_scale;                /* 1 / (1 - drop_p): what a kept weight is multiplied by */
   uint32_t drop_seed[2];           /* Philox key (seed_lo, seed_hi) */

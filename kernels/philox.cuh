@@ -1,4 +1,4 @@
-/* philox.cuh: Philox4x32-10 and the dropout keep rule of DSL.md ("Dropout").
+/* philox.cuh: Philox4x32-10 and the dropout keep rule of docs/language.md ("Dropout").
  *
  * One definition of the bits for every backend: the kernels include it as
  * CUDA (NVRTC) and as the emulator's host C++, the reference and the tests

@@ -4,7 +4,7 @@
  * compiler and the kernels cannot disagree on what `/`, `%` or a wrap is.
  *
  * int is 32-bit two's complement and wraps; x / 0 == 0 and x % 0 == x
- * (DSL.md "Types"); INT_MIN / -1 wraps to INT_MIN and INT_MIN % -1 == 0.
+ * (docs/language.md "Types"); INT_MIN / -1 wraps to INT_MIN and INT_MIN % -1 == 0.
  */
 #ifndef FLEX_SCALAR_CUH
 #define FLEX_SCALAR_CUH
@@ -50,7 +50,7 @@ FLEX_SC_FN int32_t flex_imod(int32_t a, int32_t b) {
   return a % b;
 }
 
-/* Shifts (DSL.md "Types"): a count outside 0..31 acts as 32, the PTX
+/* Shifts (docs/language.md "Types"): a count outside 0..31 acts as 32, the PTX
  * shl/shr rule: x << n gives 0 and x >> n gives 0 or -1 by the sign of x.
  * `>>` is arithmetic (written without shifting a negative number). */
 FLEX_SC_FN int32_t flex_shl(int32_t a, int32_t n) {

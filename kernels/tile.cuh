@@ -126,7 +126,7 @@ __device__ __forceinline__ void flex_tile_load_f32(float *dst, int pitch, const 
   }
 }
 
-/* ---- paged K/V (DSL.md "Paged key/value cache") ---------------------------
+/* ---- paged K/V (docs/language.md "Paged key/value cache") ---------------------------
  * Row kv of a paged source is row kv % page_size of page pages[kv /
  * page_size]; `src` is the pool at this head, page_stride and row_stride in
  * elements. A tile of rows may span pages or sit inside one, so every row's

@@ -4,11 +4,16 @@
  * written once over them; a backend is a table of these verbs in its own
  * room (emu/, cuda/, cpu/).
  *
- * The unit of work is an entry: one of the kernels of RtEntry, run over one
- * FlexParams (kernels/params.cuh), the plain-C description of a call every
- * backend shares. CUDA and the emulator launch the generated entry of that
- * name with the geometry given; a backend that is neither (cpu) runs its
- * own code for the entry and may ignore the geometry.
+ * A backend states what its device can do (CgDevice, when a call opens);
+ * what the kernels are generated with is then chosen once, by cg_plan
+ * (codegen/plan.c), from the call's shape and that statement. The unit of
+ * work is an entry: one of the kernels of RtEntry, run over one FlexParams
+ * (kernels/params.cuh), the plain-C description of a call every backend
+ * shares (the sm_90a bodies' FlexFwdTma / FlexBwdTma: the same with tensor
+ * maps, built by the run sequence with the backend's encoder). CUDA and the
+ * emulator launch the generated entry of that name with the geometry given,
+ * checked against the hardware's limits before the verb is called; a host
+ * backend (cpu) runs its own code for the entry and ignores the geometry.
  *
  * The float64 reference is not a device backend: it evaluates the IR over a
  * materialised score matrix (runtime/reference.c) and is the documented
@@ -23,6 +28,7 @@
 
 #include "codegen/codegen.h"
 #include "kernels/params.cuh"
+#include "runtime/launch.h"
 #include "runtime/rt.h"
 
 /* The kernels of one call, in the order the run sequence may run them. */
@@ -46,8 +52,8 @@ const char *rt_entry_name(RtEntry e);
 typedef struct RtRun {
   const struct RtBackend *be; /* the backend's verbs */
   const RtCall *c;            /* the validated call */
-  CgOptions opts;             /* what the kernels are generated with (mask mode from the plan) */
-  CgArch arch;                /* target of the kernels (set by open) */
+  CgOptions opts;             /* what the kernels are generated with (cg_plan) */
+  CgDevice dev;               /* what the device can do (set by open) */
   void *stream;               /* the caller's stream (CUstream; NULL: default) */
   int device;                 /* device ordinal (cuda) */
   void *module;               /* the prepared kernels (owned by the backend's cache) */
@@ -64,21 +70,14 @@ typedef struct RtBackend {
   /* `sorted` promises checked by flex_sorted_check where the buffers live
    * (emu, cuda: the generated entries); false: on the host (cpu). */
   bool sorted_entry;
-  /* Streaming multiprocessors of the call's device (after open), which the
-   * split-KV heuristic fills (docs/decoding.md); 0: unknown (the fixed
-   * RT_SPLIT_DEFAULT_SMS is used). NULL: the backend runs the forward whole
-   * (cpu), so it never splits. */
-  int (*sm_count)(RtRun *r);
   /* A deterministic backward's dQ goes into one slice of the accumulator
    * per CTA of flex_bwd (the generated kernels: emu, cuda); false: the
    * backend orders its dQ adds itself (cpu). */
   bool dq_slices;
   /* Check where the call's tensors live (r->c; NULL outside a call: the
-   * default device), make that device current, and set r->arch (the
-   * kernels' target; CG_SM80 for host backends). */
+   * default device), make that device current, and state what it can do
+   * for the call in r->dev. */
   flex_status (*open)(RtRun *r);
-  /* Adjust r->opts for this backend before the mask plan (tile shapes). May be NULL. */
-  void (*configure)(RtRun *r);
   /* Build (or find in a cache) the kernels of r->opts for the call; set r->module. */
   flex_status (*prepare)(RtRun *r);
   /* Zero-filled memory of `bytes` (> 0) on the backend; release frees it (NULL is fine). */
@@ -89,16 +88,17 @@ typedef struct RtBackend {
   /* Copies in the call's stream order (asynchronous where the device is). */
   flex_status (*upload)(RtRun *r, void *dst, const void *src, size_t bytes);
   flex_status (*download)(RtRun *r, void *dst, const void *src, size_t bytes);
-  /* Run one entry with geometry g over p. */
-  flex_status (*launch)(RtRun *r, RtEntry e, const CgLaunch *g, const FlexParams *p);
+  /* Run one entry with geometry g (within the hardware's limits) over its
+   * parameter block: a FlexParams, or for the sm_90a bodies' entries
+   * (r->opts.fwd_sm90 / bwd_sm90) a FlexFwdTma / FlexBwdTma. */
+  flex_status (*launch)(RtRun *r, RtEntry e, const CgLaunch *g, const void *params);
   /* Wait for everything issued on the call's stream. */
   flex_status (*sync)(RtRun *r);
   /* Drop what open and prepare left in r->state (may be NULL). */
   void (*close)(RtRun *r);
-  /* Whether launch builds the tensor maps of the sm_90a forward or backward
-   * (FlexFwdTma, rt_launch_fwd_tma; FlexBwdTma, rt_launch_bwd_tma) for this
-   * call; NULL: never (the sm_80 kernels run). */
-  bool (*tensor_maps)(RtRun *r);
+  /* The tensor-map encoder of the sm_90a bodies (the driver's, or the
+   * emulator's stand-in); NULL: none (CgDevice.tensor_maps false). */
+  RtTmapEncode tmap;
 } RtBackend;
 
 /* The device backends, each a table in its own room. */
@@ -112,19 +112,20 @@ flex_status rt_cuda_device_name(int device, char *out, size_t cap);
 /* Whether the emulator's host C++ compiler is there (else the reason as the last error). */
 bool rt_emu_available(void);
 
-/* The SM count split-KV assumes when the backend does not know its own
- * (the emulator: an A100's 108, its default arch being sm_80). */
-#define RT_SPLIT_DEFAULT_SMS 108
-/* The most key chunks the heuristic picks (a forced count is clamped only
- * to the key tiles). */
-#define RT_SPLIT_MAX 64
-
-/* The longest Q_LEN a forward packs the query heads of a group for
- * (grouped-query packing, docs/decoding.md). */
-#define RT_PACK_MAX_Q_LEN 16
+/* Every tensor a call reads or writes, each once, with a name for
+ * messages: q, k, v, out, lse, then a backward's dout, dlse, dq, dk, dv,
+ * then each buffer and its gradient, a caller's BlockMask's arrays, and a
+ * paged call's pools (whose sequence views k and v are then left out).
+ * NULL ones are skipped. */
+void rt_call_tensors(const RtCall *c, void (*fn)(void *ctx, const char *name, const DLTensor *t),
+                     void *ctx);
 
 /* One call, forward or backward (c->backward), through the run sequence. */
 flex_status rt_run(const RtBackend *be, const RtCall *c);
+/* Validate and run one call on be (NULL: the float64 reference); seq: one
+ * sequence of a packed or paged call, or NULL (run.c). */
+flex_status rt_call_one(const RtBackend *be, const flex_kernel *k, const flex_args *a,
+                        bool backward, const RtSeq *seq);
 
 /* What the last call on this thread did (tests and benchmarks); for a
  * packed (cu_seqlens) call, summed over its sequences. */

@@ -52,6 +52,7 @@ typedef enum RtMaskMode { RT_MASK_ANALYSIS, RT_MASK_EVAL, RT_MASK_BLOCKWISE, RT_
 typedef struct RtMaskShape {
   int B, H, q_len, kv_len; /* attention sizes (all >= 1) */
   int block_q, block_kv;   /* block sizes (0: 128) */
+  int q_off, kv_off;       /* a shard's position offsets: the mask sees q + q_off, kv + kv_off */
 } RtMaskShape;
 
 /* What a build found. */
@@ -71,12 +72,51 @@ typedef struct RtMaskStats {
 flex_status rt_block_mask_build(RtBlockMask *out, const IrModule *m, const IrIntervalEnv *env,
                                 const RtMaskShape *shape, RtMaskMode mode, RtMaskStats *stats);
 
-/* How RT_MASK_EVAL and RT_MASK_BLOCKWISE evaluate open blocks: `threads`
- * worker threads over rows of blocks (0: one per online core, or
- * $FLEXC_MASK_THREADS), and the row-vectorised interpreter (`vector`) or
- * the plain one, element by element, on one thread (threads 1, vector
- * false: the builder as it was, for benchmarks and tests). Process-wide. */
+/* How RT_MASK_EVAL and RT_MASK_BLOCKWISE evaluate open blocks: rows of
+ * blocks on the thread pool (threads 0; 1: the calling thread), and the
+ * row-vectorised interpreter (`vector`) or the plain one, element by
+ * element (threads 1, vector false: the builder as it was, for benchmarks
+ * and tests). Process-wide. */
 void rt_block_mask_eval_config(int threads, bool vector);
+
+/* ---- the one host block classifier ---------------------------------------------- */
+
+/* The blocks of a classification: stored (b, h) extents and the blocks of
+ * one (b, h). A stored extent of 1 where the call's is larger means the
+ * mask does not read that argument: b = 0 (h = 0) stands for every value. */
+typedef struct RtBlockGrid {
+  int B, H;              /* stored extents */
+  int q_len, kv_len;     /* rows and keys */
+  int block_q, block_kv; /* block sizes */
+  int nq, nkv;           /* blocks: ceil(len / block) */
+  int b_base;            /* the mask sees batch b + b_base (a packed call's sequence) */
+  int q_base, kv_base;   /* and rows q + q_base, keys kv + kv_base (a shard's positions) */
+} RtBlockGrid;
+
+/* One block: stored batch and head, rows q0..q1 and keys k0..k1
+ * (inclusive), in the grid's own coordinates (without its bases). */
+typedef struct RtRect {
+  int b, h, q0, q1, k0, k1;
+} RtRect;
+
+/* Element-wise classification of the blocks the analysis leaves open: the
+ * interpreter (the builder here), the cpu backend's JIT-compiled mask. */
+typedef struct RtBlockEval {
+  /* The class of r from its elements (FLEX_BLOCK_*), on pool worker
+   * `worker` (below base_pool_size()); -1 when an evaluation failed, with
+   * the message in err. */
+  int (*block)(void *ctx, int worker, const RtRect *r, char *err, size_t cap);
+  void *ctx;
+  bool pooled;           /* block may run on the pool's workers */
+} RtBlockEval;
+
+/* Every block of g into cls[B][H][nq][nkv] (FLEX_BLOCK_* bytes): the
+ * interval analysis when `analysis`, then ev on the blocks still open (ev
+ * NULL: they stay partial, always safe). Rows of blocks run on the pool.
+ * FLEX_ERR_INVALID with the lowest failed row's message when an element
+ * evaluation fails. st (may be NULL) gets undecided and refined added. */
+flex_status rt_classify_blocks(const RtBlockGrid *g, const IrModule *m, const IrIntervalEnv *ienv,
+                               bool analysis, const RtBlockEval *ev, uint8_t *cls, RtMaskStats *st);
 
 /* Validate a caller's BlockMask (int32, host memory, shapes, indices in
  * range, no duplicates, full and partial disjoint, q side consistent with

@@ -12,4 +12,9 @@ typedef struct EmbeddedFile {
 /* Terminated by an entry with name == NULL. */
 extern const EmbeddedFile rt_embedded[];
 
+/* SHA-256 over every entry's name and text, each length-prefixed (8 bytes,
+ * little-endian), in table order: computed when they are embedded, part of
+ * the store keys of cubins and emulator modules. */
+extern const unsigned char rt_embedded_digest[32];
+
 #endif

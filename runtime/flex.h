@@ -6,7 +6,7 @@
  * went wrong in words (which tensor, what was expected, what came). The
  * library never exits the process and never prints.
  *
- * Shapes (DSL.md "Semantics"):
+ * Shapes (docs/language.md "Semantics"):
  *   q  [B, H,   Q_LEN,  E]     k [B, HKV, KV_LEN, E]    v [B, HKV, KV_LEN, EV]
  *   out[B, H,   Q_LEN,  EV]    lse [B, H, Q_LEN]        (natural log)
  *   dout like out, dlse like lse (optional), dq like q, dk like k, dv like v.
@@ -98,6 +98,7 @@ enum {
   FLEX_FEATURE_GRAD_BUFFERS = 1u << 2, /* some buffer is `grad` */
   FLEX_FEATURE_IMPLICIT_MASK = 1u << 3, /* the kernels classify blocks themselves: no BlockMask needed */
   FLEX_FEATURE_DS_IS_DT = 1u << 4,     /* d score / d s == 1: the backward skips the joint */
+  FLEX_FEATURE_SINK = 1u << 5,         /* a sink function (docs/language.md "Attention sinks") */
 };
 
 /* Everything a program needs to call a kernel it did not write. Pointers
@@ -112,6 +113,7 @@ typedef struct flex_kernel_info {
   const flex_param_info *params;   /* in declaration order */
   int nbuffers;
   const flex_buffer_info *buffers; /* in declaration order */
+  const char *sink;        /* the sink function's name, or NULL */
 } flex_kernel_info;
 
 flex_status flex_kernel_get_info(const flex_kernel *k, flex_kernel_info *out);
@@ -193,21 +195,21 @@ typedef struct flex_args {
                                       over each `sorted` buffer before any block is skipped and
                                       fails with the buffer, the index and the two values where it
                                       decreases (device buffers: copied to the host for it) */
-  /* A packed variable-length batch (DSL.md; docs/varlen.md): int32 [B + 1]
+  /* A packed variable-length batch (docs/language.md; docs/varlen.md): int32 [B + 1]
    * offsets on the call's device, from 0, non-decreasing, ending at TOTAL_Q
    * and TOTAL_KV. When set (both are needed), q is (TOTAL_Q, H, E), k
    * (TOTAL_KV, HKV, E), v (TOTAL_KV, HKV, EV), out and dout (TOTAL_Q, H, EV),
    * lse and dlse (H, TOTAL_Q), dq, dk, dv like q, k, v; block_mask must be
    * NULL. Device backends read the offsets back to the host once per call. */
   const DLTensor *cu_seqlens_q, *cu_seqlens_kv;
-  /* Dropout (DSL.md "Dropout"): attention weights dropped with probability
+  /* Dropout (docs/language.md "Dropout"): attention weights dropped with probability
    * dropout_p in [0, 1), kept ones scaled by 1 / (1 - dropout_p), by the bits
    * of Philox4x32-10 keyed by dropout_seed at dropout_offset. A backward
    * must get the forward's three values. 0: no dropout, at no cost (the
    * kernels are generated without it). */
   float dropout_p;
   uint64_t dropout_seed, dropout_offset;
-  /* A paged key/value cache (DSL.md; docs/paged.md), forward only: k is the
+  /* A paged key/value cache (docs/language.md; docs/paged.md), forward only: k is the
    * pool (NUM_PAGES, PAGE_SIZE, HKV, E), v (NUM_PAGES, PAGE_SIZE, HKV, EV),
    * PAGE_SIZE any integer in 16..256; page_table int32 [B, MAX_PAGES] and
    * kv_lens int32 [B] on q's device (both are needed). Sequence b's key kv
@@ -225,7 +227,7 @@ typedef struct flex_args {
    * to the number of key tiles. Negative: FLEX_ERR_INVALID. The reference
    * and cpu backends compute each row whole and ignore it. */
   int kv_splits;
-  /* A deterministic backward (DSL.md "Determinism"; docs/kernels.md): dq,
+  /* A deterministic backward (docs/language.md "Determinism"; docs/kernels.md): dq,
    * dk, dv and buffer gradients bitwise identical across runs with the same
    * inputs, configuration and device. dQ is summed in a fixed order over
    * groups of key tiles (emu, cuda: one fp32 dQ scratch per group, see
@@ -238,6 +240,20 @@ typedef struct flex_args {
    * TMA and wgmma, docs/kernels.md); any of sm_80, sm_86, sm_89, sm_90, sm_90a. Other
    * backends ignore it (cuda compiles for the device's own). */
   const char *arch;
+  /* Position offsets (docs/language.md "Position offsets"): the call is a
+   * shard of a longer sequence, for context parallelism. Row i of q is
+   * position q_offset + i of the whole sequence and row j of k and v
+   * position kv_offset + j; score, mask and sink functions see those
+   * positions as q and kv, Q_LEN and KV_LEN are the whole lengths
+   * q_len_total and kv_len_total, and masks, dropout bits and block
+   * classification use them too, so merging the shard pairs' results by
+   * LSE gives the unsharded call's. Offsets >= 0; a total of 0 means this
+   * call's own length (offset 0). The shard must lie in the whole
+   * sequence, whose positions must fit in int32. Not with cu_seqlens or a
+   * page table. A kernel's sink is added by the shards at kv_offset 0 only
+   * (and gets its gradient there), so the merge counts it once. */
+  int64_t q_offset, kv_offset;
+  int64_t q_len_total, kv_len_total;
 } flex_args;
 
 /* ---- block masks ---------------------------------------------------------- */
@@ -263,6 +279,21 @@ flex_status flex_block_mask_create(flex_block_mask **out, flex_kernel *k, const 
                                    int H, int q_len, int kv_len, int block_q, int block_kv,
                                    flex_mask_stats *stats);
 void flex_block_mask_free(flex_block_mask *m);
+
+/* How k's mask covers a whole call (docs/blockmask.md). */
+typedef enum flex_mask_class {
+  FLEX_MASK_EMPTY = 0,   /* no element kept: the call's O is 0 and its LSE -inf (a shard pair
+                            of a causal mask above the diagonal contributes nothing) */
+  FLEX_MASK_FULL = 1,    /* every element kept */
+  FLEX_MASK_PARTIAL = 2, /* mixed, or not decided by the interval analysis */
+} flex_mask_class;
+
+/* The class of the whole B x H x q_len x kv_len call of k, by the interval
+ * analysis of its mask over the call's ranges of b, h, q and kv (with a's
+ * position offsets, params and host buffers, validated as
+ * flex_block_mask_create validates them): O(1), no element evaluated. */
+flex_status flex_mask_classify(const flex_kernel *k, const flex_args *a, int B, int H, int q_len,
+                               int kv_len, flex_mask_class *out);
 
 /* ---- what the compiler makes (flexc check, ir, emit) ------------------------- */
 

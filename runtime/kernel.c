@@ -1,13 +1,13 @@
 /* kernel.c: the flex.h entry points about kernels themselves: loading (the
  * front half of the pipeline, ir/front.c), describing them
- * (flex_kernel_get_info), and what the compiler makes of them (check, IR
- * text, CUDA/PTX/cubin). */
+ * (flex_kernel_get_info), the module a backward with some buffer gradients
+ * runs (rt_kernel_module), and what the compiler makes of them (check, IR
+ * text, mask explanations; CUDA, PTX and cubins are api/emit.c's). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codegen/codegen.h"
-#include "cuda/nvrtc.h"
 #include "ir/interval.h"
 #include "runtime/rt.h"
 #include "runtime/tensor.h"
@@ -82,10 +82,62 @@ flex_status flex_kernel_load(flex_kernel **out, const char *path, const char *ke
   RT_TRY(do_kernel_load(out, path, kernel));
 }
 
+/* k->mod with the joint (and sink gradient) of one set of wanted buffer gradients. */
+typedef struct RtVariant {
+  struct RtVariant *next;
+  bool *keep;          /* by buffer slot: its gradient is added (only slots the joint adds into) */
+  Arena arena;         /* owns keep and joint */
+  IrModule mod;        /* k->mod but for joint */
+} RtVariant;
+
 void flex_kernel_free(flex_kernel *k) {
   if (!k) return;
+  for (RtVariant *v = atomic_load(&k->variants), *next; v; v = next) {
+    next = v->next;
+    arena_free(&v->arena);
+    base_free(v);
+  }
   arena_free(&k->arena);
   base_free(k);
+}
+
+/* ---- the joint a backward runs ------------------------------------------------------ */
+
+const IrModule *rt_kernel_module(const flex_kernel *k, const bool *keep) {
+  const IrModule *m = k->mod;
+  int nb = m->nbuffers;
+  bool dropped = false;
+  const IrFunc *grads[2] = {m->joint, m->sink_grad};
+  for (int g = 0; g < 2 && grads[g]; g++)
+    for (int i = 0; i < grads[g]->n; i++)
+      if (grads[g]->inst[i].op == IR_ACCUM) dropped = dropped || !keep[grads[g]->inst[i].aux];
+  if (!dropped) return m;
+  /* Compared on the slots the gradients add into: the others change nothing. */
+  bool *adds = base_alloc((size_t)nb + 1);
+  for (int g = 0; g < 2 && grads[g]; g++)
+    for (int i = 0; i < grads[g]->n; i++)
+      if (grads[g]->inst[i].op == IR_ACCUM) adds[grads[g]->inst[i].aux] = keep[grads[g]->inst[i].aux];
+  flex_kernel *mk = (flex_kernel *)k; /* the variants are the kernel's cache */
+  for (RtVariant *v = atomic_load(&mk->variants); v; v = v->next)
+    if (!memcmp(v->keep, adds, (size_t)nb)) {
+      base_free(adds);
+      return &v->mod;
+    }
+  /* Built whole before it is published; two threads racing both publish
+   * one, which is harmless (the list only grows). */
+  RtVariant *v = base_alloc(sizeof *v);
+  v->keep = arena_alloc(&v->arena, (size_t)nb + 1);
+  memcpy(v->keep, adds, (size_t)nb);
+  base_free(adds);
+  v->mod = *m;
+  v->mod.arena = &v->arena;
+  v->mod.joint = ir_drop_accums(&v->arena, m->joint, v->keep);
+  if (m->sink_grad) v->mod.sink_grad = ir_drop_accums(&v->arena, m->sink_grad, v->keep);
+  base_keep(v); /* the kernel's from now on, whatever becomes of this call */
+  arena_keep(&v->arena);
+  v->next = atomic_load(&mk->variants);
+  while (!atomic_compare_exchange_weak(&mk->variants, &v->next, v)) {}
+  return &v->mod;
 }
 
 /* ---- what a kernel reads ------------------------------------------------------------ */
@@ -127,6 +179,7 @@ static flex_status do_kernel_get_info(const flex_kernel *k, flex_kernel_info *ou
   out->file = k->src.path;
   out->score = m->score_is_identity ? NULL : m->score->name;
   out->mask = m->mask ? m->mask->name : NULL;
+  out->sink = m->sink ? m->sink->name : NULL;
   CgOptions o;
   char err[8];
   bool opts = cg_options_init(&o, m, CG_FP32, 64, 64, CG_SM80, true, err, sizeof err);
@@ -134,7 +187,8 @@ static flex_status do_kernel_get_info(const flex_kernel *k, flex_kernel_info *ou
                   (m->mask ? FLEX_FEATURE_MASK : 0u) |
                   (opts && o.grad_buffers ? FLEX_FEATURE_GRAD_BUFFERS : 0u) |
                   (m->mask && ir_interval_device_decidable(m) ? FLEX_FEATURE_IMPLICIT_MASK : 0u) |
-                  (opts && o.ds_is_dt ? FLEX_FEATURE_DS_IS_DT : 0u);
+                  (opts && o.ds_is_dt ? FLEX_FEATURE_DS_IS_DT : 0u) |
+                  (m->sink ? FLEX_FEATURE_SINK : 0u);
   out->nparams = m->nparams;
   out->params = mk->info_params;
   out->nbuffers = m->nbuffers;
@@ -285,103 +339,3 @@ flex_status flex_ir_text(char **text, const char *path, const char *kernel, bool
 
 void flex_free(void *p) { base_free(p); }
 
-/* ---- emit ---------------------------------------------------------------------------------- */
-
-/* Registers, spills, shared memory (static + the launch's dynamic) and stack per entry. */
-static char *resources(const char *log, const CgOptions *o) {
-  RtPtxasInfo info[8];
-  int n = rt_ptxas_parse(log, info, 8);
-  Buf b = {0};
-  for (int i = 0; i < n; i++) {
-    size_t dyn = 0;
-    if (!strcmp(info[i].name, "flex_fwd")) dyn = cg_launch_fwd(o, 1, 1, 1).smem;
-    if (!strcmp(info[i].name, "flex_bwd")) dyn = cg_launch_bwd(o, 1, 1, 1).smem;
-    buf_printf(&b,
-               "%s: %d registers, %d bytes spill stores, %d bytes spill loads, "
-               "shared memory %d bytes static + %zu bytes dynamic, %d bytes stack%s\n",
-               info[i].name, info[i].registers, info[i].spill_stores, info[i].spill_loads,
-               info[i].smem, dyn, info[i].stack,
-               info[i].wgmma_serial ? ", wgmma serialized by ptxas" : "");
-  }
-  return b.data ? b.data : base_strdup("");
-}
-
-static bool cg_dtype_of(DLDataType t, CgDtype *out) {
-  if (t.code == kDLBfloat && t.bits == 16) *out = CG_BF16;
-  else if (t.code == kDLFloat && t.bits == 16) *out = CG_FP16;
-  else if (t.code == kDLFloat && t.bits == 32) *out = CG_FP32;
-  else return false;
-  return true;
-}
-
-static flex_status do_emit(const flex_kernel *k, const flex_emit_options *eo, char **out, size_t *len,
-                      char **report) {
-  if (!k || !eo || !out || !len) return rt_err(FLEX_ERR_INVALID, "flex_emit: NULL argument");
-  *out = NULL;
-  *len = 0;
-  if (report) *report = NULL;
-  CgArch arch;
-  CgDtype dt;
-  if (!eo->arch || !cg_arch_parse(eo->arch, &arch))
-    return rt_err(FLEX_ERR_INVALID, "unknown arch '%s' (sm_80, sm_86, sm_89, sm_90, sm_90a)",
-                  eo->arch ? eo->arch : "(null)");
-  if (!cg_dtype_of(eo->dtype, &dt))
-    return rt_err(FLEX_ERR_INVALID, "dtype %s: expected float16, bfloat16 or float32",
-                  rt_dtype_name(eo->dtype));
-  if ((unsigned)eo->target > FLEX_TARGET_CUBIN)
-    return rt_err(FLEX_ERR_INVALID, "unknown target %d", (int)eo->target);
-  CgOptions o;
-  char err[256];
-  int ev = eo->head_dim_v ? eo->head_dim_v : eo->head_dim;
-  if (!cg_options_init(&o, k->mod, dt, eo->head_dim, ev, arch, !eo->forward_only, err, sizeof err))
-    return rt_err(FLEX_ERR_INVALID, "%s", err);
-  o.fast_math = eo->fast_math;
-  o.dropout = eo->dropout;
-  o.deterministic = eo->deterministic && !eo->forward_only;
-  /* Both decide bodies (the sm_90a ones do neither): tiles picked again. */
-  if ((o.dropout || o.deterministic) && !cg_options_retile(&o, err, sizeof err))
-    return rt_err(FLEX_ERR_INVALID, "%s", err);
-  o.source = k->src.path;
-  Buf src = {0};
-  cg_emit_cuda(&src, k->mod, &o);
-  if (eo->target == FLEX_TARGET_CUDA && !eo->resource_usage) {
-    *len = src.len;
-    *out = src.data;
-    return FLEX_OK;
-  }
-  bool cubin = eo->target == FLEX_TARGET_CUBIN;
-  RtNvrtcResult res;
-  flex_status st = rt_nvrtc_compile(&res, src.data, cg_arch_name(arch),
-                                    cubin || eo->resource_usage ? RT_NVRTC_CUBIN : RT_NVRTC_PTX,
-                                    eo->resource_usage);
-  if (!st && eo->resource_usage && report) *report = resources(res.log.data ? res.log.data : "", &o);
-  if (!st && (cubin || !eo->resource_usage)) { /* the compile made the target itself */
-    *len = res.image.len;
-    *out = res.image.data;
-    res.image.data = NULL;
-  } else if (!st && eo->target == FLEX_TARGET_CUDA) {
-    *len = src.len;
-    *out = src.data;
-    src.data = NULL;
-  } else if (!st) { /* PTX with the report: the report came from a cubin build */
-    rt_nvrtc_free(&res);
-    st = rt_nvrtc_compile(&res, src.data, cg_arch_name(arch), RT_NVRTC_PTX, false);
-    if (!st) {
-      *len = res.image.len;
-      *out = res.image.data;
-      res.image.data = NULL;
-    }
-  }
-  if (st && report) {
-    base_free(*report);
-    *report = NULL;
-  }
-  rt_nvrtc_free(&res);
-  buf_free(&src);
-  return st;
-}
-
-flex_status flex_emit(const flex_kernel *k, const flex_emit_options *eo, char **out, size_t *len,
-                      char **report) {
-  RT_TRY(do_emit(k, eo, out, len, report));
-}

@@ -121,6 +121,7 @@ flex_status rt_launch_fill(const RtCall *c, FlexParams *p, const char *backend) 
   p->B = c->B, p->H = c->H, p->HKV = c->HKV, p->G = c->G;
   p->q_len = c->QL, p->kv_len = c->KL, p->E = c->E, p->EV = c->EV;
   p->b0 = c->b0;
+  p->q_off = c->q_off, p->kv_off = c->kv_off;
   p->pages = c->pages, p->page_size = c->page_size;
   p->scale = (float)c->scale;
   p->drop_p = a->dropout_p;
@@ -158,7 +159,7 @@ flex_status rt_launch_check_geometry(const char *backend, const char *entry, con
  * into the kernels' tiles. */
 static flex_status user_plan(const RtCall *c, const CgOptions *o, RtMaskPlan *plan) {
   const flex_block_mask *u = c->args->block_mask;
-  RtMaskShape shape = {c->B, c->H, c->QL, c->KL, u->block_q, u->block_kv};
+  RtMaskShape shape = {c->B, c->H, c->QL, c->KL, u->block_q, u->block_kv, 0, 0};
   flex_status st = rt_block_mask_from_user(&plan->bm, u, &shape);
   if (st) return st;
   plan->user = true;
@@ -171,20 +172,12 @@ static flex_status user_plan(const RtCall *c, const CgOptions *o, RtMaskPlan *pl
   return FLEX_OK;
 }
 
-flex_status rt_launch_mask_plan(const RtCall *c, CgOptions *o, RtMaskPlan *plan) {
+flex_status rt_launch_mask_plan(const RtCall *c, const CgOptions *o, RtMaskPlan *plan) {
   memset(plan, 0, sizeof *plan);
-  o->mask_builder = false;
-  if (c->args->block_mask) {
-    plan->mode = o->mask_mode = CG_MASK_LISTS;
-    return user_plan(c, o, plan);
-  }
-  if (!o->has_mask) {
-    plan->mode = o->mask_mode = CG_MASK_NONE;
-  } else if (ir_interval_device_decidable(c->mod)) {
-    plan->mode = o->mask_mode = CG_MASK_IMPLICIT;
-  } else {
-    plan->mode = o->mask_mode = CG_MASK_LISTS;
-    plan->build = o->mask_builder = true;
+  plan->mode = o->mask_mode;
+  if (c->args->block_mask) return user_plan(c, o, plan);
+  if (o->mask_builder) {
+    plan->build = true;
     cg_mask_blocks(o, &plan->block_q, &plan->block_kv);
     plan->Bm = ir_interval_uses_arg(c->mod, ARG_B) ? c->B : 1;
     plan->Hm = ir_interval_uses_arg(c->mod, ARG_H) ? c->H : 1;
@@ -252,7 +245,9 @@ flex_status rt_launch_bounds_report(const RtCall *c, const int32_t *rec) {
   if (!rec[0]) return FLEX_OK;
   const int site = rec[1], kind = (site >> 16) & 0x3fff, i = site & 0xffff;
   const IrModule *m = c->mod;
-  const IrFunc *f = kind == IRF_SCORE ? m->score : kind == IRF_MASK ? m->mask : m->joint;
+  const IrFunc *const fns[] = {[IRF_SCORE] = m->score, [IRF_MASK] = m->mask, [IRF_JOINT] = m->joint,
+                               [IRF_SINK] = m->sink, [IRF_SINK_GRAD] = m->sink_grad};
+  const IrFunc *f = kind <= IRF_SINK_GRAD ? fns[kind] : NULL;
   CHECK(f && i < f->n && (f->inst[i].op == IR_LOAD || f->inst[i].op == IR_ACCUM));
   const IrInst *in = &f->inst[i];
   int64_t idx[IR_MAXDIMS];

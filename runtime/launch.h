@@ -62,13 +62,11 @@ typedef struct RtMaskPlan {
   int nq, nkv;          /* its block counts */
 } RtMaskPlan;
 
-/* Pick the mask mode for call c and set o->mask_mode / o->mask_builder:
- * a caller's BlockMask (validated and normalised with
- * rt_block_mask_from_user from host copies; its blocks must be multiples
- * of the kernels' tiles) -> LISTS; no mask -> NONE; a mask the analysis
- * decides -> IMPLICIT; otherwise LISTS from the builder. Free with
- * rt_launch_mask_free. */
-flex_status rt_launch_mask_plan(const RtCall *c, CgOptions *o, RtMaskPlan *plan);
+/* The arrays of the mask mode cg_plan chose (o->mask_mode, mask_builder):
+ * a caller's BlockMask validated and normalised (rt_block_mask_from_user,
+ * from host copies; its blocks must be multiples of the kernels' tiles), or
+ * the builder's extents and block sizes. Free with rt_launch_mask_free. */
+flex_status rt_launch_mask_plan(const RtCall *c, const CgOptions *o, RtMaskPlan *plan);
 void rt_launch_mask_free(RtMaskPlan *plan);
 
 /* Bytes of the builder's arrays: [0..7] as FlexParams.mask_out, [8] the class bytes. */

@@ -1,17 +1,25 @@
 /* reference.c: the float64 backend, the oracle every other backend is
  * checked against.
  *
- * It follows DSL.md "Semantics" line by line, fully materialised but one
+ * It follows docs/language.md "Semantics" line by line, fully materialised but one
  * (batch, query head) block at a time: the scores S and probabilities P of
  * one block are Q_LEN x KV_LEN doubles; nothing is ever B*H*Q_LEN*KV_LEN.
  * The mask, the score and the joint (backward) function run through the IR
  * interpreter. The backward recomputes O and LSE itself in float64 instead of
  * trusting the `out` and `lse` it is given, so its gradients are exact for
- * the inputs whatever produced those outputs.
+ * the inputs whatever produced those outputs, except in a shard of a longer
+ * sequence (position offsets): its LSE and O are the whole sequence's
+ * (merged over the shards), which no shard can recompute, so there the
+ * backward takes the ones it is given (docs/language.md "Position offsets").
  *
  * A caller's BlockMask is part of the semantics, as in PyTorch: elements of
  * blocks it does not list are masked, elements of its full blocks are kept
  * without evaluating the mask, and only its partial blocks run the mask.
+ *
+ * A sink (docs/language.md "Attention sinks") is one more term of each row's LSE,
+ * exp(sk), with no value: the keys' P are normalised by it, and the
+ * backward gives it dsk = -Ps * D, which its gradient function adds into
+ * `grad` buffers.
  */
 #include <math.h>
 #include <string.h>
@@ -91,6 +99,7 @@ typedef struct Ref {
   double *q, *k, *v;     /* one head's Q [QL,E], K [KL,E], V [KL,EV] */
   double *S, *P;         /* [QL,KL]: scaled q.k and probabilities */
   double *O, *lse;       /* [QL,EV], [QL] */
+  double *sk;            /* [QL]: the rows' sink logits (-inf: none) */
   RtBlockMask bm;        /* the caller's BlockMask, normalised (when given) */
   bool has_bm;           /* bm holds one */
   uint8_t *cls;          /* [nq, nkv] class of each block of the current (b, h) */
@@ -111,7 +120,7 @@ static void block_classes(Ref *r, int b, int h) {
   }
 }
 
-/* Dropout's M of element (b, h, i, j) (DSL.md "Dropout"): keep / (1 - p);
+/* Dropout's M of element (b, h, i, j) (docs/language.md "Dropout"): keep / (1 - p);
  * 1 without dropout. b is the batch index functions see (b + b0). */
 static double drop_mult(const RtCall *c, int b, int h, int i, int j) {
   const flex_args *a = c->args;
@@ -119,8 +128,8 @@ static double drop_mult(const RtCall *c, int b, int h, int i, int j) {
   uint32_t w[4];
   flex_dropout_words(w, (uint32_t)a->dropout_seed, (uint32_t)(a->dropout_seed >> 32),
                      flex_dropout_ctr3(a->dropout_offset), (uint32_t)((b + c->b0) * c->H + h),
-                     (uint32_t)i, (uint32_t)j >> 2);
-  bool keep = flex_dropout_keep(flex_dropout_word(w, (uint32_t)j & 3), a->dropout_p);
+                     (uint32_t)(i + c->q_off), (uint32_t)(j + c->kv_off) >> 2);
+  bool keep = flex_dropout_keep(flex_dropout_word(w, (uint32_t)(j + c->kv_off) & 3), a->dropout_p);
   return keep ? 1.0 / (1.0 - (double)a->dropout_p) : 0.0;
 }
 
@@ -133,6 +142,8 @@ static void init(Ref *r, Arena *a, const RtCall *c) {
   int n = m->score->n;
   if (m->mask && m->mask->n > n) n = m->mask->n;
   if (m->joint && m->joint->n > n) n = m->joint->n;
+  if (m->sink && m->sink->n > n) n = m->sink->n;
+  if (m->sink_grad && m->sink_grad->n > n) n = m->sink_grad->n;
   r->vals = arena_alloc(a, sizeof(IrVal) * (size_t)n);
   r->bufs = arena_alloc(a, sizeof(IrBufView) * (size_t)(m->nbuffers + 1));
   memcpy(r->bufs, c->bufs, sizeof(IrBufView) * (size_t)m->nbuffers);
@@ -149,13 +160,16 @@ static void init(Ref *r, Arena *a, const RtCall *c) {
   r->P = dalloc(a, QL * KL);
   r->O = dalloc(a, QL * (size_t)c->EV);
   r->lse = dalloc(a, QL);
+  r->sk = dalloc(a, QL);
 }
 
 /* A checked run stops at the interpreter's first failure. */
 static bool failed(const Ref *r) { return r->c->args->check_bounds && r->env.failed; }
 
-/* S, P, O and LSE of block (b, h). Returns false on a checked-run failure. */
-static bool block(Ref *r, int b, int h) {
+/* S, P, O and LSE of block (b, h); `given`: the LSE and O of the call's
+ * lse and out tensors instead (a shard's backward). Returns false on a
+ * checked-run failure. */
+static bool block(Ref *r, int b, int h, bool given) {
   const RtCall *c = r->c;
   const IrModule *m = c->mod;
   int QL = c->QL, KL = c->KL, E = c->E, EV = c->EV, kvh = h / c->G;
@@ -167,13 +181,18 @@ static bool block(Ref *r, int b, int h) {
   if (r->has_bm) block_classes(r, b, h);
   for (int i = 0; i < QL; i++) {
     double *S = r->S + (size_t)i * KL, *P = r->P + (size_t)i * KL, mx = -INFINITY;
-    bool nan = false; /* a NaN among the row's unmasked t: LSE and O are NaN */
-    r->env.args[ARG_Q] = ir_vi(i);
+    r->env.args[ARG_Q] = ir_vi(i + c->q_off);
+    /* a shard carries the sink when its keys begin the sequence (kv_off 0) */
+    const double sk = r->sk[i] =
+        m->sink && c->kv_off == 0 ? ir_eval(m->sink, &r->env, r->vals).f : -INFINITY;
+    if (failed(r)) return false;
+    /* a NaN among the row's unmasked t or its sink: LSE and O are NaN */
+    bool nan = isnan(sk);
     for (int j = 0; j < KL; j++) {
       double dot = 0;
       for (int e = 0; e < E; e++) dot += r->q[(size_t)i * E + e] * r->k[(size_t)j * E + e];
       S[j] = c->scale * dot;
-      r->env.args[ARG_KV] = ir_vi(j);
+      r->env.args[ARG_KV] = ir_vi(j + c->kv_off);
       r->env.args[ARG_S] = ir_vf(S[j]);
       int cls = r->has_bm ? r->cls[(size_t)(i / r->bm.block_q) * r->bm.nkv + j / r->bm.block_kv]
                           : FLEX_BLOCK_PARTIAL;
@@ -185,34 +204,49 @@ static bool block(Ref *r, int b, int h) {
     }
     double *O = r->O + (size_t)i * EV;
     memset(O, 0, sizeof(double) * (size_t)EV);
-    if (!nan && mx == -INFINITY) { /* fully masked row: O = 0, LSE = -inf, P = 0 */
+    if (!nan && mx == -INFINITY && sk == -INFINITY && !given) { /* fully masked row: O = 0, LSE = -inf, P = 0 */
       r->lse[i] = -INFINITY;
       for (int j = 0; j < KL; j++) P[j] = 0;
       continue;
     }
-    /* IEEE throughout (DSL.md, non-finite values): a NaN t makes LSE NaN, a
+    /* IEEE throughout (docs/language.md, non-finite values): a NaN t makes LSE NaN, a
      * +inf one (and no NaN) makes it +inf; P = exp(t - LSE) is then NaN for
-     * every unmasked element (NaN LSE) or for the +inf ones, so O is NaN. */
-    /* A finite row's P is exp(t - max) / sum, not exp(t - LSE): where the
-     * max is huge, LSE = max + log(sum) rounds back to the max (every
-     * score -1e30: an ulp of 1e14) and exp(t - LSE) would lose the sum. */
-    double sum = 1.0;
-    if (nan) r->lse[i] = NAN;
-    else if (mx == INFINITY) r->lse[i] = INFINITY;
+     * every unmasked element (NaN LSE) or for the +inf ones, so O is NaN.
+     * The sink is one more term of the sum (exp(sk)). A finite row's P is
+     * exp(t - top) / sum, not exp(t - LSE): where the max is huge, LSE =
+     * top + log(sum) rounds back to the top (every score -1e30: an ulp of
+     * 1e14) and exp(t - LSE) would lose the sum. A given LSE is used as it
+     * is. */
+    double top = 0, sum = 1.0;
+    if (given) {
+      int64_t li[3] = {b, h, i};
+      r->lse[i] = get(c->args->lse, li);
+    } else if (nan) r->lse[i] = NAN;
+    else if (mx == INFINITY || sk == INFINITY) r->lse[i] = INFINITY;
     else {
-      sum = 0;
-      for (int j = 0; j < KL; j++) sum += exp(P[j] - mx);
-      r->lse[i] = mx + log(sum);
+      top = mx > sk ? mx : sk, sum = sk == -INFINITY ? 0 : exp(sk - top);
+      for (int j = 0; j < KL; j++) sum += exp(P[j] - top);
+      r->lse[i] = top + log(sum);
     }
-    const double ref = isfinite(r->lse[i]) ? mx : r->lse[i];
+    const bool norm = !given && isfinite(r->lse[i]);
+    const double ref = norm ? top : r->lse[i];
+    if (!norm) sum = 1.0;
     for (int j = 0; j < KL; j++) {
-      if (P[j] == -INFINITY) { /* masked (or scored -inf): contributes nothing, even 0 * NaN */
+      if (P[j] == -INFINITY || r->lse[i] == -INFINITY) { /* masked (or scored -inf): contributes nothing, even 0 * NaN */
         P[j] = 0;
         continue;
       }
       P[j] = exp(P[j] - ref) / sum;
       const double pm = P[j] * drop_mult(c, b, h, i, j); /* dropout after the LSE */
       for (int e = 0; e < EV; e++) O[e] += pm * r->v[(size_t)j * EV + e];
+    }
+    /* A NaN or +inf sink is a non-finite term of the row: its O is NaN (its
+     * weight exp(sk - LSE) is NaN, times its zero value), masked or not. */
+    if (isnan(sk) || sk == INFINITY)
+      for (int e = 0; e < EV; e++) O[e] = NAN;
+    for (int e = 0; given && e < EV; e++) {
+      int64_t oi[4] = {b, h, i, e};
+      O[e] = get(c->args->out, oi);
     }
   }
   return true;
@@ -232,7 +266,7 @@ static flex_status start(Ref *r, Arena *a, const RtCall *c) {
   init(r, a, c);
   if (c->args->block_mask) {
     const flex_block_mask *u = c->args->block_mask;
-    RtMaskShape shape = {c->B, c->H, c->QL, c->KL, u->block_q, u->block_kv};
+    RtMaskShape shape = {c->B, c->H, c->QL, c->KL, u->block_q, u->block_kv, 0, 0};
     flex_status st = rt_block_mask_from_user(&r->bm, u, &shape);
     if (st) return st;
     r->has_bm = true;
@@ -258,7 +292,7 @@ flex_status rt_reference_forward(const RtCall *c) {
   flex_status st = start(&r, &a, c);
   for (int b = 0; st == FLEX_OK && b < c->B; b++)
     for (int h = 0; st == FLEX_OK && h < c->H; h++) {
-      if (!block(&r, b, h)) {
+      if (!block(&r, b, h, false)) {
         st = checked_failure(&r);
         break;
       }
@@ -290,11 +324,23 @@ static bool block_backward(Ref *r, Grads *g, int b, int h) {
   double *dk = g->dk + kbase * E, *dv = g->dv + kbase * EV;
   memset(g->dq, 0, sizeof(double) * (size_t)QL * E);
   for (int i = 0; i < QL; i++) {
-    const double *dO = g->dout + (size_t)i * EV, *O = r->O + (size_t)i * EV;
+    const double *dO = g->dout + (size_t)i * EV;
     int64_t li[3] = {b, h, i};
+    /* D from the O the call gives (docs/language.md), as every backend */
     double D = a->dlse ? -get(a->dlse, li) : 0.0;
-    for (int e = 0; e < EV; e++) D += dO[e] * O[e];
-    r->env.args[ARG_Q] = ir_vi(i);
+    for (int e = 0; e < EV; e++) {
+      int64_t oi[4] = {b, h, i, e};
+      D += dO[e] * get(a->out, oi);
+    }
+    r->env.args[ARG_Q] = ir_vi(i + c->q_off);
+    /* The sink's logit gets dsk = -Ps * D (nothing when Ps = 0: no sink,
+     * or one that a +inf key outweighs), through its gradient function. */
+    const double Ps = r->sk[i] != -INFINITY ? exp(r->sk[i] - r->lse[i]) : 0.0; /* -inf: no sink */
+    if (Ps != 0) {
+      r->env.args[ARG_DT] = ir_vf(-Ps * D);
+      (void)ir_eval(c->mod->sink_grad, &r->env, r->vals);
+      if (failed(r)) return false;
+    }
     for (int j = 0; j < KL; j++) {
       double P = r->P[(size_t)i * KL + j];
       /* P = 0 contributes nothing; never evaluate the joint here. A NaN P
@@ -308,7 +354,7 @@ static bool block_backward(Ref *r, Grads *g, int b, int h) {
         dv[(size_t)j * EV + e] += P * M * dO[e];
       }
       dP *= M;
-      r->env.args[ARG_KV] = ir_vi(j);
+      r->env.args[ARG_KV] = ir_vi(j + c->kv_off);
       r->env.args[ARG_S] = ir_vf(r->S[(size_t)i * KL + j]);
       r->env.args[ARG_DT] = ir_vf(P * (dP - D));
       double ds = ir_eval(c->mod->joint, &r->env, r->vals).f;
@@ -376,9 +422,10 @@ flex_status rt_reference_backward(const RtCall *c) {
   g.dq = dalloc(&a, (size_t)c->QL * c->E);
   g.dout = dalloc(&a, (size_t)c->QL * c->EV);
   attach_grads(&r, &a);
+  const bool sharded = c->q_off || c->kv_off || c->sizes[SZ_Q_LEN] != c->QL || c->sizes[SZ_KV_LEN] != c->KL;
   for (int b = 0; st == FLEX_OK && b < c->B; b++)
     for (int h = 0; st == FLEX_OK && h < c->H; h++)
-      if (!block(&r, b, h) || !block_backward(&r, &g, b, h)) st = checked_failure(&r);
+      if (!block(&r, b, h, sharded) || !block_backward(&r, &g, b, h)) st = checked_failure(&r);
   if (st == FLEX_OK) write_grads(&r, &g);
   finish(&r, &a);
   return st;

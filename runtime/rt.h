@@ -15,6 +15,8 @@
 #ifndef FLEXC_RT_H
 #define FLEXC_RT_H
 
+#include <stdatomic.h>
+
 #include "flex.h"
 #include "ir/ir.h"
 
@@ -44,9 +46,18 @@ struct flex_kernel {
   Arena arena;         /* owns src text, AST and IR */
   Source src;
   IrModule *mod;       /* score, mask and joint functions, optimised */
+  /* mod with a joint that adds into only some `grad` buffers, one per set
+   * of wanted gradients met so far (rt_kernel_module; pushed atomically) */
+  _Atomic(struct RtVariant *) variants;
   flex_param_info *info_params;   /* flex_kernel_get_info's arrays (in the arena; made on first use) */
   flex_buffer_info *info_buffers;
 };
+
+/* The module a backward runs when only the `grad` buffers with keep[slot]
+ * have a gradient tensor: k->mod itself when its joint adds into no other,
+ * else a copy whose joint computes and adds nothing for the others (made
+ * once per set and kept with the kernel). */
+const IrModule *rt_kernel_module(const flex_kernel *k, const bool *keep);
 
 /* One validated call: sizes resolved, params and buffers bound by slot. */
 typedef struct RtCall {
@@ -63,9 +74,11 @@ typedef struct RtCall {
   const DLTensor **buf_grads;        /* by buffer slot: grad outputs (NULL: none) */
   bool backward;
   int b0;                            /* a packed call's sequence: functions see b as b + b0 */
+  int q_off, kv_off;                 /* position offsets: functions see q + q_off, kv + kv_off
+                                        (flex_args.q_offset, kv_offset; 0 unsharded) */
   bool accumulate;                   /* a later sequence of a packed call: run statistics add up,
                                         buffer gradients add into the tensors given (not zeroed) */
-  const int32_t *pages;              /* paged K/V (runtime/paged.c): this sequence's page table
+  const int32_t *pages;              /* paged K/V (api/seq.c): this sequence's page table
                                         row on the call's device; k and v are views over the
                                         pools whose batch stride is the page stride. NULL: none */
   int page_size;                     /* keys per page when pages */
@@ -74,7 +87,7 @@ typedef struct RtCall {
 } RtCall;
 
 /* One sequence of a packed (cu_seqlens) call, run as an ordinary call of
- * B = 1 over views of the packed tensors (runtime/varlen.c). */
+ * B = 1 over views of the packed tensors (api/seq.c). */
 typedef struct RtSeq {
   int b0, nseq;             /* this sequence's index; the number of sequences (the functions' B) */
   int total_q, total_kv;    /* TOTAL_Q, TOTAL_KV */
@@ -90,26 +103,6 @@ typedef struct RtSeq {
  * `arena`). Messages name the tensor, what was expected and what came. */
 flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const flex_args *a,
                         bool backward, const RtSeq *seq);
-
-/* Validate and run one call (seq: one sequence of a packed call, or NULL). */
-flex_status rt_call_one(const flex_kernel *k, const flex_args *a, bool backward, const RtSeq *seq);
-
-/* A packed (cu_seqlens) call: checks of the packed tensors and offsets, then
- * rt_call_one per sequence over views (runtime/varlen.c). */
-flex_status rt_varlen_call(const flex_kernel *k, const flex_args *a, bool backward);
-
-/* A call with a page table (flex_args.page_table, kv_lens): checks of the
- * pools, the table and the lengths, then rt_call_one per sequence
- * (runtime/paged.c). Forward only. */
-flex_status rt_paged_call(const flex_kernel *k, const flex_args *a, bool backward);
-
-/* Rows [start, start + len) of a packed (TOTAL, heads, dim) tensor as the
- * 4-D [1, heads, len, dim] view a call reads (varlen.c); columns [start,
- * start + len) of a packed (H, TOTAL_Q) lse as [1, H, len]. */
-void rt_view_rows(DLTensor *out, int64_t shape[4], int64_t strides[4], const DLTensor *t,
-                  int64_t start, int64_t len);
-void rt_view_lse(DLTensor *out, int64_t shape[3], int64_t strides[3], const DLTensor *t,
-                 int64_t start, int64_t len);
 
 /* Params and buffers of `a` alone, for sizes B x H (= HKV) x q_len x
  * kv_len, on the host (flex_block_mask_create): the same checks and

@@ -1,15 +1,18 @@
 /* run.c: the run sequence, written once for every device backend
  * (backend.h). For one validated call:
  *
- *   open -> sorted check (host) -> options -> mask plan -> params ->
+ *   open (the device states what it can do) -> sorted check (host) ->
+ *   plan (cg_plan: every kernel choice) -> mask arrays -> params ->
  *   prepare -> sorted check (device) -> block lists (built or the
  *   caller's) -> forward (whole, or split-KV partials and their combine) |
  *   backward (pre, main, dq) -> checked-run verdict
  *   -> outputs converted -> free
  *
- * The backend supplies memory, copies and launches; everything it shares
- * with the others (what the kernels are generated with, where every array
- * lives, the order of the launches) is decided here.
+ * The backend supplies memory, copies and launches; where every array
+ * lives and the order of the launches are decided here, what the kernels
+ * are generated with in codegen/plan.c. Every launch goes through launch()
+ * below: its geometry checked against the hardware's limits, the sm_90a
+ * bodies' tensor maps built with the backend's encoder.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +29,28 @@ const char *rt_entry_name(RtEntry e) {
       "flex_bwd_pre",    "flex_bwd",        "flex_bwd_dq",       "flex_sorted_check",
       "flex_grad_exact"};
   return names[e];
+}
+
+void rt_call_tensors(const RtCall *c, void (*fn)(void *ctx, const char *name, const DLTensor *t),
+                     void *ctx) {
+  const flex_args *a = c->args;
+  const char *const names[] = {"q", "k", "v", "out", "lse", "dout", "dlse", "dq", "dk", "dv"};
+  const DLTensor *const ts[] = {a->q, a->k, a->v, a->out, a->lse, a->dout, a->dlse, a->dq, a->dk, a->dv};
+  for (int i = 0; i < (c->backward ? 10 : 5); i++)
+    if (ts[i] && !(c->pages && (i == 1 || i == 2))) fn(ctx, names[i], ts[i]);
+  for (int i = 0; i < c->mod->nbuffers; i++) {
+    if (c->buf_tensors[i]) fn(ctx, c->mod->buffers[i].id, c->buf_tensors[i]);
+    if (c->backward && c->buf_grads[i]) fn(ctx, c->mod->buffers[i].id, c->buf_grads[i]);
+  }
+  if (a->block_mask) {
+    const flex_block_mask *m = a->block_mask;
+    const DLTensor *const bm[] = {m->kv_num_blocks, m->kv_indices, m->full_kv_num_blocks,
+                                  m->full_kv_indices, m->q_num_blocks, m->q_indices,
+                                  m->full_q_num_blocks, m->full_q_indices};
+    for (int i = 0; i < 8; i++)
+      if (bm[i]) fn(ctx, "block_mask", bm[i]);
+  }
+  if (c->pages) fn(ctx, "k pool", c->k_pool), fn(ctx, "v pool", c->v_pool);
 }
 
 /* What the last call on this thread did. */
@@ -71,11 +96,26 @@ static void work_free(RtRun *r, Work *w) {
   rt_launch_mask_free(&w->plan);
 }
 
-/* One entry; an empty grid has nothing to do (an empty sequence). */
+/* One entry; an empty grid has nothing to do (an empty sequence). The
+ * generated kernels' geometry must be within the hardware's limits, and
+ * the sm_90a bodies take p with the tensor maps of q, k, v (and dout). */
 static flex_status launch(RtRun *r, RtEntry e, CgLaunch g, const FlexParams *p, uint64_t *tiles) {
   if (!g.grid[0] || !g.grid[1] || !g.grid[2]) return FLEX_OK;
+  flex_status st = FLEX_OK;
+  if (!r->dev.host) st = rt_launch_check_geometry(r->be->name, rt_entry_name(e), g.grid, g.block);
+  const void *params = p;
+  FlexFwdTma ftma;
+  FlexBwdTma btma;
+  if (!st && e == RT_ENTRY_FWD && r->opts.fwd_sm90) {
+    st = rt_launch_fwd_tma(&r->opts, p, r->be->tmap, NULL, &ftma);
+    params = &ftma;
+  }
+  if (!st && e == RT_ENTRY_BWD && r->opts.bwd_sm90) {
+    st = rt_launch_bwd_tma(&r->opts, p, r->be->tmap, NULL, &btma);
+    params = &btma;
+  }
   r->tiles = 0;
-  flex_status st = r->be->launch(r, e, &g, p);
+  if (!st) st = r->be->launch(r, e, &g, params);
   if (!st && tiles) *tiles += r->tiles;
   return st;
 }
@@ -97,7 +137,7 @@ static flex_status host_mask(RtRun *r, const flex_block_mask *u, HostMask *h) {
                               &h->m.full_q_num_blocks, &h->m.full_q_indices};
   for (int i = 0; i < 8; i++) {
     if (!*side[i]) continue;
-    flex_status st = rt_tensor_to_host(&h->t[i], *side[i], r->stream, "block_mask");
+    flex_status st = rt_tensor_host_copy(&h->t[i], *side[i], r->be, r, "block_mask");
     if (st) return st;
     *side[i] = h->t[i];
   }
@@ -105,7 +145,7 @@ static flex_status host_mask(RtRun *r, const flex_block_mask *u, HostMask *h) {
 }
 
 static void host_mask_free(HostMask *h) {
-  for (int i = 0; i < 8; i++) flex_tensor_free(h->t[i]);
+  for (int i = 0; i < 8; i++) rt_tensor_delete(h->t[i]);
 }
 
 /* The mask plan (launch.c) over host views of the caller's mask. */
@@ -175,7 +215,7 @@ static flex_status mask_lists(RtRun *r, Work *w, FlexParams *p) {
 /* ---- `sorted` promises ------------------------------------------------------- */
 
 /* `sorted` promises, on every run unless waived (flex_args.trust_sorted):
- * the mask plan and the kernels skip blocks by them (DSL.md).
+ * the mask plan and the kernels skip blocks by them (docs/language.md).
  *
  * A backend without the entry (cpu, host memory) checks host views of the
  * caller's buffers, before anything else. */
@@ -457,27 +497,6 @@ static flex_status backward(RtRun *r, Work *w, FlexParams *p) {
 
 /* ---- the forward, split or not ------------------------------------------------------ */
 
-/* Key chunks of the forward (docs/decoding.md): flex_args.kv_splits when
- * given, clamped to the key tiles; else, when the grid has fewer CTAs than
- * the device has SMs, enough chunks for about two CTAs per SM, each chunk
- * at least two key tiles, at most RT_SPLIT_MAX. 1: not split. A backend
- * that runs the forward whole (no sm_count: cpu) never splits. */
-static int kv_splits(RtRun *r, const FlexParams *p) {
-  const RtCall *c = r->c;
-  if (!r->be->sm_count || c->QL == 0 || c->KL == 0) return 1;
-  const int tiles = cg_fwd_kv_tiles(&r->opts, c->KL), want = c->args->kv_splits;
-  if (want > 0) return want < tiles ? want : tiles;
-  int sms = r->be->sm_count(r);
-  if (sms <= 0) sms = RT_SPLIT_DEFAULT_SMS;
-  const CgLaunch g = cg_launch_fwd(&r->opts, p->B, p->H, p->q_len);
-  const int64_t ctas = (int64_t)g.grid[0] * g.grid[1] * g.grid[2];
-  if (ctas == 0 || ctas >= sms) return 1; /* an empty batch launches nothing */
-  int64_t s = (2 * (int64_t)sms + ctas - 1) / ctas;
-  if (s > tiles / 2) s = tiles / 2;
-  if (s > RT_SPLIT_MAX) s = RT_SPLIT_MAX;
-  return s < 2 ? 1 : (int)s;
-}
-
 /* flex_fwd over the whole key range, or into S partials in memory of ours
  * merged by flex_fwd_combine into O and LSE. The grid is p's (heads and
  * rows are a packed call's kv heads and packed rows). */
@@ -501,26 +520,6 @@ static flex_status forward(RtRun *r, Work *w, const FlexParams *p, int S) {
   return st;
 }
 
-/* Grouped-query packing (docs/decoding.md): a decoding forward (Q_LEN <=
- * RT_PACK_MAX_Q_LEN) on a kernel backend with G = H / HKV > 1 runs as a
- * call of HKV heads of G Q_LEN rows, so each K/V tile is read once per
- * group instead of once per query head, and a row tile's rows are live
- * rows of the group's heads instead of padding past Q_LEN. The rows of a
- * group must be evenly spaced in q, out and lse (head stride = Q_LEN x row
- * stride: contiguous tensors); the walk's lists are per query head and
- * dropout's bits per (head, query), so a call with a BlockMask or dropout
- * is not packed. $FLEXC_PACK_GQA=0 turns it off. */
-static bool pack_gqa(const RtRun *r, const FlexParams *p) {
-  const RtCall *c = r->c;
-  const CgOptions *o = &r->opts;
-  const char *env = getenv("FLEXC_PACK_GQA");
-  if ((env && !strcmp(env, "0")) || !r->be->sm_count || c->backward || c->G < 2 || c->QL < 1)
-    return false;
-  return c->QL <= RT_PACK_MAX_Q_LEN && !o->dropout &&
-         (o->mask_mode == CG_MASK_NONE || o->mask_mode == CG_MASK_IMPLICIT) &&
-         p->sq.h == c->QL * p->sq.row && p->so.h == c->QL * p->so.row && p->lse_h == c->QL;
-}
-
 /* The packed call's params: HKV heads of G Q_LEN rows, one group per head. */
 static void pack_params(FlexParams *p) {
   const int G = p->G;
@@ -529,85 +528,58 @@ static void pack_params(FlexParams *p) {
   p->q_len *= G, p->H = p->HKV, p->G = 1;
 }
 
-/* Packing and splitting, decided before the kernels are generated: only a
- * split forward is compiled with the chunk code (FLEX_KV_SPLIT). The
- * sm_90a forward does neither (docs/decoding.md): there a call runs
- * unpacked and unsplit, unless it asks for chunks (kv_splits > 1), which
- * the sm_80 forward then computes. */
-static flex_status plan_forward(RtRun *r, FlexParams *p, int *splits) {
-  const RtCall *c = r->c;
-  if (r->opts.fwd_sm90) {
-    if (c->args->kv_splits <= 1) return FLEX_OK;
-    char err[512];
-    r->opts.no_tma = true;
-    if (!cg_options_retile(&r->opts, err, sizeof err))
-      return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
-    last_stats.fwd_sm90 = r->opts.fwd_sm90;
-  }
-  if (pack_gqa(r, p)) {
-    r->opts.pack_gqa = last_stats.pack_gqa = true;
-    pack_params(p);
-  }
-  *splits = kv_splits(r, p);
-  r->opts.kv_split = *splits > 1;
-  return FLEX_OK;
-}
-
 /* ---- one call ------------------------------------------------------------------------ */
 
-/* What the kernels are generated with, and the mask plan. */
-static flex_status configure(RtRun *r, Work *w) {
+/* Grouped-query packing needs a group's rows evenly spaced in q, out and
+ * lse (head stride = Q_LEN x row stride: contiguous tensors). */
+static bool rows_packable(const RtCall *c) {
+  const flex_args *a = c->args;
+  FlexStrides q = rt_strides4(a->q), o = rt_strides4(a->out);
+  return q.h == c->QL * q.row && (!a->out || o.h == c->QL * o.row) &&
+         (!a->lse || rt_stride_of(a->lse, 1) == c->QL);
+}
+
+/* Every kernel choice of the call (cg_plan), then the mask's arrays. */
+static flex_status plan(RtRun *r, Work *w, int *splits) {
   const RtCall *c = r->c;
-  char err[512];
+  const flex_args *a = c->args;
   DLDataType kd = kernel_dtype(c);
-  CgDtype dt = kd.code == kDLBfloat ? CG_BF16 : kd.bits == 16 ? CG_FP16 : CG_FP32;
-  if (!cg_options_init(&r->opts, c->mod, dt, c->E, c->EV, r->arch, c->backward, err, sizeof err))
+  const flex_block_mask *bm = a->block_mask;
+  CgShape s = {.dtype = kd.code == kDLBfloat ? CG_BF16 : kd.bits == 16 ? CG_FP16 : CG_FP32,
+               .B = c->B, .H = c->H, .HKV = c->HKV, .QL = c->QL, .KL = c->KL, .E = c->E,
+               .EV = c->EV, .backward = c->backward, .dropout = a->dropout_p > 0.0f,
+               .paged = c->pages != NULL, .deterministic = a->deterministic,
+               .tma_ok = rt_launch_tma_ok(c),
+               .out_f32 = (a->out && !rt_dtype_same(a->out->dtype, kd)) || needs_exact_out(c),
+               .mask_block_q = bm ? (bm->block_q ? bm->block_q : 128) : 0,
+               .mask_block_kv = bm ? (bm->block_kv ? bm->block_kv : 128) : 0,
+               .kv_splits = a->kv_splits, .pack_ok = rows_packable(c),
+               .offsets = c->q_off != 0 || c->kv_off != 0};
+  char err[512];
+  if (!cg_plan(&r->opts, splits, c->mod, &s, &r->dev, err, sizeof err))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
-  /* Dropout needs registers for its Philox rounds; the sm_90a forward
-   * needs TMA-loadable, unpaged K/V and no dropout: tiles picked again. */
-  r->opts.dropout = c->args->dropout_p > 0.0f;
-  r->opts.paged = c->pages != NULL;
-  r->opts.no_tma = !rt_launch_tma_ok(c) || !r->be->tensor_maps || !r->be->tensor_maps(r);
-  r->opts.deterministic = c->backward && c->args->deterministic; /* a forward ignores it */
-  if ((r->opts.dropout || r->opts.arch == CG_SM90A) && !cg_options_retile(&r->opts, err, sizeof err))
-    return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
-  /* A caller's BlockMask whose blocks the sm_90a forward's 128 x 128 tiles
-   * do not divide (64-key blocks, say) runs on the sm_80 forward's smaller ones. */
-  const flex_block_mask *bm = c->args->block_mask;
-  if (r->opts.fwd_sm90 && bm &&
-      !cg_mask_blocks_ok(&r->opts, bm->block_q ? bm->block_q : 128, bm->block_kv ? bm->block_kv : 128)) {
-    r->opts.no_tma = true;
-    if (!cg_options_retile(&r->opts, err, sizeof err))
-      return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
-  }
-  /* A caller's BlockMask of smaller key blocks than the 128-key tiles of
-   * the sm_80 forward and the backward (64, say): narrower tiles. */
-  if (bm) cg_fit_mask_blocks(&r->opts, bm->block_kv ? bm->block_kv : 128);
-  const DLTensor *out = c->args->out;
-  r->opts.out_f32 = (out && !rt_dtype_same(out->dtype, kd)) || needs_exact_out(c);
-  if (r->be->configure) r->be->configure(r);
-  flex_status st = plan_mask(r, w);
   r->opts.source = c->kernel->src.path;
-  r->opts.check_bounds = c->args->check_bounds;
-  r->opts.fast_math = c->args->fast_math;
+  r->opts.check_bounds = a->check_bounds;
+  r->opts.fast_math = a->fast_math;
   last_stats.mode = r->opts.mask_mode;
   last_stats.fwd_sm90 = r->opts.fwd_sm90;
   last_stats.bwd_sm90 = r->opts.bwd_sm90 && c->backward;
-  return st;
+  last_stats.pack_gqa = last_stats.pack_gqa || r->opts.pack_gqa;
+  return plan_mask(r, w);
 }
 
 static flex_status run(RtRun *r, Work *w) {
   const RtCall *c = r->c;
   FlexParams p;
+  int splits = 1;
   flex_status st = r->be->open(r);
   if (!st) st = sorted_on_host(r);
-  if (!st) st = configure(r, w);
+  if (!st) st = plan(r, w, &splits);
   if (!st) st = rt_launch_fill(c, &p, r->be->name);
   if (st) return st;
   last_stats.vec16 = p.vec16 != 0;
   st = stage_all(r, w, &p);
-  int splits = 1;
-  if (!st && !c->backward) st = plan_forward(r, &p, &splits);
+  if (r->opts.pack_gqa) pack_params(&p);
   if (!st) st = r->be->prepare(r);
   if (!st) st = sorted_on_device(r, w, &p);
   if (!st && c->args->check_bounds) {
@@ -649,3 +621,16 @@ flex_status rt_run(const RtBackend *be, const RtCall *c) {
 }
 
 void rt_run_stats_reset(void) { memset(&last_stats, 0, sizeof last_stats); }
+
+flex_status rt_call_one(const RtBackend *be, const flex_kernel *k, const flex_args *a,
+                        bool backward, const RtSeq *seq) {
+  Arena arena = {0};
+  RtCall c;
+  flex_status st = rt_validate(&c, &arena, k, a, backward, seq);
+  if (st == FLEX_OK) {
+    if (be) st = rt_run(be, &c);
+    else st = backward ? rt_reference_backward(&c) : rt_reference_forward(&c);
+  }
+  arena_free(&arena);
+  return st;
+}

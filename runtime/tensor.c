@@ -1,5 +1,7 @@
-/* tensor.c: DLPack tensors (tensor.h) and the public tensor helpers of
- * flex.h: memory on a backend, copies with conversion, .npy files. */
+/* tensor.c: DLPack tensors (tensor.h): dtypes, fp16/bf16 rounding, layout,
+ * copies with conversion through a backend's verbs, tensors in host memory.
+ * The public helpers on a backend (flex_tensor_*, flex_npy_*) are the
+ * door's: api/tensor.c. */
 #include "runtime/tensor.h"
 
 #include <math.h>
@@ -217,12 +219,6 @@ flex_status rt_check_device(const char *name, const DLTensor *t, const DLTensor 
 
 /* ---- copies ------------------------------------------------------------------ */
 
-const RtBackend *rt_memory_of(const DLTensor *t) {
-  if (t->device.device_type == kDLCUDA || t->device.device_type == kDLCUDAManaged)
-    return &rt_cuda_backend;
-  return NULL;
-}
-
 /* The bytes a tensor spans, on the host: its own memory, or a copy of its
  * span downloaded by be in r's order (then *tmp owns it). */
 static flex_status host_span(const RtBackend *be, RtRun *r, const DLTensor *t, char **span,
@@ -297,24 +293,7 @@ flex_status rt_tensor_copy_on(const RtBackend *be, RtRun *r, const DLTensor *dst
   return st;
 }
 
-flex_status rt_tensor_to_host(DLTensor **out, const DLTensor *t, void *stream, const char *name) {
-  *out = NULL;
-  flex_status st = flex_tensor_alloc(out, FLEX_BACKEND_REFERENCE, t->dtype, t->ndim, t->shape, NULL);
-  if (st) return rt_err(st, "%s: %s", name, flex_last_error());
-  RtRun r;
-  memset(&r, 0, sizeof r);
-  r.stream = stream;
-  r.be = rt_memory_of(t);
-  st = rt_tensor_copy_on(r.be, &r, *out, t);
-  if (st) {
-    flex_tensor_free(*out);
-    *out = NULL;
-    return rt_err(st, "%s: %s", name, flex_last_error());
-  }
-  return FLEX_OK;
-}
-
-/* ---- the public helpers ------------------------------------------------------------ */
+/* ---- host tensors ------------------------------------------------------------------ */
 
 /* A tensor the runtime owns: the DLTensor, then its shape. */
 typedef struct Owned {
@@ -322,9 +301,8 @@ typedef struct Owned {
   int64_t shape[FLEX_MAX_DIMS];
 } Owned;
 
-static flex_status do_tensor_alloc(DLTensor **out, flex_backend b, DLDataType dtype, int ndim,
-                              const int64_t *shape, void *stream) {
-  if (!out) return rt_err(FLEX_ERR_INVALID, "flex_tensor_alloc: out is NULL");
+flex_status rt_tensor_shell(DLTensor **out, DLDataType dtype, int ndim, const int64_t *shape,
+                            size_t *bytes) {
   *out = NULL;
   if (ndim < 0 || ndim > FLEX_MAX_DIMS || (ndim && !shape))
     return rt_err(FLEX_ERR_INVALID, "flex_tensor_alloc: rank %d (expected 0..%d with a shape)", ndim,
@@ -332,113 +310,53 @@ static flex_status do_tensor_alloc(DLTensor **out, flex_backend b, DLDataType dt
   if (!rt_dtype_size(dtype))
     return rt_err(FLEX_ERR_INVALID, "flex_tensor_alloc: unsupported dtype (code %d, %d bits, %d lanes)",
                   dtype.code, dtype.bits, dtype.lanes);
-  if (!flex_backend_name(b)) return rt_err(FLEX_ERR_INVALID, "flex_tensor_alloc: unknown backend %d", (int)b);
-  double bytes = rt_dtype_size(dtype);
+  double n = rt_dtype_size(dtype);
   for (int d = 0; d < ndim; d++) {
     if (shape[d] < 0)
       return rt_err(FLEX_ERR_INVALID, "flex_tensor_alloc: dimension %d is %lld (expected >= 0)", d,
                     (long long)shape[d]);
-    bytes *= (double)shape[d];
+    n *= (double)shape[d];
   }
-  if (bytes > 9.0e18) return rt_err(FLEX_ERR_NOMEM, "flex_tensor_alloc: %.3g bytes", bytes);
+  if (n > 9.0e18) return rt_err(FLEX_ERR_NOMEM, "flex_tensor_alloc: %.3g bytes", n);
   Owned *o = base_alloc(sizeof *o);
   memcpy(o->shape, shape, sizeof *shape * (size_t)ndim);
   o->t.ndim = ndim;
   o->t.shape = o->shape;
   o->t.dtype = dtype;
   o->t.device.device_type = kDLCPU;
-  if (b == FLEX_BACKEND_CUDA) {
-    RtRun r;
-    memset(&r, 0, sizeof r);
-    r.be = &rt_cuda_backend;
-    r.stream = stream;
-    flex_status st = r.be->open(&r);
-    if (!st) st = r.be->alloc(&r, &o->t.data, bytes ? (size_t)bytes : 4);
-    if (st) {
-      base_free(o);
-      return st;
-    }
-    o->t.device.device_type = kDLCUDA;
-    o->t.device.device_id = r.device;
-  } else {
-    o->t.data = malloc(bytes ? (size_t)bytes : 1);
-    if (!o->t.data) {
-      base_free(o);
-      return rt_err(FLEX_ERR_NOMEM, "flex_tensor_alloc: out of host memory for %.0f bytes", bytes);
-    }
-    memset(o->t.data, 0, (size_t)bytes);
-  }
+  *bytes = (size_t)n;
   *out = &o->t;
   return FLEX_OK;
 }
 
-flex_status flex_tensor_alloc(DLTensor **out, flex_backend b, DLDataType dtype, int ndim,
-                              const int64_t *shape, void *stream) {
-  RT_TRY(do_tensor_alloc(out, b, dtype, ndim, shape, stream));
+flex_status rt_tensor_new(DLTensor **out, DLDataType dtype, int ndim, const int64_t *shape) {
+  size_t bytes;
+  flex_status st = rt_tensor_shell(out, dtype, ndim, shape, &bytes);
+  if (st) return st;
+  (*out)->data = calloc(1, bytes ? bytes : 1);
+  if (!(*out)->data) {
+    rt_tensor_delete(*out);
+    *out = NULL;
+    return rt_err(FLEX_ERR_NOMEM, "flex_tensor_alloc: out of host memory for %zu bytes", bytes);
+  }
+  return FLEX_OK;
 }
 
-void flex_tensor_free(DLTensor *t) {
+void rt_tensor_delete(DLTensor *t) {
   if (!t) return;
-  if (t->device.device_type == kDLCUDA) {
-    RtRun r;
-    memset(&r, 0, sizeof r);
-    r.be = &rt_cuda_backend;
-    r.be->release(&r, t->data);
-  } else {
-    free(t->data);
-  }
+  free(t->data);
   base_free(t);
 }
 
-static flex_status do_tensor_copy(const DLTensor *dst, const DLTensor *src, void *stream) {
-  if (!dst || !src) return rt_err(FLEX_ERR_INVALID, "flex_tensor_copy: a tensor is NULL");
-  const RtBackend *db = rt_memory_of(dst), *sb = rt_memory_of(src);
-  if (db && sb && db != sb) return rt_err(FLEX_ERR_UNSUPPORTED, "flex_tensor_copy: two kinds of device");
-  RtRun r;
-  memset(&r, 0, sizeof r);
-  r.be = db ? db : sb;
-  r.stream = stream;
-  if (r.be) {
-    flex_status st = r.be->open(&r);
-    if (st) return st;
+flex_status rt_tensor_host_copy(DLTensor **out, const DLTensor *t, const RtBackend *be, RtRun *r,
+                                const char *name) {
+  flex_status st = rt_tensor_new(out, t->dtype, t->ndim, t->shape);
+  if (st) return rt_err(st, "%s: %s", name, flex_last_error());
+  st = rt_tensor_copy_on(be, r, *out, t);
+  if (st) {
+    rt_tensor_delete(*out);
+    *out = NULL;
+    return rt_err(st, "%s: %s", name, flex_last_error());
   }
-  return rt_tensor_copy_on(r.be, &r, dst, src);
-}
-
-flex_status flex_tensor_copy(const DLTensor *dst, const DLTensor *src, void *stream) {
-  RT_TRY(do_tensor_copy(dst, src, stream));
-}
-
-static flex_status do_npy_load(DLTensor **out, const char *path) {
-  if (!out || !path) return rt_err(FLEX_ERR_INVALID, "flex_npy_load: NULL argument");
-  *out = NULL;
-  RtArray a;
-  if (rt_npy_read(path, &a)) return FLEX_ERR_INVALID;
-  flex_status st = flex_tensor_alloc(out, FLEX_BACKEND_REFERENCE, a.dtype, a.ndim, a.shape, NULL);
-  if (!st) memcpy((*out)->data, a.data, (size_t)rt_array_count(&a) * (size_t)rt_dtype_size(a.dtype));
-  rt_array_free(&a);
-  return st;
-}
-
-flex_status flex_npy_load(DLTensor **out, const char *path) {
-  RT_TRY(do_npy_load(out, path));
-}
-
-static flex_status do_npy_save(const char *path, const DLTensor *t) {
-  if (!path || !t) return rt_err(FLEX_ERR_INVALID, "flex_npy_save: NULL argument");
-  if (t->ndim < 0 || t->ndim > RT_NPY_MAXDIMS)
-    return rt_err(FLEX_ERR_INVALID, "%s: rank %d is not supported (at most %d)", path, t->ndim,
-                  RT_NPY_MAXDIMS);
-  DLTensor *h;
-  flex_status st = rt_tensor_to_host(&h, t, NULL, path);
-  if (st) return st;
-  RtArray a = {h->dtype, h->ndim, {0}, h->data};
-  memcpy(a.shape, h->shape, sizeof *h->shape * (size_t)h->ndim);
-  st = rt_npy_write(path, &a);
-  flex_tensor_free(h);
-  return st;
-}
-
-flex_status flex_npy_save(const char *path, const DLTensor *t) {
-  RT_TRY(do_npy_save(path, t));
+  return FLEX_OK;
 }

@@ -71,12 +71,20 @@ flex_status rt_check_device(const char *name, const DLTensor *t, const DLTensor 
 
 /* ---- copies ------------------------------------------------------------------ */
 
-/* The device backend whose memory holds t (cuda for CUDA devices), or NULL
- * for host memory. */
-const struct RtBackend *rt_memory_of(const DLTensor *t);
-/* A compact host copy of t in t's dtype (flex_tensor_free), copied from its
- * device in `stream` order; `name` is for messages. */
-flex_status rt_tensor_to_host(DLTensor **out, const DLTensor *t, void *stream, const char *name);
+/* A zero-filled, compact host tensor the runtime owns (flex_tensor_free
+ * or rt_tensor_delete frees it); FLEX_ERR_INVALID for a bad rank, dtype or
+ * shape, FLEX_ERR_NOMEM when the bytes are not there. */
+flex_status rt_tensor_new(DLTensor **out, DLDataType dtype, int ndim, const int64_t *shape);
+/* Free what rt_tensor_new (or rt_tensor_shell) made: data with free(). */
+void rt_tensor_delete(DLTensor *t);
+/* The checks and the struct of rt_tensor_new with no data (NULL) yet, and
+ * the bytes it needs: for memory of a backend's own. */
+flex_status rt_tensor_shell(DLTensor **out, DLDataType dtype, int ndim, const int64_t *shape,
+                            size_t *bytes);
+/* A compact host copy of t (rt_tensor_delete), its bytes moved by be's verbs
+ * in r's order when t is in device memory; `name` is for messages. */
+flex_status rt_tensor_host_copy(DLTensor **out, const DLTensor *t, const struct RtBackend *be,
+                                struct RtRun *r, const char *name);
 /* Copy src into dst, converting dtypes (floats among floats, ints and bools
  * among themselves); device memory is moved with be's verbs in r's stream
  * (be may be NULL when both are on the host). Returns when dst holds the data. */

@@ -217,6 +217,12 @@ static flex_status check_qkv(V *v) {
     return rt_err(FLEX_ERR_INVALID, "q, k and v must share a dtype, got %s, %s and %s",
                   rt_dtype_name(a->q->dtype), rt_dtype_name(a->k->dtype),
                   rt_dtype_name(a->v->dtype));
+  /* Precision is what the caller asked for: the kernels compute in
+   * float32 at best, so float64 inputs run where float64 arithmetic is. */
+  if (a->q->dtype.bits == 64 && a->backend != FLEX_BACKEND_REFERENCE)
+    return rt_err(FLEX_ERR_UNSUPPORTED, "q, k, v: float64 inputs run in float64 on the reference "
+                  "backend only; the %s backend computes in float32 (convert q, k and v to float32 "
+                  "to run there, or use the reference backend)", flex_backend_name(a->backend));
   c->B = (int)q[0], c->H = (int)q[1], c->HKV = (int)k[1], c->G = c->H / c->HKV;
   c->QL = (int)q[2], c->KL = (int)k[2], c->E = (int)q[3], c->EV = (int)vv[3];
   c->dtype = a->q->dtype;
@@ -414,6 +420,42 @@ static flex_status check_buffers(V *v, bool backward) {
   return FLEX_OK;
 }
 
+/* Position offsets: one side's offset and whole length for a call of
+ * `len` rows; the whole length defaults to the call's own. */
+static flex_status check_offset(const char *side, int64_t off, int64_t total, int64_t len,
+                                int *off_out, int *total_out) {
+  const char *what = side[0] == 'q' ? "Q_LEN" : "KV_LEN";
+  if (off < 0)
+    return rt_err(FLEX_ERR_INVALID, "%s_offset must be >= 0, got %lld", side, (long long)off);
+  if (total < 0)
+    return rt_err(FLEX_ERR_INVALID, "%s_len_total must be >= 0, got %lld", side, (long long)total);
+  if (total == 0 && off != 0)
+    return rt_err(FLEX_ERR_INVALID, "%s_offset %lld needs %s_len_total, the whole sequence's %s",
+                  side, (long long)off, side, what);
+  if (total == 0) total = len;
+  if (off + len > total)
+    return rt_err(FLEX_ERR_INVALID, "the shard's rows %lld..%lld of %s (%s_offset %lld + %lld rows) "
+                  "lie past %s_len_total = %lld", (long long)off, (long long)(off + len - 1),
+                  side[0] == 'q' ? "q" : "k and v", side, (long long)off, (long long)len, side,
+                  (long long)total);
+  if (total > INT32_MAX)
+    return rt_err(FLEX_ERR_INVALID, "%s_len_total = %lld: positions must fit in int32 (at most %d)",
+                  side, (long long)total, INT32_MAX);
+  *off_out = (int)off, *total_out = (int)total;
+  return FLEX_OK;
+}
+
+/* Both sides' offsets of `a` for a call of ql x kl; no offsets with packed
+ * or paged calls (docs/language.md "Position offsets"). */
+static flex_status check_offsets(RtCall *c, const flex_args *a, bool packed, int *qtot, int *kvtot) {
+  bool any = a->q_offset || a->kv_offset || a->q_len_total || a->kv_len_total;
+  if (any && packed)
+    return rt_err(FLEX_ERR_INVALID, "q_offset, kv_offset, q_len_total, kv_len_total: position "
+                  "offsets are not combined with a packed (cu_seqlens) or paged call");
+  flex_status st = check_offset("q", a->q_offset, a->q_len_total, c->QL, &c->q_off, qtot);
+  return st ? st : check_offset("kv", a->kv_offset, a->kv_len_total, c->KL, &c->kv_off, kvtot);
+}
+
 flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const flex_args *a,
                         bool backward, const RtSeq *seq) {
   memset(c, 0, sizeof *c);
@@ -441,8 +483,10 @@ flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const fle
     return rt_err(FLEX_ERR_INVALID, "arch '%s': expected sm_80, sm_86, sm_89, sm_90 or sm_90a",
                   a->arch);
   const IrModule *m = k->mod;
+  int qtot, kvtot;
+  if ((st = check_offsets(c, a, seq != NULL, &qtot, &kvtot))) return st;
   c->sizes = arena_alloc(arena, sizeof(int32_t) * (size_t)(m->nsizes + SZ_COUNT));
-  int32_t pre[SZ_COUNT] = {c->B, c->H, c->HKV, c->QL, c->KL, c->QL, c->KL, 0, 0};
+  int32_t pre[SZ_COUNT] = {c->B, c->H, c->HKV, qtot, kvtot, qtot, kvtot, 0, 0};
   if (seq) {
     pre[SZ_B] = seq->nseq, pre[SZ_TOTAL_Q] = seq->total_q, pre[SZ_TOTAL_KV] = seq->total_kv;
     pre[SZ_Q_START] = seq->q_start, pre[SZ_KV_START] = seq->kv_start;
@@ -452,6 +496,13 @@ flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const fle
   }
   for (int s = 0; s < SZ_COUNT; s++) c->sizes[s] = pre[s];
   if ((st = check_params(&v)) || (st = check_buffers(&v, backward))) return st;
+  if (backward) {
+    /* A `grad` buffer passed without a gradient tensor: the kernels are
+     * made from a joint that neither computes nor adds its gradient. */
+    bool *keep = arena_alloc(arena, (size_t)m->nbuffers + 1);
+    for (int j = 0; j < m->nbuffers; j++) keep[j] = c->buf_grads[j] != NULL;
+    c->mod = rt_kernel_module(k, keep);
+  }
   return FLEX_OK;
 }
 
@@ -468,10 +519,13 @@ flex_status rt_validate_bindings(RtCall *c, Arena *arena, const flex_kernel *k, 
   if (a->nbuffers < 0 || (a->nbuffers && !a->buffers))
     return rt_err(FLEX_ERR_INVALID, "buffers: %d given but the array is NULL", a->nbuffers);
   const IrModule *m = k->mod;
+  int qtot, kvtot;
+  flex_status st = check_offsets(c, a, false, &qtot, &kvtot);
+  if (st) return st;
   c->sizes = arena_alloc(arena, sizeof(int32_t) * (size_t)(m->nsizes + SZ_COUNT));
-  int32_t pre[SZ_COUNT] = {B, H, H, q_len, kv_len, q_len, kv_len, 0, 0};
+  int32_t pre[SZ_COUNT] = {B, H, H, qtot, kvtot, qtot, kvtot, 0, 0};
   for (int s = 0; s < SZ_COUNT; s++) c->sizes[s] = pre[s];
-  flex_status st = check_params(&v);
+  st = check_params(&v);
   return st ? st : check_buffers(&v, false);
 }
 

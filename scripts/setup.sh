@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg in cmake make gcc g++ flex bison pkg-config check libsubunit-dev llvm-14-dev; do
+# clang: the libFuzzer targets (tests/fuzz, scripts/test.sh's third build).
+for pkg in cmake make gcc g++ flex bison pkg-config check libsubunit-dev llvm-14-dev clang; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

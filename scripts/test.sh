@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets everything up and runs every test: a warnings-as-errors build (with
-# the Python package's tests, in build/venv) and an AddressSanitizer +
-# UndefinedBehaviorSanitizer build of the whole suite.
+# the Python package's tests, in build/venv), an AddressSanitizer +
+# UndefinedBehaviorSanitizer build of the whole suite, and the libFuzzer
+# targets (tests/fuzz) built with clang, each for a bounded number of inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -13,3 +14,11 @@ scripts/python_env.sh build/venv   # PyTorch and friends for the Python tests
 scripts/setup.sh build-san -DFLEXC_WERROR=ON -DFLEXC_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 (cd build-san && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
    ctest --output-on-failure -j "$jobs" -LE slow)
+
+if command -v clang >/dev/null; then
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -DFLEXC_FUZZ=ON -DFLEXC_WERROR=ON >/dev/null
+  cmake --build build-fuzz -j "$jobs" --target fuzz_score fuzz_npy fuzz_blockmask fuzz_cli
+  (cd build-fuzz && ctest --output-on-failure -j "$jobs" -L fuzz)
+else
+  echo "test.sh: no clang: the libFuzzer targets were not run"
+fi

@@ -11,7 +11,8 @@ if(FLEXC_SANITIZE)
   set_tests_properties(python PROPERTIES SKIP_RETURN_CODE 77 LABELS python)
   return()
 endif()
-foreach(part api torch blockmask compile package)
+foreach(part api torch blockmask compile package frozen_buffers mods trace sinks offsets gradcheck
+    distributed)
   set(needs "")
   if(part STREQUAL "package")
     set(needs scikit_build_core)
@@ -23,3 +24,6 @@ foreach(part api torch blockmask compile package)
   set_tests_properties(python_${part} PROPERTIES SKIP_RETURN_CODE 77 LABELS python TIMEOUT 900
     ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
 endforeach()
+# The 64 traced attention-gym and PyTorch mods, forward and gradients on
+# two backends (about two minutes on two cores): run by hand or with -L slow.
+set_tests_properties(python_mods PROPERTIES LABELS "python;slow")

@@ -31,7 +31,7 @@ kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLBool = 0, 1, 2, 4, 6
 TYPE_NAMES = {0: "bool", 1: "int", 2: "float"}
 FEATURES = {
     "score": 1 << 0, "mask": 1 << 1, "grad_buffers": 1 << 2,
-    "implicit_mask": 1 << 3, "ds_is_dt": 1 << 4,
+    "implicit_mask": 1 << 3, "ds_is_dt": 1 << 4, "sink": 1 << 5,
 }
 
 # flex_target
@@ -89,6 +89,7 @@ class KernelInfo(ctypes.Structure):  # flex_kernel_info
         ("mask", ctypes.c_char_p), ("features", ctypes.c_uint),
         ("nparams", ctypes.c_int), ("params", ctypes.POINTER(ParamInfo)),
         ("nbuffers", ctypes.c_int), ("buffers", ctypes.POINTER(BufferInfo)),
+        ("sink", ctypes.c_char_p),
     ]
 
 
@@ -131,6 +132,8 @@ class Args(ctypes.Structure):  # flex_args
         ("kv_splits", ctypes.c_int),
         ("deterministic", ctypes.c_bool),
         ("arch", ctypes.c_char_p),
+        ("q_offset", ctypes.c_int64), ("kv_offset", ctypes.c_int64),
+        ("q_len_total", ctypes.c_int64), ("kv_len_total", ctypes.c_int64),
     ]
 
 
@@ -174,6 +177,7 @@ _PROTOTYPES = {
                                      ctypes.POINTER(MaskStats)]),
     "flex_block_mask_free": (None, [ctypes.POINTER(BlockMask)]),
     "flex_mask_explain": (_st, [_p, ctypes.POINTER(_i), ctypes.POINTER(_p)]),
+    "flex_mask_classify": (_st, [_p, ctypes.POINTER(Args), _i, _i, _i, _i, ctypes.POINTER(_i)]),
     "flex_check_file": (_st, [_cs]),
     "flex_ir_text": (_st, [ctypes.POINTER(_p), _cs, _cs, _b, _cs]),
     "flex_ir_pass_names": (_cs, []),

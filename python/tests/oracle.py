@@ -1,6 +1,6 @@
 """The oracles: PyTorch's own flex_attention, and a dense float64
 attention written with torch ops whose gradients come from torch autograd
-(DSL.md's "Semantics", materialised)."""
+(docs/language.md's "Semantics", materialised)."""
 import math
 
 import torch
@@ -12,6 +12,15 @@ TOL = {  # relative norm error: forward (out, LSE), gradients
     torch.bfloat16: (3e-2, 6e-2),
     torch.float16: (3e-2, 6e-2),
 }
+
+
+def eager_only():
+    """PyTorch's eager flex_attention as plain PyTorch code: without this it
+    runs its functions through torch.compile, whose automatic dynamic
+    shapes fail on the second of two calls of different sizes (seen with
+    PyTorch 2.15)."""
+    import torch.nn.attention.flex_attention as fa
+    fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
 
 
 def rel_err(a, b):
@@ -43,6 +52,7 @@ def torch_reference(case, q, k, v, bufs, block_mask=None):
     """(out, lse) from torch.nn.attention.flex_attention (eager, no grad)."""
     from torch.nn.attention.flex_attention import create_block_mask
     score_mod, mask_mod = torch_mods(case, bufs, q, k)
+    eager_only()
     if block_mask is None and mask_mod is not None:
         block_mask = create_block_mask(mask_mod, None, None, q.shape[2], k.shape[2],
                                        device=str(q.device), BLOCK_SIZE=16)
@@ -54,7 +64,7 @@ def torch_reference(case, q, k, v, bufs, block_mask=None):
 
 
 def dense(case, q, k, v, bufs, scale=None):
-    """(out, lse) of DSL.md's semantics, materialised, differentiable."""
+    """(out, lse) of docs/language.md's semantics, materialised, differentiable."""
     B, H, QL, E = q.shape
     G = H // k.shape[1]
     p = dict(sizes(q, k), **case.params)
@@ -74,3 +84,30 @@ def dense(case, q, k, v, bufs, scale=None):
     live = torch.isfinite(lse)
     P = torch.where(live[..., None], torch.exp(t - lse.where(live, 0)[..., None]), 0)
     return P @ v, lse
+
+
+def dense_mods(q, k, v, score_mod=None, mask_mod=None, scale=None):
+    """(out, lse) of Python score_mod and mask_mod functions over every
+    (b, h, q_idx, kv_idx), evaluated the way PyTorch's own eager
+    FlexAttention does (torch.vmap over each index), then docs/language.md's
+    semantics materialised: differentiable with respect to q, k, v and
+    every tensor the functions capture. (PyTorch's eager path also turns
+    `t[i]` into its own index op, whose backward fails under vmap for
+    chained indexing such as `bias[b][q_idx]`; plain vmap indexing gives
+    the same values and working gradients.)"""
+    from torch.nn.attention.flex_attention import _vmap_for_bhqkv
+    B, H, QL, E = q.shape
+    G = H // k.shape[1]
+    k = k.repeat_interleave(G, dim=1)
+    v = v.repeat_interleave(G, dim=1)
+    scale = 1 / math.sqrt(E) if scale is None else scale
+    s = scale * q @ k.transpose(-1, -2)
+    idx = [torch.arange(n, dtype=torch.int32) for n in (B, H, QL, k.shape[2])]
+    t = s if score_mod is None else _vmap_for_bhqkv(score_mod, prefix=(0,))(s, *idx)
+    if mask_mod is not None:
+        keep = _vmap_for_bhqkv(mask_mod, prefix=())(*idx).expand_as(t)
+        t = t.masked_fill(~keep, -math.inf)
+    lse = torch.logsumexp(t, dim=-1)
+    live = torch.isfinite(lse)
+    P = torch.where(live[..., None], torch.exp(t - lse.where(live, 0)[..., None]), 0)
+    return (P @ v).to(q.dtype), lse

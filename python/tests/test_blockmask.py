@@ -64,15 +64,23 @@ def test_torch_block_mask_matches_torch_flex_attention(name):
 
 def test_block_mask_decides_which_blocks_are_visited():
     # A BlockMask is part of a call's meaning: blocks it leaves out are
-    # masked even where the kernel's mask would keep them. Plain attention
-    # with a causal BlockMask keeps exactly the diagonal blocks' whole area.
+    # masked even where the kernel's mask would keep them. The causal block
+    # lists without a mask_mod (PyTorch's noop_mask) keep exactly the
+    # diagonal blocks' whole area; with the causal mask_mod (traced), the
+    # causal elements, as PyTorch's flex_attention gives.
+    from torch.nn.attention.flex_attention import BlockMask as TorchBlockMask
     q = torch.randn(1, 1, 64, 16, dtype=torch.float64)
     k, v = torch.randn_like(q), torch.randn_like(q)
     bm = create_block_mask(lambda b, h, i, j: i >= j, None, None, 64, 64, device="cpu",
                            BLOCK_SIZE=BLOCK)
-    out = flex_attention(q, k, v, block_mask=bm, backend="reference")
+    blocks = TorchBlockMask.from_kv_blocks(bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks,
+                                           bm.full_kv_indices, BLOCK_SIZE=BLOCK)
+    out = flex_attention(q, k, v, block_mask=blocks, backend="reference")
     block_causal = Case("block_causal", "", None, lambda b, h, i, j, u, p: i // BLOCK >= j // BLOCK)
     ref, _ = dense(block_causal, q, k, v, {})
+    assert rel_err(out, ref) < 1e-12
+    out = flex_attention(q, k, v, block_mask=bm, backend="reference")
+    ref, _ = dense(BY_NAME["causal"], q, k, v, {})
     assert rel_err(out, ref) < 1e-12
 
 

@@ -22,7 +22,7 @@ def test_opcheck(name):
     ptext = ",".join(f"{n}={float(x)!r}" for n, x in case.params.items())
     spec = ";".join([kern.id, "reference", ptext, ",".join(bufs), want, "00", ""])
     torch.library.opcheck(torch.ops.flexc.attention.default,
-                          (q, k, v, spec, 0.0, list(bufs.values()), []))
+                          (q, k, v, spec, 0.0, list(bufs.values()), [], []))
 
 
 class Block(torch.nn.Module):
@@ -93,3 +93,47 @@ def test_compiled_function_with_lse_and_params():
     assert rel_err(loss.detach(), f(q, k, v, bufs["slopes"]).detach()) < 1e-6
     for g, t in zip(grads, (q, k, v)):
         assert rel_err(g, t.grad) < 1e-6
+
+
+class TracedBlock(torch.nn.Module):
+    """An attention layer whose score_mod is a Python closure over a
+    learnable bias table and a Python number, made anew in each forward
+    (as FlexAttention users write it)."""
+
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+        self.rel_bias = torch.nn.Parameter(0.1 * torch.randn(heads, 16))
+        self.cap = 20.0
+
+    def forward(self, x, block_mask=None):
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        bias, cap = self.rel_bias, self.cap
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return cap * torch.tanh((score + bias[h, torch.clamp(kv_idx - q_idx + 8, 0, 15)]) / cap)
+        o = ft.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+        return self.proj(o.transpose(1, 2).reshape(B, L, D))
+
+
+@pytest.mark.parametrize("mask,backend", [("none", "aot_eager"), ("torch", "inductor"),
+                                          ("flexc", "aot_eager")])
+def test_compiled_model_with_a_python_score_mod(mask, backend):
+    torch._dynamo.reset()
+    model = TracedBlock()
+    x = torch.randn(2, 128, 32)
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+    bm = None if mask == "none" else create_block_mask(
+        causal, None, None, 128, 128, device="cpu", BLOCK_SIZE=64) if mask == "torch" else \
+        ft.create_block_mask(causal, None, None, 128, 128, BLOCK_SIZE=64)
+    y_eager, g_eager = _run(model, model, x, bm)
+    y_comp, g_comp = _run(torch.compile(model, fullgraph=True, backend=backend), model, x, bm)
+    assert rel_err(y_comp, y_eager) < 1e-5
+    for n in g_eager:
+        assert rel_err(g_comp[n], g_eager[n]) < 1e-4, n
+    assert g_comp["rel_bias"].abs().sum() > 0

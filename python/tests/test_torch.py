@@ -112,10 +112,16 @@ def test_buffer_that_requires_grad_must_be_declared_grad():
             flex_attention(q, k, v, score_mod=compiled(case), buffers=bufs)
 
 
-def test_score_mod_must_be_a_flexc_kernel():
+def test_score_mod_of_a_wrong_type_names_what_is_taken():
     q = torch.randn(1, 1, 8, 8)
-    with pytest.raises(TypeError, match="flexc.compile"):
-        flex_attention(q, q, q, score_mod=lambda s, b, h, i, j: s)
+    for wrong in ("samples/softcap.score", 3.0):
+        with pytest.raises(TypeError, match="flexc.compile") as e:
+            flex_attention(q, q, q, score_mod=wrong)
+        assert "docs/from-pytorch.md" in str(e.value) and "docs/language.md" in str(e.value)
+    with pytest.raises(TypeError, match="docs/language.md"):
+        flexc.compile(3.0)
+    with pytest.raises(TypeError, match="docs/from-pytorch.md"):
+        flex_attention(q, q, q, block_mask=lambda b, h, i, j: i >= j)
 
 
 def test_errors_name_what_is_wrong():

@@ -341,18 +341,8 @@ START_TEST(sm90_forward_consumers) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("codegen");
-  TCase *tc = tcase_create("emit");
-  tcase_add_test(tc, float_literals_round_trip);
-  tcase_add_test(tc, slot_limits);
-  tcase_add_test(tc, names_by_role);
-  tcase_add_test(tc, deterministic_source);
-  tcase_add_test(tc, tile_override);
-  tcase_add_test(tc, identity_score);
-  tcase_add_test(tc, int_semantics);
-  tcase_add_test(tc, launch_geometry);
-  tcase_add_test(tc, sm90_backward_consumers);
-  tcase_add_test(tc, sm90_forward_consumers);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("codegen", 0, TL_TEST(float_literals_round_trip), TL_TEST(slot_limits),
+                 TL_TEST(names_by_role), TL_TEST(deterministic_source), TL_TEST(tile_override),
+                 TL_TEST(identity_score), TL_TEST(int_semantics), TL_TEST(launch_geometry),
+                 TL_TEST(sm90_backward_consumers), TL_TEST(sm90_forward_consumers));
 }

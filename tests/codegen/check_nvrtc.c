@@ -526,30 +526,16 @@ START_TEST(ptxas_parser) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("nvrtc");
-  TCase *parse = tcase_create("parse");
-  tcase_add_test(parse, ptxas_parser); /* needs no NVRTC */
-  suite_add_tcase(s, parse);
   bool have = rt_nvrtc_version() >= 0;
-  if (have) {
-    TCase *tc = tcase_create("compile");
-    /* Default run: fifteen samples, two or three NVRTC compiles each, on two
-     * cores other jobs share. */
-    tcase_set_timeout(tc, getenv("FLEXC_NVRTC_FULL") ? 7200 : 600);
-    tcase_add_test(tc, fast_math_opt_in);
-    tcase_add_loop_test(tc, paged_forward_compiles, 0, 3);
-    tcase_add_loop_test(tc, packed_forward_compiles, 0, 3);
-    tcase_add_loop_test(tc, sampled_matrix, 0, MAXSAMPLES);
-    suite_add_tcase(s, tc);
-    TCase *sm90 = tcase_create("sm90"); /* CK_RUN_CASE=sm90 runs only this */
-    tcase_set_timeout(sm90, 300);
-    tcase_add_test(sm90, sm90_wrappers);
-    tcase_add_loop_test(sm90, sm90_forward_ptx, 0, 14);
-    tcase_add_loop_test(sm90, sm90_backward_ptx, 0, 10);
-    tcase_add_loop_test(sm90, sm90_wgmma_pipelined, 0, 12);
-    suite_add_tcase(s, sm90);
-  }
-  int rc = tl_run_suite(s);
+  int n = have ? 1 : 0; /* the compile tests need NVRTC */
+  /* Default run: fifteen samples, two or three NVRTC compiles each, on two
+   * cores other jobs share. CK_RUN_CASE=sm90 runs the sm90 case only. */
+  int rc = TL_MAIN("nvrtc", 0, TL_CASE("parse", 0), TL_TEST(ptxas_parser),
+                   TL_CASE("compile", getenv("FLEXC_NVRTC_FULL") ? 7200 : 600), TL_LOOP(fast_math_opt_in, n),
+                   TL_LOOP(paged_forward_compiles, 3 * n), TL_LOOP(packed_forward_compiles, 3 * n),
+                   TL_LOOP(sampled_matrix, MAXSAMPLES * n), TL_CASE("sm90", 300), TL_LOOP(sm90_wrappers, n),
+                   TL_LOOP(sm90_forward_ptx, 14 * n), TL_LOOP(sm90_backward_ptx, 10 * n),
+                   TL_LOOP(sm90_wgmma_pipelined, 12 * n));
   if (rc || have) return rc;
   fprintf(stderr, "NVRTC not available (%s): the compile tests are skipped\n", flex_last_error());
   return 77;

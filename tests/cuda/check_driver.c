@@ -202,14 +202,7 @@ static int run_gpu(void) {
 
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--gpu") == 0) return run_gpu();
-  Suite *s = suite_create("driver");
-  TCase *tc = tcase_create("no_device");
-  tcase_add_test(tc, missing_driver_library);
-  tcase_add_test(tc, stub_driver_library);
-  tcase_add_test(tc, not_a_driver_library);
-  tcase_add_test(tc, system_driver_answers_cleanly);
-  tcase_add_test(tc, forward_and_backward_without_device);
-  tcase_add_test(tc, cli_run_without_device);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("driver", 0, TL_TEST(missing_driver_library), TL_TEST(stub_driver_library),
+                 TL_TEST(not_a_driver_library), TL_TEST(system_driver_answers_cleanly),
+                 TL_TEST(forward_and_backward_without_device), TL_TEST(cli_run_without_device));
 }

@@ -25,7 +25,7 @@
 #include "cuda/nvrtc.h"
 #include "testlib.h"
 
-static char mock_path[512]; /* the compiled stand-in driver; "" if it could not be built */
+static const char *mock_path; /* the compiled stand-in driver; NULL if it could not be built */
 static EmuModule *mod;      /* the emulator kernels below */
 
 /* ---- geometry ------------------------------------------------------------- */
@@ -233,7 +233,7 @@ static flex_kernel *load(const char *sample) {
 }
 
 static void use_mock(void) {
-  if (!mock_path[0]) ck_abort_msg("the stand-in driver could not be compiled (see stderr)");
+  if (!mock_path) ck_abort_msg("the stand-in driver could not be compiled (see stderr)");
   setenv("FLEXC_LIBCUDA", mock_path, 1);
   ck_assert_int_eq(rt_drv_init(), FLEX_OK);
   *(void **)mock_sym("mock_stream") = MOCK_STREAM;
@@ -350,22 +350,6 @@ START_TEST(driver_empty_batch) {
 END_TEST
 
 /* Compile tests/cuda/mockcuda.c into a shared library in a fresh /tmp folder. */
-static void build_mock(void) {
-  char dir[] = "/tmp/flexc-mockcuda-XXXXXX";
-  if (!mkdtemp(dir)) return;
-  snprintf(mock_path, sizeof mock_path, "%s/libcuda.so.1", dir);
-  const char *cc = getenv("CC");
-  char cmd[1400];
-  snprintf(cmd, sizeof cmd, "%s -shared -fPIC -pthread -O1 -o '%s' '%s'", cc && *cc ? cc : "cc", mock_path,
-           tl_src_path("tests/cuda/mockcuda.c"));
-  Buf out = {0};
-  if (tl_run(cmd, &out) != 0) {
-    fprintf(stderr, "cannot build the stand-in driver:\n%s\n", out.data ? out.data : "");
-    mock_path[0] = 0;
-  }
-  buf_free(&out);
-}
-
 /* tl_cuda_call (the test suites' way onto the GPU) mirrors host tensors,
  * a grad buffer included, into device tensors the CUDA backend accepts, and
  * keeps every copy on the call's stream. */
@@ -434,7 +418,7 @@ START_TEST(driver_sorted_on_device) {
 END_TEST
 
 int main(void) {
-  build_mock();
+  mock_path = tl_mock_driver();
   Buf log = {0};
   EmuBuildOpts o = {.racecheck = false};
   if (emu_module_get(&mod, kernels, &o, &log) != FLEX_OK) {
@@ -442,35 +426,13 @@ int main(void) {
     return EXIT_FAILURE;
   }
   buf_free(&log);
-  Suite *s = suite_create("hw");
-  TCase *tc = tcase_create("hw");
-  tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, geometry_limits);
-  tcase_add_test(tc, emu_collective_under_branch);
-  tcase_add_test(tc, emu_aligned_call_sites);
-  tcase_add_test(tc, emu_cp_async_zero_fill_aligned);
-  tcase_add_test(tc, emu_grid_limits);
-  suite_add_tcase(s, tc);
   /* The driver tests compile real kernels: they need NVRTC (the rest do not). */
-  if (rt_nvrtc_version() >= 0) {
-    TCase *drv = tcase_create("driver");
-    tcase_set_timeout(drv, 120);
-    tcase_add_test(drv, driver_streams_and_smem);
-    tcase_add_test(drv, driver_context_per_thread);
-    tcase_add_test(drv, driver_batches_beyond_grid);
-    tcase_add_test(drv, driver_empty_batch);
-    tcase_add_test(drv, driver_launch_error_message);
-    tcase_add_test(drv, driver_mirrored_call);
-    tcase_add_test(drv, driver_sorted_on_device);
-    suite_add_tcase(s, drv);
-  } else {
-    fprintf(stderr, "NVRTC not available (%s): the driver tests are skipped\n", flex_last_error());
-  }
-  int rc = tl_run_suite(s);
-  if (mock_path[0]) {
-    unlink(mock_path);
-    *strrchr(mock_path, '/') = 0;
-    rmdir(mock_path);
-  }
-  return rc;
+  int n = rt_nvrtc_version() >= 0;
+  if (!n) fprintf(stderr, "NVRTC not available (%s): the driver tests are skipped\n", flex_last_error());
+  return TL_MAIN("hw", 0, TL_CASE("hw", 120), TL_TEST(geometry_limits), TL_TEST(emu_collective_under_branch),
+                 TL_TEST(emu_aligned_call_sites), TL_TEST(emu_cp_async_zero_fill_aligned),
+                 TL_TEST(emu_grid_limits), TL_CASE("driver", 120), TL_LOOP(driver_streams_and_smem, n),
+                 TL_LOOP(driver_context_per_thread, n), TL_LOOP(driver_batches_beyond_grid, n),
+                 TL_LOOP(driver_empty_batch, n), TL_LOOP(driver_launch_error_message, n),
+                 TL_LOOP(driver_mirrored_call, n), TL_LOOP(driver_sorted_on_device, n));
 }

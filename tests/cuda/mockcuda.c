@@ -8,8 +8,17 @@
  *   - dynamic shared memory above 48 KB only after
  *     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES on that function
  * and it counts the stream of every asynchronous operation, so a test can
- * see that all of them went to the caller's stream. */
+ * see that all of them went to the caller's stream.
+ *
+ * By default it is an 8.0 device with 108 SMs (an A100). $MOCKCUDA_CC
+ * ("9.0") and $MOCKCUDA_SMS ("132") make it another: scripts/gpu_bundle.sh
+ * runs the GPU checks over it as an H100 to fill the bundle's kernel cache
+ * with exactly the kernels those checks will ask for on the real device.
+ * cuTensorMapEncodeTiled (the sm_90a bodies' TMA maps) checks its
+ * arguments as the driver documents them; events (benchmarks) measure
+ * nothing and report 1 ms. */
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -58,14 +67,26 @@ CUresult cuInit(unsigned f) { return f ? INVALID_VALUE : OK; }
 CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
 CUresult cuDeviceGetCount(int *n) { *n = 1; return OK; }
 CUresult cuDeviceGet(int *d, int i) { *d = i; return i == 0 ? OK : INVALID_VALUE; }
+/* The compute capability (major, minor) and SM count of the one device. */
+static void device_shape(int *major, int *minor, int *sms) {
+  const char *cc = getenv("MOCKCUDA_CC"), *n = getenv("MOCKCUDA_SMS");
+  *major = 8, *minor = 0, *sms = 108;
+  if (cc && sscanf(cc, "%d.%d", major, minor) != 2) *major = 8, *minor = 0;
+  if (n) *sms = atoi(n);
+}
 CUresult cuDeviceGetAttribute(int *v, int a, int d) {
   (void)d;
-  *v = a == 75 ? 8 : a == 16 ? 108 : 0; /* compute capability 8.0 (75 major, 76 minor); 108 SMs (16) */
+  int major, minor, sms;
+  device_shape(&major, &minor, &sms);
+  /* compute capability (75 major, 76 minor); multiprocessors (16) */
+  *v = a == 75 ? major : a == 76 ? minor : a == 16 ? sms : 0;
   return OK;
 }
 CUresult cuDeviceGetName(char *out, int n, int d) {
   (void)d;
-  snprintf(out, (size_t)n, "mock device");
+  int major, minor, sms;
+  device_shape(&major, &minor, &sms);
+  snprintf(out, (size_t)n, "mock device (compute capability %d.%d, %d SMs)", major, minor, sms);
   return OK;
 }
 CUresult cuDevicePrimaryCtxRetain(void **ctx, int d) {
@@ -156,6 +177,62 @@ CUresult cuStreamSynchronize(void *s) {
   on_stream(s);
   return OK;
 }
+/* Events: benchmarks time with them; nothing runs here, so 1 ms. */
+static int the_event;
+CUresult cuEventCreate(void **e, unsigned flags) {
+  (void)flags;
+  if (!current) return fail(INVALID_CONTEXT, "cuEventCreate without a current context");
+  *e = &the_event;
+  return OK;
+}
+CUresult cuEventRecord(void *e, void *s) {
+  (void)e;
+  on_stream(s);
+  return OK;
+}
+CUresult cuEventSynchronize(void *e) { return e ? OK : INVALID_VALUE; }
+CUresult cuEventElapsedTime(float *ms, void *a, void *b) {
+  *ms = 1.0f;
+  return a && b ? OK : INVALID_VALUE;
+}
+CUresult cuEventDestroy_v2(void *e) { return e ? OK : INVALID_VALUE; }
+
+int mock_tensor_maps; /* tensor maps encoded */
+
+/* cuTensorMapEncodeTiled, with the argument rules of the driver's
+ * documentation for what flexc asks (no interleave): a 64-byte aligned
+ * map, rank 1..5, a 16-byte aligned base, dims in 1..2^32, byte strides
+ * multiples of 16 below 2^40, boxes of 1..256 elements, element strides
+ * 1..8, and with the 128-byte swizzle (3) an inner box of at most 128
+ * bytes. The map's bytes are the arguments, for nobody to read. */
+CUresult cuTensorMapEncodeTiled(void *map, int dtype, unsigned rank, void *base,
+                                const unsigned long long *dims, const unsigned long long *strides,
+                                const unsigned *box, const unsigned *estrides, int interleave,
+                                int swizzle, int l2, int oob) {
+  static const int elem_bytes[] = {1, 2, 4, 4, 8, 8, 8, 2, 4, 8, 2, 4, 4}; /* CUtensorMapDataType */
+  char msg[256];
+  (void)l2, (void)oob;
+  if ((uintptr_t)map % 64) return fail(INVALID_VALUE, "cuTensorMapEncodeTiled: map not 64-byte aligned");
+  if (dtype < 0 || dtype > 12 || rank < 1 || rank > 5 || interleave != 0)
+    return fail(INVALID_VALUE, "cuTensorMapEncodeTiled: data type, rank or interleave out of range");
+  if ((uintptr_t)base % 16) return fail(INVALID_VALUE, "cuTensorMapEncodeTiled: base not 16-byte aligned");
+  for (unsigned i = 0; i < rank; i++) {
+    bool bad = !dims[i] || dims[i] > (1ull << 32) || !box[i] || box[i] > 256 || !estrides[i] ||
+               estrides[i] > 8 || (i && (strides[i - 1] % 16 || strides[i - 1] >= (1ull << 40)));
+    if (bad) {
+      snprintf(msg, sizeof msg, "cuTensorMapEncodeTiled: dim %u: size %llu, stride %llu, box %u",
+               i, dims[i], i ? strides[i - 1] : 0ull, box[i]);
+      return fail(INVALID_VALUE, msg);
+    }
+  }
+  if (swizzle == 3 && box[0] * (unsigned)elem_bytes[dtype] > 128)
+    return fail(INVALID_VALUE, "cuTensorMapEncodeTiled: inner box over 128 bytes with the 128-byte swizzle");
+  memset(map, 0, 128);
+  memcpy(map, &base, sizeof base);
+  mock_tensor_maps++;
+  return OK;
+}
+
 CUresult cuGetErrorName(CUresult r, const char **s) {
   *s = r == INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE"
        : r == INVALID_CONTEXT ? "CUDA_ERROR_INVALID_CONTEXT" : "CUDA_ERROR_UNKNOWN";
@@ -186,6 +263,11 @@ CUresult cuGetProcAddress_v2(const char *name, void **pfn, int version, unsigned
       {"cuMemcpyDtoHAsync", (void *)cuMemcpyDtoHAsync_v2},
       {"cuStreamSynchronize", (void *)cuStreamSynchronize},
       {"cuGetErrorName", (void *)cuGetErrorName}, {"cuGetErrorString", (void *)cuGetErrorString},
+      {"cuEventCreate", (void *)cuEventCreate}, {"cuEventRecord", (void *)cuEventRecord},
+      {"cuEventSynchronize", (void *)cuEventSynchronize},
+      {"cuEventElapsedTime", (void *)cuEventElapsedTime},
+      {"cuEventDestroy", (void *)cuEventDestroy_v2},
+      {"cuTensorMapEncodeTiled", (void *)cuTensorMapEncodeTiled},
   };
   mock_flags |= flags;
   if (!(flags & 1)) mock_bad_flags++; /* CU_GET_PROC_ADDRESS_LEGACY_STREAM */

@@ -388,70 +388,27 @@ static const Shape shapes[] = {
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof *shapes))
 
-/* Everything one program reads and writes; [0] is the emulator's, [1] the reference's. */
-typedef struct Run {
-  TlArr q, k, v, dout, dlse, fb, ib, gb;
-  TlArr out[2], lse[2], dq[2], dk[2], dv[2], dgb[2];
-  flex_param params[4];
-  flex_buffer bufs[2][3];
-  flex_args a[2];
-} Run;
-
-static void run_init(Run *r, const Shape *s, uint64_t *rng) {
-  DLDataType f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64), i32 = rt_dtype(kDLInt, 32);
-  int64_t qs[4] = {s->B, s->H, s->QL, s->E}, ks[4] = {s->B, s->HKV, s->KL, s->E};
-  int64_t vs[4] = {s->B, s->HKV, s->KL, s->EV}, os[4] = {s->B, s->H, s->QL, s->EV};
+/* The call of program `src` on shape s, inputs, params and buffers from
+ * *rng: [0] the emulator, [1] the reference. */
+static void run_init(TlCall *r, const char *name, const char *src, const Shape *s, uint64_t *rng) {
+  const TlCase tc = {.name = name, .src = src, .s = {s->B, s->H, s->HKV, s->QL, s->KL, s->E, s->EV},
+                     .backend = FLEX_BACKEND_EMU, .dlse = tl_rand(rng) % 2};
+  tl_call_init(r, &tc, rng);
+  DLDataType f32 = rt_dtype(kDLFloat, 32), i32 = rt_dtype(kDLInt, 32);
   int64_t nf = 7, ni = 4 + (int64_t)(tl_rand(rng) % 9), gs[2] = {s->H, 5};
-  memset(r, 0, sizeof *r);
-  tl_arr_init(&r->q, f32, 4, qs), tl_arr_normal(&r->q, rng);
-  tl_arr_init(&r->k, f32, 4, ks), tl_arr_normal(&r->k, rng);
-  tl_arr_init(&r->v, f32, 4, vs), tl_arr_normal(&r->v, rng);
-  tl_arr_init(&r->dout, f32, 4, os), tl_arr_normal(&r->dout, rng);
-  tl_arr_init(&r->dlse, f32, 3, qs), tl_arr_normal(&r->dlse, rng);
-  tl_arr_init(&r->fb, f32, 1, &nf), tl_arr_normal(&r->fb, rng);
-  tl_arr_init(&r->gb, f32, 2, gs), tl_arr_normal(&r->gb, rng);
-  tl_arr_init(&r->ib, i32, 1, &ni);
+  tl_arr_normal(tl_call_buffer(r, "fb", f32, 1, &nf, false), rng);
+  TlArr *ib = tl_call_buffer(r, "ib", i32, 1, &ni, false);
   for (int64_t i = 0; i < ni; i++) {
     static const double big[] = {2147483647.0, -2147483648.0, 2147483000.0, -1.0, 0.0, 1e9};
     uint64_t x = tl_rand(rng);
-    rt_array_set(&r->ib.a, i, x % 3 ? (double)(int)(x % 41) - 20 : big[(x >> 8) % 6]);
+    rt_array_set(&ib->a, i, x % 3 ? (double)(int)(x % 41) - 20 : big[(x >> 8) % 6]);
   }
-  for (int i = 0; i < 2; i++) {
-    DLDataType o = i ? f64 : f32;
-    tl_arr_init(&r->out[i], o, 4, os), tl_arr_init(&r->lse[i], o, 3, qs);
-    tl_arr_init(&r->dq[i], o, 4, qs), tl_arr_init(&r->dk[i], o, 4, ks);
-    tl_arr_init(&r->dv[i], o, 4, vs), tl_arr_init(&r->dgb[i], o, 2, gs);
-    TlArr *outs[] = {&r->out[i], &r->lse[i], &r->dq[i], &r->dk[i], &r->dv[i], &r->dgb[i]};
-    for (int j = 0; j < 6; j++) tl_arr_poison(outs[j]);
-  }
+  tl_arr_normal(tl_call_buffer(r, "gb", f32, 2, gs, true), rng);
   static const double pis[] = {3, 0, -4, 2147483600, -2147483647, 17};
-  r->params[0] = (flex_param){"pf0", tl_uniform(rng) * 2 - 1};
-  r->params[1] = (flex_param){"pf1", tl_uniform(rng) * 4 - 2};
-  r->params[2] = (flex_param){"pi0", pis[tl_rand(rng) % 6]};
-  r->params[3] = (flex_param){"pi1", pis[tl_rand(rng) % 6]};
-  bool dlse = tl_rand(rng) % 2;
-  for (int i = 0; i < 2; i++) {
-    flex_args *a = &r->a[i];
-    r->bufs[i][0] = (flex_buffer){"fb", &r->fb.t, NULL};
-    r->bufs[i][1] = (flex_buffer){"ib", &r->ib.t, NULL};
-    r->bufs[i][2] = (flex_buffer){"gb", &r->gb.t, &r->dgb[i].t};
-    a->backend = i ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
-    a->q = &r->q.t, a->k = &r->k.t, a->v = &r->v.t, a->dout = &r->dout.t;
-    a->dlse = dlse ? &r->dlse.t : NULL;
-    a->out = &r->out[i].t, a->lse = &r->lse[i].t;
-    a->dq = &r->dq[i].t, a->dk = &r->dk[i].t, a->dv = &r->dv[i].t;
-    a->params = r->params, a->nparams = 4;
-    a->buffers = r->bufs[i], a->nbuffers = 3;
-  }
-}
-
-static void run_free(Run *r) {
-  TlArr *all[] = {&r->q, &r->k, &r->v, &r->dout, &r->dlse, &r->fb, &r->ib, &r->gb};
-  for (int j = 0; j < 8; j++) tl_arr_free(all[j]);
-  for (int i = 0; i < 2; i++) {
-    TlArr *outs[] = {&r->out[i], &r->lse[i], &r->dq[i], &r->dk[i], &r->dv[i], &r->dgb[i]};
-    for (int j = 0; j < 6; j++) tl_arr_free(outs[j]);
-  }
+  tl_call_param(r, "pf0", tl_uniform(rng) * 2 - 1);
+  tl_call_param(r, "pf1", tl_uniform(rng) * 4 - 2);
+  tl_call_param(r, "pi0", pis[tl_rand(rng) % 6]);
+  tl_call_param(r, "pi1", pis[tl_rand(rng) % 6]);
 }
 
 static bool all_zero(const RtArray *a) {
@@ -471,7 +428,7 @@ static double err_or_exact(const RtArray *x, const RtArray *ref) {
 /* Rows the reference left fully masked must be exactly O = 0, LSE = -inf,
  * dQ = 0 on the emulator too. Returns how many there were, or -1 on a
  * mismatch (described in msg). */
-static int masked_rows(const Run *r, const Shape *s, char *msg, size_t cap) {
+static int masked_rows(const TlCall *r, const Shape *s, char *msg, size_t cap) {
   int rows = s->B * s->H * s->QL, n = 0;
   for (int i = 0; i < rows; i++) {
     if (rt_array_get(&r->lse[1].a, i) != -INFINITY) continue;
@@ -498,38 +455,41 @@ static const char *diff_program(const char *name, const char *src, const Shape *
     snprintf(msg, sizeof msg, "does not compile: %s", flex_last_error());
     return msg;
   }
-  Run r;
-  run_init(&r, s, &rng);
+  flex_kernel_free(k);
+  TlCall r;
+  run_init(&r, name, src, s, &rng);
   const char *fail = NULL;
-  for (int i = 1; i >= 0 && !fail; i--) {
-    const char *who = i ? "reference" : "emu";
-    if (flex_forward(k, &r.a[i]) != FLEX_OK || flex_backward(k, &r.a[i]) != FLEX_OK) {
-      snprintf(msg, sizeof msg, "%s failed: %s", who, flex_last_error());
+  for (int i = 1; i >= 0 && !fail; i--)
+    if (tl_call_run(&r, i, false) != FLEX_OK || tl_call_run(&r, i, true) != FLEX_OK) {
+      snprintf(msg, sizeof msg, "%s failed: %s", i ? "reference" : "emu", flex_last_error());
       fail = msg;
     }
-  }
   if (!fail) {
+    const RtArray *dgb[2] = {&r.gbuf[0][2].a, &r.gbuf[1][2].a};
     double eo = err_or_exact(&r.out[0].a, &r.out[1].a), el = tl_rel_err(&r.lse[0].a, &r.lse[1].a);
     double eq = err_or_exact(&r.dq[0].a, &r.dq[1].a), ek = err_or_exact(&r.dk[0].a, &r.dk[1].a);
-    double ev = err_or_exact(&r.dv[0].a, &r.dv[1].a), eg = err_or_exact(&r.dgb[0].a, &r.dgb[1].a);
+    double ev = err_or_exact(&r.dv[0].a, &r.dv[1].a), eg = err_or_exact(dgb[0], dgb[1]);
     if (all_zero(&r.out[1].a)) el = all_zero(&r.out[0].a) ? 0 : INFINITY; /* lse all -inf */
     int masked = masked_rows(&r, s, msg, sizeof msg);
     if (getenv("FLEXC_DIFF_DUMP"))
-      for (int64_t i = 0; i < rt_array_count(&r.dgb[1].a); i++)
-        fprintf(stderr, "dgb[%lld] emu %g ref %g\n", (long long)i, rt_array_get(&r.dgb[0].a, i),
-                rt_array_get(&r.dgb[1].a, i));
+      for (int64_t i = 0; i < rt_array_count(dgb[1]); i++)
+        fprintf(stderr, "dgb[%lld] emu %g ref %g\n", (long long)i, rt_array_get(dgb[0], i),
+                rt_array_get(dgb[1], i));
     if (masked < 0) fail = msg;
     else if (!(eo < 1e-4 && el < 1e-4 && eq < 1e-3 && ek < 1e-3 && ev < 1e-3 && eg < 1e-3)) {
       snprintf(msg, sizeof msg, "mismatch: out %g lse %g dq %g dk %g dv %g dgb %g", eo, el, eq,
                ek, ev, eg);
       fail = msg;
+      const RtArray *x[6] = {&r.out[0].a, &r.lse[0].a, &r.dq[0].a, &r.dk[0].a, &r.dv[0].a, dgb[0]};
+      const RtArray *y[6] = {&r.out[1].a, &r.lse[1].a, &r.dq[1].a, &r.dk[1].a, &r.dv[1].a, dgb[1]};
+      static const char *const nm[6] = {"out", "lse", "dq", "dk", "dv", "dgb"};
+      for (int i = 0; i < 6; i++) tl_mismatches(nm[i], x[i], y[i], i < 2 ? 1e-4 : 1e-3, 4);
     } else {
       fprintf(stderr, "  %s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e dgb %.1e, %d masked rows\n",
               name, eo, el, eq, ek, ev, eg, masked);
     }
   }
-  run_free(&r);
-  flex_kernel_free(k);
+  tl_call_free(&r);
   return fail;
 }
 
@@ -605,11 +565,5 @@ int main(void) {
   if (file && *file) return run_file(file);
   const char *env = getenv("FLEXC_DIFF_PROGRAMS");
   int n = env && *env ? atoi(env) : 15;
-  Suite *s = suite_create("diff_fuzz");
-  TCase *tc = tcase_create("programs");
-  tcase_set_timeout(tc, 120);
-  tcase_add_loop_test(tc, regression, 0, NREGRESSIONS);
-  tcase_add_loop_test(tc, random_program, 0, n);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("diff_fuzz", 120, TL_LOOP(regression, NREGRESSIONS), TL_LOOP(random_program, n));
 }

@@ -494,30 +494,10 @@ int main(void) {
   plain = build(src, false);
   racy = build(src, true);
   base_free(src);
-  Suite *s = suite_create("emu");
-  TCase *tc = tcase_create("emu");
-  tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, reduce_ok);
-  tcase_add_test(tc, block_order_shuffled);
-  tcase_add_test(tc, reduce_race_free);
-  tcase_add_test(tc, missing_sync_is_wrong);
-  tcase_add_test(tc, missing_sync_is_a_race);
-  tcase_add_test(tc, unwritten_smem_is_poison);
-  tcase_add_test(tc, tail_off_by_one);
-  tcase_add_test(tc, barrier_divergence);
-  tcase_add_test(tc, votes);
-  tcase_add_test(tc, conversions);
-  tcase_add_test(tc, mma_f16);
-  tcase_add_test(tc, mma_bf16);
-  tcase_add_test(tc, ldmatrix_layouts);
-  tcase_add_test(tc, ldmatrix_wrong_layout);
-  tcase_add_test(tc, cp_async_groups);
-  suite_add_tcase(s, tc);
-  TCase *gen = tcase_create("generated");
-  tcase_set_timeout(gen, 120);
-  tcase_add_loop_test(gen, generated_fp32, 0, 2);
-  tcase_add_loop_test(gen, generated_fp16, 0, 2);
-  tcase_add_loop_test(gen, generated_bf16, 0, 2);
-  suite_add_tcase(s, gen);
-  return tl_run_suite(s);
+  return TL_MAIN("emu", 0, TL_CASE("emu", 60), TL_TEST(reduce_ok), TL_TEST(block_order_shuffled),
+                 TL_TEST(reduce_race_free), TL_TEST(missing_sync_is_wrong), TL_TEST(missing_sync_is_a_race),
+                 TL_TEST(unwritten_smem_is_poison), TL_TEST(tail_off_by_one), TL_TEST(barrier_divergence), TL_TEST(votes),
+                 TL_TEST(conversions), TL_TEST(mma_f16), TL_TEST(mma_bf16), TL_TEST(ldmatrix_layouts),
+                 TL_TEST(ldmatrix_wrong_layout), TL_TEST(cp_async_groups), TL_CASE("generated", 120),
+                 TL_LOOP(generated_fp32, 2), TL_LOOP(generated_fp16, 2), TL_LOOP(generated_bf16, 2));
 }

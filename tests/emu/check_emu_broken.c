@@ -17,13 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codegen/codegen.h"
 #include "kernels/params.cuh"
-#include "runtime/embedded.h"
-#include "emu/emu_host.h"
 #include "runtime/npy.h"
 #include "runtime/rt.h"
-#include "testlib.h"
+#include "testlib_mutant.h"
 
 static uint64_t rng;
 
@@ -42,14 +39,6 @@ enum { B = 1, H = 2, HKV = 1 };
  * three interior key tiles and an edge one). */
 static int QL = 37, KL = 150;
 
-/* How a mutation must show up. */
-typedef enum Detect {
-  PASS,   /* a positive control: no error, result within tolerance */
-  RACE,   /* the race-check module fails the launch with a shared memory race */
-  BOUNDS, /* the launch fails its global bounds check */
-  WRONG,  /* the result is outside the tolerance (or the launch fails) */
-} Detect;
-
 /* One test: a template edit, the problem it runs on, and what must happen. */
 typedef struct Case {
   const char *what;  /* the bug, in words */
@@ -60,26 +49,27 @@ typedef struct Case {
   int E;             /* head dim (= EV) */
   bool padded;       /* rows 16 elements apart, NaN between E and 16 */
   bool vec16;        /* the cp.async tile path */
-  Detect detect;     /* expected outcome */
+  TlDetect detect;   /* expected outcome */
   bool steady;       /* kPlain at 256 x 400: the steady loop runs */
   bool big;          /* inputs near 3e4: every row's max near 2^33 in the exp2 domain, where
                       * the first form's rounded reference is off by hundreds */
 } Case;
 
 static const Case cases[] = {
-    {"clean fp16", NULL, NULL, NULL, CG_FP16, 64, false, false, PASS, false, false},
-    {"clean fp16 cp.async", NULL, NULL, NULL, CG_FP16, 64, false, true, PASS, false, false},
-    {"clean fp16 cp.async E=15 in 16-wide rows", NULL, NULL, NULL, CG_FP16, 15, true, true, PASS, false, false},
-    {"clean fp32", NULL, NULL, NULL, CG_FP32, 15, false, false, PASS, false, false},
-    {"clean fp16 steady loop", NULL, NULL, NULL, CG_FP16, 64, false, true, PASS, true, false},
-    {"clean fp16 steady loop, rows past 2^16", NULL, NULL, NULL, CG_FP16, 64, false, true, PASS, true,
-     true},
+    {"clean fp16", NULL, NULL, NULL, CG_FP16, 64, false, false, TL_PASS, false, false},
+    {"clean fp16 cp.async", NULL, NULL, NULL, CG_FP16, 64, false, true, TL_PASS, false, false},
+    {"clean fp16 cp.async E=15 in 16-wide rows", NULL, NULL, NULL, CG_FP16, 15, true, true, TL_PASS,
+     false, false},
+    {"clean fp32", NULL, NULL, NULL, CG_FP32, 15, false, false, TL_PASS, false, false},
+    {"clean fp16 steady loop", NULL, NULL, NULL, CG_FP16, 64, false, true, TL_PASS, true, false},
+    {"clean fp16 steady loop, rows past 2^16", NULL, NULL, NULL, CG_FP16, 64, false, true, TL_PASS,
+     true, true},
     {"no barrier between the tile wait and its readers", "flex_fwd.cuh",
      "            flex_cp_async_wait<0>();\n            __syncthreads();\n",
-     "            flex_cp_async_wait<0>();\n", CG_FP16, 64, false, false, RACE, false, false},
+     "            flex_cp_async_wait<0>();\n", CG_FP16, 64, false, false, TL_RACE, false, false},
     {"steady loop: no barrier between the tile wait and its readers", "flex_fwd.cuh",
      "          flex_cp_async_wait<0>();\n          __syncthreads();\n",
-     "          flex_cp_async_wait<0>();\n", CG_FP16, 64, false, true, RACE, true, false},
+     "          flex_cp_async_wait<0>();\n", CG_FP16, 64, false, true, TL_RACE, true, false},
     {"steady loop: next tile's loads issued before the barrier", "flex_fwd.cuh",
      "          flex_cp_async_wait<0>();\n          __syncthreads();\n          if (pf >= 0) {\n"
      "            copyK.load_fast((st ^ 1) * KSTAGE, k, p.sk.row, pf);\n"
@@ -87,66 +77,61 @@ static const Case cases[] = {
      "          if (pf >= 0) {\n            copyK.load_fast((st ^ 1) * KSTAGE, k, p.sk.row, pf);\n"
      "            copyV.load_fast(vstage(st ^ 1), v, p.sv.row, pf);\n          }\n"
      "          flex_cp_async_wait<1>();\n          __syncthreads();\n",
-     CG_FP16, 64, false, true, RACE, true, false},
+     CG_FP16, 64, false, true, TL_RACE, true, false},
     {"steady loop takes the tile at the key end", "flex_fwd.cuh",
      "(MASK_MODE == FLEX_MASK_NONE || cfull) && c < c1 &&\n                c + BN <= p.kv_len &&",
-     "(MASK_MODE == FLEX_MASK_NONE || cfull) && c < c1 &&", CG_FP16, 64, false, true, WRONG, true,
+     "(MASK_MODE == FLEX_MASK_NONE || cfull) && c < c1 &&", CG_FP16, 64, false, true, TL_WRONG, true,
      false},
     {"rows past 2^16 kept in the steady loop's first form", "flex_fwd.cuh",
      "if (!GEN && SCORE_ID && __any_sync(0xffffffffu, big)) return true;", "", CG_FP16, 64, false,
-     true, WRONG, true, true},
+     true, TL_WRONG, true, true},
     {"rows past 2^16 without x - a in the general step", "flex_fwd.cuh",
      "          for (int c = 0; c < 4; c++) s[m][j][c] -= a[c >> 1];",
      "          for (int c = 0; c < 4; c++) s[m][j][c] -= 0.0f * a[c >> 1];", CG_FP16, 64, false, true,
-     WRONG, true, true},
+     TL_WRONG, true, true},
     {"fp32: no barrier between writing P and reading it", "flex_fwd.cuh",
      "      sP[r * PS + tr + TPR * j] = keep ? pj : 0.0f;\n    }\n    __syncthreads();\n",
-     "      sP[r * PS + tr + TPR * j] = keep ? pj : 0.0f;\n    }\n", CG_FP32, 15, false, false, RACE, false, false},
+     "      sP[r * PS + tr + TPR * j] = keep ? pj : 0.0f;\n    }\n", CG_FP32, 15, false, false, TL_RACE,
+     false, false},
     {"V loaded with ldmatrix without .trans", "flex_fwd.cuh", "flex_ldsm_x4_trans(bv,",
-     "flex_ldsm_x4(bv,", CG_FP16, 64, false, false, WRONG, false, false},
+     "flex_ldsm_x4(bv,", CG_FP16, 64, false, false, TL_WRONG, false, false},
     {"K ldmatrix rows from the wrong lanes", "flex_fwd.cuh",
      "(((lane & 7) + (lane >> 4) * 8) * KS", "(((lane & 7) + ((lane >> 3) & 1) * 8) * KS",
-     CG_FP16, 64, false, false, WRONG, false, false},
+     CG_FP16, 64, false, false, TL_WRONG, false, false},
     {"Q ldmatrix column half off", "flex_fwd.cuh", "* QS + (lane >> 4) * 8) * 2;",
-     "* QS + ((lane >> 3) & 1) * 8) * 2;", CG_FP16, 64, false, false, WRONG, false, false},
+     "* QS + ((lane >> 3) & 1) * 8) * 2;", CG_FP16, 64, false, false, TL_WRONG, false, false},
     {"interior cp.async chunks read past the last rows", "tile.cuh",
      "const bool ok = row0 + r + k * RS < nrows;", "const bool ok = row0 + r + k * RS <= nrows + 64;",
-     CG_FP16, 64, false, true, BOUNDS, false, false},
+     CG_FP16, 64, false, true, TL_BOUNDS, false, false},
     {"tile row tail off by one", "tile.cuh",
      "      T x = 0;\n      if (row0 + r < nrows && c < ncols) x",
-     "      T x = 0;\n      if (row0 + r <= nrows && c < ncols) x", CG_FP16, 64, false, false, BOUNDS, false, false},
+     "      T x = 0;\n      if (row0 + r <= nrows && c < ncols) x", CG_FP16, 64, false, false, TL_BOUNDS,
+     false, false},
     {"key tail off by one in the logit", "flex_fwd.cuh", "if (kj >= p.kv_len || qi >= p.q_len)",
-     "if (kj > p.kv_len || qi >= p.q_len)", CG_FP32, 15, false, false, WRONG, false, false},
+     "if (kj > p.kv_len || qi >= p.q_len)", CG_FP32, 15, false, false, TL_WRONG, false, false},
     {"output rows past Q_LEN stored", "flex_fwd.cuh", "    if (qi >= p.q_len) continue;\n", "\n",
-     CG_FP16, 64, false, false, BOUNDS, false, false},
+     CG_FP16, 64, false, false, TL_BOUNDS, false, false},
     {"fp32: output rows past Q_LEN stored", "flex_fwd.cuh", "  if (qi >= p.q_len) return;\n", "\n",
-     CG_FP32, 15, false, false, BOUNDS, false, false},
+     CG_FP32, 15, false, false, TL_BOUNDS, false, false},
     {"cp.async chunk straddling the last column", "tile.cuh",
-     "if (row_ok && c < ncols && c + 8 > ncols) {", "if (false) {", CG_FP16, 15, true, true, WRONG, false, false},
+     "if (row_ok && c < ncols && c + 8 > ncols) {", "if (false) {", CG_FP16, 15, true, true, TL_WRONG,
+     false, false},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
-/* The generated forward source for `c`, with its mutation spliced in where
- * the template would be included (its include guard hides the original). */
+/* The generated forward source for `c`, with its mutation spliced in
+ * where the template would be included (its include guard hides the original). */
 static char *mutated_source(const flex_kernel *k, const Case *c, CgOptions *o) {
   char err[256];
   ck_assert_msg(cg_options_init(o, k->mod, c->dtype, c->E, c->E, CG_SM80, false, err, sizeof err),
                 "%s", err);
   if (!c->steady) o->mask_mode = CG_MASK_DENSE;
   o->source = c->what;
-  Buf gen = {0}, out = {0};
+  Buf gen = {0};
   cg_emit_cuda(&gen, k->mod, o);
-  if (!c->file) return gen.data;
-  Buf edit = {0};
-  tl_replace_once(&edit, tl_embedded(c->file), c->from, c->to);
-  const char *inc = "#include \"flex_fwd.cuh\"\n";
-  ck_assert_msg(strstr(gen.data, inc), "generated source does not include flex_fwd.cuh");
-  buf_puts(&edit, "\n");
-  buf_puts(&edit, !strcmp(c->file, "flex_fwd.cuh") ? "" : inc);
-  tl_replace_once(&out, gen.data, inc, edit.data);
+  char *src = tl_mutant_source(gen.data, "#include \"flex_fwd.cuh\"\n", c->file, c->from, c->to);
   buf_free(&gen);
-  buf_free(&edit);
-  return out.data;
+  return src;
 }
 
 /* Inputs (rows W elements apart), outputs and the float64 reference. */
@@ -226,19 +211,7 @@ static flex_status launch(EmuModule *m, const CgOptions *o, Data *d, const Case 
       {(uintptr_t)p.v, (uint64_t)(((int64_t)B * HKV * KL - 1) * W + c->E) * es, "v"},
       {(uintptr_t)p.out, (uint64_t)rt_array_count(&d->out) * es, "out"},
       {(uintptr_t)p.lse, (uint64_t)rt_array_count(&d->lse) * 4, "lse"}};
-  CgLaunch g = cg_launch_fwd(o, B, H, QL);
-  EmuLaunch L;
-  memset(&L, 0, sizeof L);
-  L.kernel = "flex_fwd";
-  L.params = &p;
-  L.grid = (EmuDim){g.grid[0], g.grid[1], g.grid[2]};
-  L.block = (EmuDim){g.block[0], g.block[1], g.block[2]};
-  L.smem_bytes = g.smem;
-  L.ranges = r;
-  L.nranges = 5;
-  flex_status st = emu_module_launch(m, &L, NULL);
-  snprintf(msg, EMU_ERR_LEN, "%s", L.error);
-  return st;
+  return tl_mutant_launch(m, "flex_fwd", &p, cg_launch_fwd(o, B, H, QL), r, 5, msg);
 }
 
 /* Relative norm error of the emulator's out and lse (tl_rel_err: NaN, a
@@ -249,29 +222,21 @@ static double result_err(const Data *d) {
 }
 
 /* Build (plain or race-check) and run case c; returns the launch status. */
-static flex_status run_case(const Case *c, bool race, char *msg, double *err) {
-  flex_kernel *k = NULL;
-  const char *text = c->steady ? kPlain : kSource;
+static flex_status run_case(const void *ctx, bool race, char *msg, double *err) {
+  const Case *c = ctx;
   QL = c->steady ? 256 : 37, KL = c->steady ? 400 : 150;
-  ck_assert_msg(flex_kernel_from_source(&k, "broken.score", text, strlen(text), NULL) == FLEX_OK,
-                "%s", flex_last_error());
+  flex_kernel *k = tl_load(NULL, "broken.score", c->steady ? kPlain : kSource);
   CgOptions o;
   char *src = mutated_source(k, c, &o);
-  EmuBuildOpts bo = {.racecheck = race};
-  Buf log = {0};
-  EmuModule *m = NULL;
-  flex_status st = emu_module_get(&m, src, &bo, &log);
-  ck_assert_msg(st == FLEX_OK, "%s: the mutated source does not build:\n%s", c->what,
-                log.data ? log.data : "");
+  EmuModule *m = tl_mutant_build(src, race, c->what);
   Data d;
   data_init(&d, c);
   reference(k, &d, c);
-  st = launch(m, &o, &d, c, msg);
+  flex_status st = launch(m, &o, &d, c, msg);
   *err = st == FLEX_OK ? result_err(&d) : INFINITY;
   fprintf(stderr, "  %-48s %s: status %d, error %.3g%s%s\n", c->what, race ? "race-check" : "plain",
           st, *err, msg[0] ? ": " : "", msg);
   data_free(&d);
-  buf_free(&log);
   base_free(src);
   flex_kernel_free(k);
   return st;
@@ -279,41 +244,11 @@ static flex_status run_case(const Case *c, bool race, char *msg, double *err) {
 
 START_TEST(mutation) {
   const Case *c = &cases[_i];
-  double tol = c->dtype == CG_FP32 ? 1e-4 : 5e-3, err;
-  char msg[EMU_ERR_LEN];
-  flex_status st;
-  switch (c->detect) {
-  case PASS:
-    for (int race = 0; race < 2; race++) {
-      st = run_case(c, race, msg, &err);
-      ck_assert_msg(st == FLEX_OK, "%s: %s", c->what, msg);
-      ck_assert_msg(err < tol, "%s: error %g", c->what, err);
-    }
-    break;
-  case RACE:
-    st = run_case(c, true, msg, &err);
-    ck_assert_msg(st != FLEX_OK && strstr(msg, "shared memory race"),
-                  "%s went undetected (status %d, error %g): %s", c->what, st, err, msg);
-    break;
-  case BOUNDS:
-    st = run_case(c, false, msg, &err);
-    ck_assert_msg(st != FLEX_OK && strstr(msg, "outside every allocation"),
-                  "%s went undetected (status %d, error %g): %s", c->what, st, err, msg);
-    break;
-  case WRONG:
-    st = run_case(c, false, msg, &err);
-    ck_assert_msg(st != FLEX_OK || !(err < tol), "%s went undetected (error %g)", c->what, err);
-    break;
-  }
+  tl_mutant_expect(c->what, c->detect, c->dtype == CG_FP32 ? 1e-4 : 5e-3, run_case, c);
 }
 END_TEST
 
 int main(void) {
   rng = tl_seed();
-  Suite *s = suite_create("emu_broken");
-  TCase *tc = tcase_create("mutations");
-  tcase_set_timeout(tc, 120);
-  tcase_add_loop_test(tc, mutation, 0, NCASES);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("emu_broken", 120, TL_LOOP(mutation, NCASES));
 }

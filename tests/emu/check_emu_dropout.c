@@ -1,6 +1,6 @@
 /* Dropout on the emulator (the generated CUDA templates run on the CPU),
  * and on the cpu backend where this build has it (TCase "cpu": the same
- * tests), against the float64 reference (DSL.md "Dropout"):
+ * tests), against the float64 reference (docs/language.md "Dropout"):
  *
  *  - the dropped elements themselves: identity score, V the identity
  *    matrix (EV = KV_LEN), so O[i, j] = P_ij M_ij and O's zeros are exactly
@@ -14,6 +14,9 @@
  *  - a head dim of 128 with an identity score, where dropout takes other
  *    forward tiles (128 x 32) than the call without it on emu and cuda;
  *  - p = 0 is bitwise the call without dropout.
+ *
+ * --cuda runs the same cases on the GPU (tensors mirrored by tl_call) in
+ * place of the emulator; it exits 77 where there is no CUDA device.
  *
  * Fresh random inputs every run (tl_seed); outputs are poisoned first. */
 #include <check.h>
@@ -63,7 +66,7 @@ START_TEST(same_dropped_elements) {
     uint64_t seed = tl_rand(&rng), off = tl_rand(&rng);
     set_dropout(&a, ps[t], seed, off), set_dropout(&r, ps[t], seed, off);
     ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
-    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s: %s", flex_backend_name(dev), flex_last_error());
+    ck_assert_msg(tl_call(k, &a, false) == FLEX_OK, "%s: %s", flex_backend_name(dev), flex_last_error());
     long dropped = 0, n = (long)B * H * QL * KL;
     for (long e = 0; e < n; e++) {
       double x = rt_array_get(&out.x, e), y = rt_array_get(&out.ref, e);
@@ -120,7 +123,7 @@ START_TEST(packed_dropped_elements) {
   const float p = 0.4f;
   set_dropout(&a, p, seed, off), set_dropout(&r, p, seed, off);
   ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
-  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s: %s", flex_backend_name(dev), flex_last_error());
+  ck_assert_msg(tl_call(k, &a, false) == FLEX_OK, "%s: %s", flex_backend_name(dev), flex_last_error());
   long dropped = 0, n = 0;
   for (int s = 0; s < NS; s++)
     for (int h = 0; h < H; h++)
@@ -172,7 +175,7 @@ START_TEST(wide_head_dim) {
   uint64_t seed = tl_rand(&rng), off = tl_rand(&rng);
   set_dropout(&a, 0.3f, seed, off), set_dropout(&r, 0.3f, seed, off);
   ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
-  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s: %s", flex_backend_name(dev), flex_last_error());
+  ck_assert_msg(tl_call(k, &a, false) == FLEX_OK, "%s: %s", flex_backend_name(dev), flex_last_error());
   for (int64_t e = 0; e < rt_array_count(&out.x); e++)
     ck_assert_msg((rt_array_get(&out.x, e) == 0) == (rt_array_get(&out.ref, e) == 0),
                   "O[%lld]: tested %g, reference %g", (long long)e, rt_array_get(&out.x, e),
@@ -234,7 +237,7 @@ static void run_case(int si, const TlDtype *td) {
   uint64_t seed = tl_rand(&rng), off = tl_rand(&rng);
   set_dropout(&a, 0.25f, seed, off), set_dropout(&r, 0.25f, seed, off);
   ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference: %s", flex_last_error());
-  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s: %s", flex_backend_name(dev), flex_last_error());
+  ck_assert_msg(tl_call(k, &a, false) == FLEX_OK, "%s: %s", flex_backend_name(dev), flex_last_error());
   double eo = tl_pair_err(&out), el = tl_pair_err(&lse);
   /* The backward gets the same O and LSE on both sides: the reference's,
    * rounded to what the kernels read, so the comparison measures it alone. */
@@ -247,7 +250,7 @@ static void run_case(int si, const TlDtype *td) {
   a.dout = &dout.tx, a.dlse = &dlse.tx, a.dq = &dq.tx, a.dk = &dk.tx, a.dv = &dv.tx;
   r.dout = &dout.tref, r.dlse = &dlse.tref, r.dq = &dq.tref, r.dk = &dk.tref, r.dv = &dv.tref;
   ck_assert_msg(flex_backward(k, &r) == FLEX_OK, "reference backward: %s", flex_last_error());
-  ck_assert_msg(flex_backward(k, &a) == FLEX_OK, "%s backward: %s", flex_backend_name(dev), flex_last_error());
+  ck_assert_msg(tl_call(k, &a, true) == FLEX_OK, "%s backward: %s", flex_backend_name(dev), flex_last_error());
   double eq = tl_pair_err(&dq), ek = tl_pair_err(&dk), ev = tl_pair_err(&dv);
   double eg = sm->grad ? tl_pair_err(&grad) : 0.0;
   fprintf(stderr, "  %s %s %s p 0.25: out %.2g lse %.2g; dq %.2g dk %.2g dv %.2g grad %.2g\n",
@@ -284,7 +287,7 @@ START_TEST(p_zero_is_no_dropout) {
     a.backend = dev;
     a.q = &q.tx, a.k = &kk.tx, a.v = &v.tx, a.out = &out[t].tx, a.lse = &lse[t].tx;
     if (t) set_dropout(&a, 0.0f, 12345, 678);
-    ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s: %s", flex_backend_name(dev), flex_last_error());
+    ck_assert_msg(tl_call(k, &a, false) == FLEX_OK, "%s: %s", flex_backend_name(dev), flex_last_error());
   }
   ck_assert(memcmp(out[0].x.data, out[1].x.data, (size_t)rt_array_count(&out[0].x) * td->bits / 8) == 0);
   ck_assert(memcmp(lse[0].x.data, lse[1].x.data, (size_t)rt_array_count(&lse[0].x) * 4) == 0);
@@ -294,30 +297,23 @@ START_TEST(p_zero_is_no_dropout) {
 }
 END_TEST
 
-int main(void) {
+/* Every test of a backend (n = 0: left out). */
+#define DROPOUT_TESTS(n)                                                                        \
+  TL_LOOP(same_dropped_elements, 3 * (n)), TL_LOOP(packed_dropped_elements, 2 * (n)),            \
+      TL_LOOP(wide_head_dim, (n)), TL_LOOP(against_reference, 3 * 3 * (n)),                     \
+      TL_LOOP(p_zero_is_no_dropout, 3 * (n))
+
+int main(int argc, char **argv) {
   rng = tl_seed();
-  Suite *s = suite_create("emu_dropout");
-  TCase *tc = tcase_create("dropout");
-  tcase_set_timeout(tc, 300);
-  tcase_add_loop_test(tc, same_dropped_elements, 0, 3);
-  tcase_add_loop_test(tc, packed_dropped_elements, 0, 2);
-  tcase_add_test(tc, wide_head_dim);
-  tcase_add_loop_test(tc, against_reference, 0, 3 * 3);
-  tcase_add_loop_test(tc, p_zero_is_no_dropout, 0, 3);
-  suite_add_tcase(s, tc);
-  if (flex_backend_available(FLEX_BACKEND_CPU)) {
-    TCase *cpu = tcase_create("cpu");
-    tcase_set_timeout(cpu, 300);
-    tcase_add_checked_fixture(cpu, use_cpu, NULL);
-    tcase_add_loop_test(cpu, same_dropped_elements, 0, 3);
-    tcase_add_loop_test(cpu, packed_dropped_elements, 0, 2);
-    tcase_add_test(cpu, wide_head_dim);
-    tcase_add_loop_test(cpu, against_reference, 0, 3 * 3);
-    tcase_add_loop_test(cpu, p_zero_is_no_dropout, 0, 3);
-    suite_add_tcase(s, cpu);
-  } else {
-    fprintf(stderr, "cpu backend not in this build: its dropout tests skipped (%s)\n",
-            flex_last_error());
+  int rc = tl_cuda_mode(argc, argv);
+  if (rc >= 0) {
+    dev = FLEX_BACKEND_CUDA;
+    return rc ? rc : TL_MAIN("cuda_dropout", 0, TL_CASE("cuda", 0), DROPOUT_TESTS(1));
   }
-  return tl_run_suite(s);
+  int n = flex_backend_available(FLEX_BACKEND_CPU);
+  if (!n)
+    fprintf(stderr, "cpu backend not in this build: its dropout tests skipped (%s)\n", flex_last_error());
+  tl_one_process(); /* the emulator's modules serve several tests */
+  return TL_MAIN("emu_dropout", 0, TL_CASE("dropout", 300), DROPOUT_TESTS(1),
+                 TL_FIXTURE("cpu", 300, use_cpu, NULL), DROPOUT_TESTS(n));
 }

@@ -574,30 +574,12 @@ int main(void) {
   }
   mod = plain;
   buf_free(&src);
-  Suite *s = suite_create("emu_sm90");
-  TCase *tc = tcase_create("sm90");
-  tcase_set_timeout(tc, 60);
-  tcase_add_checked_fixture(tc, use_plain, NULL);
-  tcase_add_loop_test(tc, mbarrier_pingpong, 0, 2);
-  tcase_add_test(tc, mbarrier_no_wait_is_wrong);
-  tcase_add_test(tc, mbarrier_rules);
-  tcase_add_loop_test(tc, named_barrier_turns, 0, 2);
-  tcase_add_test(tc, named_barrier_rules);
-  tcase_add_loop_test(tc, tma_swizzles, 0, 2);
-  tcase_add_test(tc, tma_tx_deadlock);
-  tcase_add_test(tc, tma_3d);
-  tcase_add_test(tc, tma_encode_rules);
-  tcase_add_test(tc, wgmma_tma_f16_n64);
-  tcase_add_test(tc, wgmma_tma_small_swizzles);
-  tcase_add_test(tc, wgmma_tma_bf16_n256);
-  tcase_add_loop_test(tc, wgmma_tma_pv, 0, 2);
-  tcase_add_test(tc, wgmma_layouts);
-  tcase_add_loop_test(tc, fa3_skeleton, 0, 2);
-  tcase_add_test(tc, wgmma_early_read_is_poison);
-  tcase_add_test(tc, wgmma_rules);
-  tcase_add_test(tc, wgmma_stage_overwrite);
-  tcase_add_test(tc, bulk_reduce_add);
-  tcase_add_test(tc, elect_and_setmaxnreg);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("emu_sm90", 0, TL_FIXTURE("sm90", 60, use_plain, NULL), TL_LOOP(mbarrier_pingpong, 2),
+                 TL_TEST(mbarrier_no_wait_is_wrong), TL_TEST(mbarrier_rules), TL_LOOP(named_barrier_turns, 2),
+                 TL_TEST(named_barrier_rules), TL_LOOP(tma_swizzles, 2), TL_TEST(tma_tx_deadlock),
+                 TL_TEST(tma_3d), TL_TEST(tma_encode_rules), TL_TEST(wgmma_tma_f16_n64),
+                 TL_TEST(wgmma_tma_small_swizzles), TL_TEST(wgmma_tma_bf16_n256), TL_LOOP(wgmma_tma_pv, 2),
+                 TL_TEST(wgmma_layouts), TL_LOOP(fa3_skeleton, 2), TL_TEST(wgmma_early_read_is_poison),
+                 TL_TEST(wgmma_rules), TL_TEST(wgmma_stage_overwrite), TL_TEST(bulk_reduce_add),
+                 TL_TEST(elect_and_setmaxnreg));
 }

@@ -74,14 +74,9 @@ static const Case cases[] = {
 
 enum { B = 1, H = 2, HKV = 1, QL = 150, KL = 150, E = 16 };
 
-/* Everything one case reads and writes; [0] the emulator's, [1] the reference's. */
+/* One case's call, and the user BlockMask the emulator may get. */
 typedef struct Run {
-  flex_kernel *k;
-  TlArr q, k_, v, dout, doc;
-  TlArr out[2], lse[2], dq[2], dk[2], dv[2];
-  flex_param params[2];
-  flex_buffer buf;
-  flex_args a[2];
+  TlCall c;              /* the call: [0] the emulator, [1] the reference */
   RtBlockMask bm;        /* the user mask (when given) */
   DLTensor bt[8];        /* its arrays as DLTensors */
   int64_t bshape[8][4];  /* their shapes */
@@ -91,55 +86,24 @@ typedef struct Run {
 
 static void run_init(Run *r, const Case *c, const TlDtype *d) {
   memset(r, 0, sizeof *r);
-  ck_assert_msg(flex_kernel_from_source(&r->k, c->name, c->src, strlen(c->src), NULL) == FLEX_OK,
-                "%s: %s", c->name, flex_last_error());
-  DLDataType dt = rt_dtype(d->code, d->bits), f32 = rt_dtype(kDLFloat, 32), f64 = rt_dtype(kDLFloat, 64);
-  int64_t sq[4] = {B, H, QL, E}, sk[4] = {B, HKV, KL, E}, sl[3] = {B, H, QL};
-  tl_arr_init(&r->q, dt, 4, sq), tl_arr_normal(&r->q, &rng);
-  tl_arr_init(&r->k_, dt, 4, sk), tl_arr_normal(&r->k_, &rng);
-  tl_arr_init(&r->v, dt, 4, sk), tl_arr_normal(&r->v, &rng);
-  tl_arr_init(&r->dout, dt, 4, sq), tl_arr_normal(&r->dout, &rng);
-  for (int i = 0; i < 2; i++) {
-    DLDataType o = i ? f64 : f32;
-    tl_arr_init(&r->out[i], o, 4, sq), tl_arr_init(&r->lse[i], o, 3, sl);
-    tl_arr_init(&r->dq[i], o, 4, sq), tl_arr_init(&r->dk[i], o, 4, sk);
-    tl_arr_init(&r->dv[i], o, 4, sk);
-    TlArr *outs[] = {&r->out[i], &r->lse[i], &r->dq[i], &r->dk[i], &r->dv[i]};
-    for (int j = 0; j < 5; j++) tl_arr_poison(outs[j]);
-  }
-  int np = 0;
-  for (int i = 0; i < 2 && c->pname[i]; i++) r->params[np++] = (flex_param){c->pname[i], c->pval[i]};
+  const TlCase tc = {.name = c->name, .src = c->src, .s = {B, H, HKV, QL, KL, E, E}, .dt = d,
+                     .backend = FLEX_BACKEND_EMU};
+  tl_call_init(&r->c, &tc, &rng);
+  for (int i = 0; i < 2 && c->pname[i]; i++) tl_call_param(&r->c, c->pname[i], c->pval[i]);
   if (c->doc) { /* runs of random length; shuffled ids break the sorted promise on purpose */
     int64_t n = QL;
-    tl_arr_init(&r->doc, rt_dtype(kDLInt, 32), 1, &n);
+    TlArr *doc = tl_call_buffer(&r->c, "doc", rt_dtype(kDLInt, 32), 1, &n, false);
     int id = 0;
     for (int i = 0; i < QL; i++) {
       if (i && tl_uniform(&rng) < 0.08) id++;
-      rt_array_set(&r->doc.a, i, c->shuffled ? (int)(tl_uniform(&rng) * 3) : id);
+      rt_array_set(&doc->a, i, c->shuffled ? (int)(tl_uniform(&rng) * 3) : id);
     }
-    r->buf = (flex_buffer){"doc", &r->doc.t, NULL};
-  }
-  for (int i = 0; i < 2; i++) {
-    flex_args *a = &r->a[i];
-    a->backend = i ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
-    a->q = &r->q.t, a->k = &r->k_.t, a->v = &r->v.t, a->dout = &r->dout.t;
-    a->out = &r->out[i].t, a->lse = &r->lse[i].t;
-    a->dq = &r->dq[i].t, a->dk = &r->dk[i].t, a->dv = &r->dv[i].t;
-    a->params = r->params, a->nparams = np;
-    a->buffers = c->doc ? &r->buf : NULL, a->nbuffers = c->doc ? 1 : 0;
   }
 }
 
 static void run_free(Run *r) {
-  TlArr *all[] = {&r->q, &r->k_, &r->v, &r->dout, &r->doc};
-  for (int i = 0; i < 5; i++)
-    if (all[i]->a.data) tl_arr_free(all[i]);
-  for (int i = 0; i < 2; i++) {
-    TlArr *outs[] = {&r->out[i], &r->lse[i], &r->dq[i], &r->dk[i], &r->dv[i]};
-    for (int j = 0; j < 5; j++) tl_arr_free(outs[j]);
-  }
   if (r->have_bm) rt_block_mask_free(&r->bm);
-  flex_kernel_free(r->k);
+  tl_call_free(&r->c);
 }
 
 /* The kernels' tile options for this dtype (what the emulator generates). */
@@ -147,7 +111,7 @@ static CgOptions options(const Run *r, const TlDtype *d) {
   CgOptions o;
   char err[256];
   CgDtype cd = d->code == kDLBfloat ? CG_BF16 : d->bits == 16 ? CG_FP16 : CG_FP32;
-  ck_assert(cg_options_init(&o, r->k->mod, cd, E, E, CG_SM80, true, err, sizeof err));
+  ck_assert(cg_options_init(&o, r->c.kern->mod, cd, E, E, CG_SM80, true, err, sizeof err));
   return o;
 }
 
@@ -155,12 +119,13 @@ static CgOptions options(const Run *r, const TlDtype *d) {
 static RtMaskStats cpu_mask(Run *r, int bq, int bk, RtBlockMask *out) {
   Arena arena = {0};
   RtCall c;
-  ck_assert_msg(rt_validate(&c, &arena, r->k, &r->a[1], false, NULL) == FLEX_OK, "%s", flex_last_error());
+  ck_assert_msg(rt_validate(&c, &arena, r->c.kern, &r->c.a[1], false, NULL) == FLEX_OK, "%s",
+                flex_last_error());
   IrIntervalEnv env = {c.params, c.sizes, c.bufs};
-  RtMaskShape shape = {B, H, QL, KL, bq, bk};
+  RtMaskShape shape = {B, H, QL, KL, bq, bk, 0, 0};
   RtMaskStats st;
   RtBlockMask bm;
-  ck_assert_msg(rt_block_mask_build(&bm, r->k->mod, &env, &shape, RT_MASK_EVAL, &st) ==
+  ck_assert_msg(rt_block_mask_build(&bm, r->c.kern->mod, &env, &shape, RT_MASK_EVAL, &st) ==
                     FLEX_OK, "%s", flex_last_error());
   if (out) *out = bm;
   else rt_block_mask_free(&bm);
@@ -189,29 +154,18 @@ static void give_user_mask(Run *r, const TlDtype *d, bool with_q) {
     tp[i] = arr[i] && (with_q || i < 4) ? &r->bt[i] : NULL;
   }
   r->um = (flex_block_mask){bq, bk, tp[0], tp[1], tp[2], tp[3], tp[4], tp[5], tp[6], tp[7]};
-  r->a[0].block_mask = &r->um;
+  r->c.a[0].block_mask = &r->um;
 }
 
 /* Forward and backward on both backends; every output within tolerance. */
-static void compare(Run *r, const Case *c, const TlDtype *d, const char *how, RtRunStats *fs,
-                    RtRunStats *bs) {
-  for (int i = 0; i < 2; i++)
-    ck_assert_msg(flex_forward(r->k, &r->a[i]) == FLEX_OK, "%s %s forward (%s): %s", c->name,
-                  d->name, i ? "reference" : "emu", flex_last_error());
+static void compare(Run *r, const Case *c, const char *how, RtRunStats *fs, RtRunStats *bs) {
+  tl_call_forward(&r->c);
   if (fs) *fs = rt_run_last_stats();
-  for (int i = 0; i < 2; i++)
-    ck_assert_msg(flex_backward(r->k, &r->a[i]) == FLEX_OK, "%s %s backward (%s): %s", c->name,
-                  d->name, i ? "reference" : "emu", flex_last_error());
+  tl_call_backward(&r->c);
   if (bs) *bs = rt_run_last_stats();
-  double e[5] = {tl_rel_err(&r->out[0].a, &r->out[1].a), tl_rel_err(&r->lse[0].a, &r->lse[1].a),
-                 tl_rel_err(&r->dq[0].a, &r->dq[1].a), tl_rel_err(&r->dk[0].a, &r->dk[1].a),
-                 tl_rel_err(&r->dv[0].a, &r->dv[1].a)};
-  fprintf(stderr, "  %-15s %s %-9s out %.2g lse %.2g dq %.2g dk %.2g dv %.2g\n", c->name, d->name,
-          how, e[0], e[1], e[2], e[3], e[4]);
-  ck_assert_msg(e[0] <= d->tol && e[1] <= d->tol, "%s %s %s: forward error out %g lse %g", c->name,
-                d->name, how, e[0], e[1]);
-  ck_assert_msg(e[2] <= d->gtol && e[3] <= d->gtol && e[4] <= d->gtol,
-                "%s %s %s: gradient error dq %g dk %g dv %g", c->name, d->name, how, e[2], e[3], e[4]);
+  char label[64];
+  snprintf(label, sizeof label, "%s %s", c->name, how);
+  tl_call_check(&r->c, TL_FWD | TL_BWD, label);
 }
 
 /* ---- implicit masks ------------------------------------------------------------- */
@@ -222,12 +176,12 @@ START_TEST(implicit_mask) {
   Run r;
   run_init(&r, c, d);
   RtRunStats fs, bs;
-  compare(&r, c, d, "implicit", &fs, &bs);
+  compare(&r, c, "implicit", &fs, &bs);
   ck_assert_msg(fs.mode == CG_MASK_IMPLICIT && bs.mode == CG_MASK_IMPLICIT, "%s: mode %d", c->name,
                 fs.mode);
   /* vec16 exactly when its conditions hold (16-bit, E % 8 == 0, aligned rows). */
-  bool aligned = ((uintptr_t)r.q.a.data | (uintptr_t)r.k_.a.data | (uintptr_t)r.v.a.data |
-                  (uintptr_t)r.dout.a.data) % 16 == 0;
+  bool aligned = ((uintptr_t)r.c.q.a.data | (uintptr_t)r.c.k.a.data | (uintptr_t)r.c.v.a.data |
+                  (uintptr_t)r.c.dout.a.data) % 16 == 0;
   ck_assert_int_eq(fs.vec16, d->bits == 16 && aligned);
   run_free(&r);
 }
@@ -242,7 +196,7 @@ START_TEST(user_mask) {
   run_init(&r, c, d);
   give_user_mask(&r, d, _i % 2 == 0);
   RtRunStats fs;
-  compare(&r, c, d, _i % 2 ? "user(kv)" : "user", &fs, NULL);
+  compare(&r, c, _i % 2 ? "user(kv)" : "user", &fs, NULL);
   ck_assert_int_eq(fs.mode, CG_MASK_LISTS);
   ck_assert(!fs.built);
   run_free(&r);
@@ -257,7 +211,7 @@ START_TEST(builder) {
   Run r;
   run_init(&r, c, d);
   RtRunStats fs, bs;
-  compare(&r, c, d, "built", &fs, &bs);
+  compare(&r, c, "built", &fs, &bs);
   ck_assert(fs.built && bs.built);
   CgOptions o = options(&r, d);
   int bq, bk;
@@ -280,7 +234,7 @@ START_TEST(visited_tiles) {
   Run r;
   run_init(&r, c, d);
   RtRunStats fs, bs;
-  compare(&r, c, d, "count", &fs, &bs);
+  compare(&r, c, "count", &fs, &bs);
   CgOptions o = options(&r, d);
   RtMaskStats f = cpu_mask(&r, o.fwd.block_m, o.fwd.block_n, NULL);
   RtMaskStats b = cpu_mask(&r, o.bwd.block_m, o.bwd.block_n, NULL);
@@ -342,7 +296,7 @@ START_TEST(float_mask_built) {
   Run r;
   run_init(&r, &c, d);
   RtRunStats fs, bs;
-  compare(&r, &c, d, "float", &fs, &bs);
+  compare(&r, &c, "float", &fs, &bs);
   ck_assert_msg(fs.mode == CG_MASK_LISTS && fs.built && bs.built, "mode %d built %d", fs.mode, fs.built);
   CgOptions o = options(&r, d);
   RtMaskStats f = cpu_mask(&r, o.fwd.block_m, o.fwd.block_n, NULL);
@@ -373,7 +327,7 @@ START_TEST(builder_source) {
   o.mask_mode = CG_MASK_LISTS;
   o.mask_builder = true;
   Buf src = {0};
-  cg_emit_cuda(&src, r.k->mod, &o);
+  cg_emit_cuda(&src, r.c.kern->mod, &o);
   ck_assert_ptr_nonnull(strstr(src.data, "flex_mask_build(const FlexParams p)"));
   ck_assert_ptr_nonnull(strstr(src.data, "flex_mask_lists(const FlexParams p)"));
   ck_assert_ptr_nonnull(strstr(src.data, "flex_mask_block("));
@@ -382,26 +336,10 @@ START_TEST(builder_source) {
 }
 END_TEST
 
-static Suite *suite(void) {
-  Suite *s = suite_create("implicit");
-  TCase *t = tcase_create("masks");
-  tcase_set_timeout(t, 600);
-  tcase_add_loop_test(t, implicit_mask, 0, NCASES - 1);
-  tcase_add_loop_test(t, user_mask, 0, NCASES - 1);
-  tcase_add_loop_test(t, builder, 0, 2);
-  tcase_add_loop_test(t, visited_tiles, 0, 2);
-  tcase_add_loop_test(t, float_mask_built, 0, 3);
-  tcase_add_test(t, builder_source);
-  suite_add_tcase(s, t);
-  return s;
-}
-
 int main(void) {
   rng = tl_seed();
-  SRunner *sr = srunner_create(suite());
-  srunner_set_fork_status(sr, CK_NOFORK);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  tl_one_process();
+  return TL_MAIN("implicit", 600, TL_LOOP(implicit_mask, NCASES - 1), TL_LOOP(user_mask, NCASES - 1),
+                 TL_LOOP(builder, 2), TL_LOOP(visited_tiles, 2), TL_LOOP(float_mask_built, 3),
+                 TL_TEST(builder_source));
 }

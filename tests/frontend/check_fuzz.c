@@ -90,11 +90,7 @@ START_TEST(fuzz_check) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("fuzz");
-  TCase *tc = tcase_create("fuzz");
   const char *env = getenv("FLEXC_FUZZ_SECONDS");
-  tcase_set_timeout(tc, (env ? atof(env) : 10.0) + 60.0); /* the loop's time plus one slow input */
-  tcase_add_test(tc, fuzz_check);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  /* the loop's time plus one slow input */
+  return TL_MAIN("fuzz", (int)((env ? atof(env) : 10.0) + 60.0), TL_TEST(fuzz_check));
 }

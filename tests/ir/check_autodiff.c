@@ -325,15 +325,8 @@ START_TEST(grad_buffer_sites) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("autodiff");
-  TCase *tc = tcase_create("autodiff");
-  tcase_add_test(tc, every_float_op);
-  tcase_add_test(tc, bias_gives_dt);
-  tcase_add_test(tc, bias_through_frontend);
-  tcase_add_test(tc, sum_and_helpers_against_fd);
-  tcase_add_test(tc, piecewise_branches);
-  tcase_add_test(tc, integer_paths_carry_nothing);
-  tcase_add_test(tc, grad_buffer_sites);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("autodiff", 0, TL_TEST(every_float_op), TL_TEST(bias_gives_dt),
+                 TL_TEST(bias_through_frontend), TL_TEST(sum_and_helpers_against_fd),
+                 TL_TEST(piecewise_branches), TL_TEST(integer_paths_carry_nothing),
+                 TL_TEST(grad_buffer_sites));
 }

@@ -274,14 +274,6 @@ START_TEST(accum_adds_and_checks) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("interp");
-  TCase *tc = tcase_create("interp");
-  tcase_add_test(tc, int_rules);
-  tcase_add_test(tc, conversions);
-  tcase_add_test(tc, loads_every_dtype);
-  tcase_add_test(tc, strided_load);
-  tcase_add_test(tc, bounds_failures);
-  tcase_add_test(tc, accum_adds_and_checks);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("interp", 0, TL_TEST(int_rules), TL_TEST(conversions), TL_TEST(loads_every_dtype),
+                 TL_TEST(strided_load), TL_TEST(bounds_failures), TL_TEST(accum_adds_and_checks));
 }

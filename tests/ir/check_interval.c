@@ -407,18 +407,8 @@ START_TEST(decidable) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("interval");
-  TCase *tc = tcase_create("interval");
-  tcase_add_test(tc, soundness_fuzz);
-  tcase_add_test(tc, exact_causal);
-  tcase_add_test(tc, exact_lower_right);
-  tcase_add_test(tc, exact_sliding_window);
-  tcase_add_test(tc, exact_prefix_lm);
-  tcase_add_test(tc, exact_dilated);
-  tcase_add_test(tc, exact_natten);
-  tcase_add_test(tc, morton_natten_skips);
-  tcase_add_test(tc, exact_document);
-  tcase_add_test(tc, decidable);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("interval", 0, TL_TEST(soundness_fuzz), TL_TEST(exact_causal), TL_TEST(exact_lower_right),
+                 TL_TEST(exact_sliding_window), TL_TEST(exact_prefix_lm), TL_TEST(exact_dilated),
+                 TL_TEST(exact_natten), TL_TEST(morton_natten_skips), TL_TEST(exact_document),
+                 TL_TEST(decidable));
 }

@@ -96,7 +96,7 @@ START_TEST(adversarial_sound) {
     int32_t sizes[SZ_COUNT] = {sh[0], sh[1], sh[1], sh[2], sh[3]};
     IrIntervalEnv env = {params, sizes, NULL};
     for (int bsz = 0; bsz < 5; bsz++) {
-      RtMaskShape ms = {sh[0], sh[1], sh[2], sh[3], blocks[bsz][0], blocks[bsz][1]};
+      RtMaskShape ms = {sh[0], sh[1], sh[2], sh[3], blocks[bsz][0], blocks[bsz][1], 0, 0};
       RtBlockMask an, dense;
       ck_assert_msg(rt_block_mask_build(&an, k->mod, &env, &ms, RT_MASK_ANALYSIS, NULL) == FLEX_OK, "%s", flex_last_error());
       ck_assert_msg(rt_block_mask_build(&dense, k->mod, &env, &ms, RT_MASK_DENSE, NULL) == FLEX_OK, "%s", flex_last_error());
@@ -274,7 +274,7 @@ enum { QL = 150, KL = 100, E = 16 };
  * wrapped ceil(len / block) gave 0 and let an empty mask through), and the
  * emulator walking it matches the reference. */
 START_TEST(user_mask_huge_block) {
-  RtMaskShape s = {1, 1, QL, KL, HUGE_BLOCK, HUGE_BLOCK};
+  RtMaskShape s = {1, 1, QL, KL, HUGE_BLOCK, HUGE_BLOCK, 0, 0};
   int32_t num[1] = {1}, idx[1] = {0};
   int64_t s3[3] = {1, 1, 1}, s4[4] = {1, 1, 1, 1}, z3[3] = {1, 1, 0}, z4[4] = {1, 1, 0, 1};
   DLTensor t[2] = {{.data = num, .device = {kDLCPU, 0}, .ndim = 3, .dtype = rt_dtype(kDLInt, 32), .shape = s3},
@@ -291,7 +291,7 @@ START_TEST(user_mask_huge_block) {
   t[0].shape = s3, t[1].shape = s4;
   /* Blocks of 1 x 1 over 2^20 x 2^20: a few small lists, a grid of 2^40
    * cells: refused with the figures instead of aborting on the allocation. */
-  RtMaskShape tiny = {1, 1, 1 << 20, 1 << 20, 1, 1};
+  RtMaskShape tiny = {1, 1, 1 << 20, 1 << 20, 1, 1, 0, 0};
   int64_t w3[3] = {1, 1, 1 << 20}, w4[4] = {1, 1, 1 << 20, 1};
   int32_t *wnum = calloc((size_t)1 << 20, sizeof *wnum), *widx = calloc((size_t)1 << 20, sizeof *widx);
   DLTensor wt[2] = {{.data = wnum, .device = {kDLCPU, 0}, .ndim = 3, .dtype = rt_dtype(kDLInt, 32), .shape = w3},
@@ -417,16 +417,7 @@ START_TEST(cli_out_dir_created) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("mask_audit");
-  TCase *tc = tcase_create("mask_audit");
-  tcase_set_timeout(tc, 60);
-  tcase_add_loop_test(tc, adversarial_sound, 0, NADV);
-  tcase_add_test(tc, signed_zero_join);
-  tcase_add_test(tc, int_rules_brute_force);
-  tcase_add_test(tc, bit_rules_exact);
-  tcase_add_test(tc, user_mask_huge_block);
-  tcase_add_test(tc, user_mask_semantics);
-  tcase_add_test(tc, cli_out_dir_created);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("mask_audit", 60, TL_LOOP(adversarial_sound, NADV), TL_TEST(signed_zero_join),
+                 TL_TEST(int_rules_brute_force), TL_TEST(bit_rules_exact), TL_TEST(user_mask_huge_block),
+                 TL_TEST(user_mask_semantics), TL_TEST(cli_out_dir_created));
 }

@@ -9,11 +9,19 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The source tree: $FLEXC_SRC_DIR when set, else the one compiled in; an
+ * empty one (FLEXC_PORTABLE builds) is the working directory, and `rel` is
+ * returned as it is, so a bundle's programs read its own samples/ and name
+ * them by the same relative path on every machine (the path is part of the
+ * generated source, hence of the kernel cache's key). */
 const char *tl_src_path(const char *rel) {
   static char buf[8][4096];
   static int k;
+  const char *dir = getenv("FLEXC_SRC_DIR");
+  if (!dir) dir = FLEXC_SRC_DIR;
+  if (!*dir) return rel;
   char *p = buf[k++ % 8];
-  snprintf(p, sizeof buf[0], "%s/%s", FLEXC_SRC_DIR, rel);
+  snprintf(p, sizeof buf[0], "%s/%s", dir, rel);
   return p;
 }
 
@@ -79,4 +87,23 @@ int tl_run_suite(Suite *s) {
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+void tl_one_process(void) { setenv("CK_FORK", "no", 0); }
+
+int tl_main(const char *name, int timeout, const TlTest *tests) {
+  Suite *s = suite_create(name);
+  TCase *tc = NULL;
+  for (const TlTest *t = tests; t->test || t->tcase; t++) {
+    if (!t->test || !tc) {
+      tc = tcase_create(t->test ? name : t->tcase);
+      int secs = t->test ? timeout : t->loops;
+      if (secs > 0) tcase_set_timeout(tc, secs);
+      if (t->setup || t->teardown) tcase_add_checked_fixture(tc, t->setup, t->teardown);
+      suite_add_tcase(s, tc);
+      if (!t->test) continue;
+    }
+    if (t->loops > 0) tcase_add_loop_test(tc, t->test, 0, t->loops);
+  }
+  return tl_run_suite(s);
 }

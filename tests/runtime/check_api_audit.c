@@ -348,16 +348,67 @@ END_TEST
 START_TEST(threads_emu) { threads_on(FLEX_BACKEND_EMU); }
 END_TEST
 
+
+/* A `grad` buffer passed without a gradient tensor (flex_buffer.grad NULL,
+ * a frozen bias table) costs nothing and writes nothing: the call runs a
+ * joint with no adds into it, and q, k, v gradients match the reference
+ * that does compute the buffer's. On every host backend and kernel path. */
+static void no_grad_destination(flex_backend be, const char *arch, DLDataType dt, double tol,
+                                double gtol) {
+  uint64_t rng = tl_seed();
+  flex_kernel *k = load();
+  bool keep[2] = {false, false};
+  const IrModule *m = rt_kernel_module(k, keep);
+  ck_assert_ptr_ne(m, k->mod);
+  ck_assert_ptr_eq(rt_kernel_module(k, keep), m); /* made once */
+  for (int i = 0; i < m->joint->n; i++) ck_assert_int_ne(m->joint->inst[i].op, IR_ACCUM);
+  Call c;
+  call_init(&c, dt, be, &rng);
+  c.buf.grad = NULL;
+  c.a.arch = arch;
+  ck_assert_msg(flex_forward(k, &c.a) == FLEX_OK, "%s", flex_last_error());
+  ck_assert_msg(flex_backward(k, &c.a) == FLEX_OK, "%s", flex_last_error());
+  ck_assert(untouched(&c.dslopes));
+  DLDataType f64 = rt_dtype(kDLFloat, 64);
+  TlArr ref[6];
+  TlArr *got[] = {&c.out, &c.lse, &c.dq, &c.dk, &c.dv};
+  for (int j = 0; j < 5; j++) tl_arr_init(&ref[j], f64, got[j]->a.ndim, got[j]->a.shape), tl_arr_poison(&ref[j]);
+  tl_arr_init(&ref[5], f64, 1, c.slopes.t.shape), tl_arr_poison(&ref[5]);
+  flex_buffer rb = {"slopes", &c.slopes.t, &ref[5].t};
+  flex_args ra = c.a;
+  ra.backend = FLEX_BACKEND_REFERENCE;
+  ra.out = &ref[0].t, ra.lse = &ref[1].t, ra.dq = &ref[2].t, ra.dk = &ref[3].t, ra.dv = &ref[4].t;
+  ra.buffers = &rb;
+  ck_assert_msg(flex_forward(k, &ra) == FLEX_OK && flex_backward(k, &ra) == FLEX_OK, "%s", flex_last_error());
+  for (int j = 0; j < 5; j++) {
+    double e = tl_rel_err(&got[j]->a, &ref[j].a), lim = j < 2 ? tol : gtol;
+    ck_assert_msg(e <= lim, "%s %s: output %d error %g against the reference (limit %g)",
+                  flex_backend_name(be), arch ? arch : "", j, e, lim);
+  }
+  for (int j = 0; j < 6; j++) tl_arr_free(&ref[j]);
+  call_free(&c);
+  flex_kernel_free(k);
+}
+
+START_TEST(no_grad_destination_reference) {
+  /* lse is float32 (call_init); the rest float64 */
+  no_grad_destination(FLEX_BACKEND_REFERENCE, NULL, F64, 1e-7, 1e-12);
+}
+END_TEST
+START_TEST(no_grad_destination_cpu) {
+  if (!flex_backend_available(FLEX_BACKEND_CPU)) return;
+  no_grad_destination(FLEX_BACKEND_CPU, NULL, F32, 1e-4, 1e-3);
+}
+END_TEST
+START_TEST(no_grad_destination_emu) {
+  no_grad_destination(FLEX_BACKEND_EMU, "sm_80", F32, 1e-4, 1e-3);
+  no_grad_destination(FLEX_BACKEND_EMU, "sm_90a", rt_dtype(kDLFloat, 16), 5e-3, 2e-2);
+}
+END_TEST
+
 int main(void) {
-  Suite *s = suite_create("api_audit");
-  TCase *tc = tcase_create("api_audit");
-  tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, bad_layouts);
-  tcase_add_test(tc, huge_and_empty);
-  tcase_add_test(tc, bad_names_and_loading);
-  tcase_add_test(tc, broadcast_input);
-  tcase_add_test(tc, threads_reference);
-  tcase_add_test(tc, threads_emu);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("api_audit", 120, TL_TEST(bad_layouts), TL_TEST(huge_and_empty),
+                 TL_TEST(bad_names_and_loading), TL_TEST(broadcast_input), TL_TEST(threads_reference),
+                 TL_TEST(threads_emu), TL_TEST(no_grad_destination_reference),
+                 TL_TEST(no_grad_destination_cpu), TL_TEST(no_grad_destination_emu));
 }

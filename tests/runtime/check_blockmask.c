@@ -83,7 +83,7 @@ static void compare_sample(const char *path) {
   uint64_t rng = tl_seed();
   for (size_t L = 0; L < 2; L++)
     for (size_t bs = 0; bs < 4; bs++) {
-      RtMaskShape s = {2, 4, lens[L][0], lens[L][1], blocks[bs][0], blocks[bs][1]};
+      RtMaskShape s = {2, 4, lens[L][0], lens[L][1], blocks[bs][0], blocks[bs][1], 0, 0};
       Bind bd;
       bind(&bd, m, &s, &rng);
       IrIntervalEnv env = {bd.params, bd.sizes, bd.bufs};
@@ -136,7 +136,7 @@ END_TEST
  * back identical, with or without the q side; a bad index is refused. */
 START_TEST(user_mask_roundtrip) {
   flex_kernel *k = tl_load("samples/sliding_window.score", NULL, NULL);
-  RtMaskShape s = {1, 1, 300, 300, 32, 16};
+  RtMaskShape s = {1, 1, 300, 300, 32, 16, 0, 0};
   IrVal params[4] = {ir_vi(50)};
   int32_t sizes[SZ_COUNT] = {1, 1, 1, 300, 300};
   IrIntervalEnv env = {params, sizes, NULL};
@@ -220,12 +220,6 @@ START_TEST(cli_causal_long) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("blockmask");
-  TCase *tc = tcase_create("blockmask");
-  tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, samples_agree);
-  tcase_add_test(tc, user_mask_roundtrip);
-  tcase_add_test(tc, cli_causal_long);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("blockmask", 60, TL_TEST(samples_agree), TL_TEST(user_mask_roundtrip),
+                 TL_TEST(cli_causal_long));
 }

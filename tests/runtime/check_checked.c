@@ -183,14 +183,7 @@ START_TEST(clean_program_matches) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("checked");
-  TCase *tc = tcase_create("checked");
-  tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, index_out_of_its_dimension);
-  tcase_add_test(tc, i64_too_wide);
-  tcase_add_test(tc, grad_buffer_read_out_of_range);
-  tcase_add_test(tc, broken_sorted_promise);
-  tcase_add_test(tc, clean_program_matches);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("checked", 120, TL_TEST(index_out_of_its_dimension), TL_TEST(i64_too_wide),
+                 TL_TEST(grad_buffer_read_out_of_range), TL_TEST(broken_sorted_promise),
+                 TL_TEST(clean_program_matches));
 }

@@ -1,4 +1,4 @@
-/* Conformance of the numerics with DSL.md's Semantics section, against an
+/* Conformance of the numerics with docs/language.md's Semantics section, against an
  * attention written here from the spec alone: each probe's score and mask
  * are translated into C by hand (32-bit wrapping ints, C truncation,
  * x / 0 == 0, x % 0 == x, saturating int(float), fmod), with their partial
@@ -70,7 +70,7 @@ struct Probe {
 static const DLDataType F64 = {kDLFloat, 64, 1};
 static const DLDataType F32 = {kDLFloat, 32, 1};
 
-/* ---- the language's integer rules, written from DSL.md -------------------- */
+/* ---- the language's integer rules, written from docs/language.md -------------------- */
 
 static int32_t W(int64_t x) { return (int32_t)(uint32_t)(uint64_t)x; }
 static int32_t IDIV(int32_t a, int32_t b) {
@@ -172,7 +172,7 @@ static void grad_fn(const Probe *pr, double s, int b, int h, int q, int kv, Elem
 
 /* ---- probe 4: language version 2 ------------------------------------------ */
 
-/* Shifts, Python's floor division and erf, written from DSL.md. */
+/* Shifts, Python's floor division and erf, written from docs/language.md. */
 static int32_t SHL(int32_t a, int32_t n) { return n < 0 || n > 31 ? 0 : W((int64_t)((uint64_t)(uint32_t)a << n)); }
 static int32_t SHR(int32_t a, int32_t n) {
   if (n < 0 || n > 31) return a < 0 ? -1 : 0;
@@ -599,14 +599,7 @@ START_TEST(cli_file_contract) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("conform");
-  TCase *tc = tcase_create("conform");
-  tcase_add_test(tc, reference_int_semantics);
-  tcase_add_test(tc, reference_grad_buffers);
-  tcase_add_test(tc, reference_buffers_params);
-  tcase_add_test(tc, reference_v2_semantics);
-  tcase_add_test(tc, emu_fp32_against_spec);
-  tcase_add_test(tc, cli_file_contract);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("conform", 0, TL_TEST(reference_int_semantics), TL_TEST(reference_grad_buffers),
+                 TL_TEST(reference_buffers_params), TL_TEST(reference_v2_semantics),
+                 TL_TEST(emu_fp32_against_spec), TL_TEST(cli_file_contract));
 }

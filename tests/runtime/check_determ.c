@@ -1,9 +1,9 @@
-/* A deterministic backward (flex_args.deterministic; DSL.md "Determinism")
+/* A deterministic backward (flex_args.deterministic; docs/language.md "Determinism")
  * on the emulator, the CPU backend and the reference.
  *
  * Each backward runs twice with deterministic on, the emulator's CTAs in
  * two different seeded orders ($FLEXC_EMU_SHUFFLE) on two OS threads
- * ($FLEXC_EMU_THREADS=2, so the integer atomics of the exact accumulators
+ * ($FLEXC_THREADS=2, so the integer atomics of the exact accumulators
  * really race), the CPU backend on its thread pool: dq, dk, dv and the
  * buffer gradient must be bitwise equal, and every one of them within the
  * gradient tolerance of the float64 reference. Cases: an identity score
@@ -19,7 +19,14 @@
  *
  * Inputs are fresh each run (seed printed); outputs are poisoned with NaN
  * before every run; O and LSE come from the reference forward, rounded to
- * the dtype the kernels read. */
+ * the dtype the kernels read.
+ *
+ * --cuda runs the emulator's cases (one and two CTAs per kv head, the
+ * packed call, the forward) on the GPU instead, where the exact
+ * accumulators race for real; it exits 77 where there is no CUDA device.
+ * Every backward of a case runs before any assertion, so that a case
+ * compiles the same kernels whatever its results (bench/run_gpu.sh's
+ * kernel cache is filled by running these over a stand-in driver). */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -31,10 +38,11 @@
 #include "testlib.h"
 
 static uint64_t rng;
+static flex_backend dev = FLEX_BACKEND_EMU; /* the kernels' backend (--cuda: the GPU) */
 
 typedef struct Case {
   const char *name;
-  const char *path;   /* samples/ file, or NULL for src */
+  const char *sample; /* samples/ file, or NULL for src */
   const char *src;
   const char *buffer; /* the `grad` buffer: f32[H], or f32[H, nb] */
   int nb;
@@ -50,69 +58,23 @@ static const Case cases[] = {
      "score sloped(s, b, h, q, kv) { return s + hb[h] * float(kv - q); }\n"
      "mask causal(b, h, q, kv) { return q >= kv; }\n",
      "hb", 0, 0.05},
-    {"relpos_bias", "samples/relpos_bias.score", NULL, "rel_bias", 33, 0.5},
+    {"relpos_bias", "relpos_bias", NULL, "rel_bias", 33, 0.5},
 };
 enum { NCASES = sizeof cases / sizeof *cases };
 
 /* GQA; 160 keys: 5 fp32 key tiles of 32, 3 bf16 tiles of 64 (the last partial). */
 enum { B = 1, H = 4, HKV = 2, QL = 96, KL = 160, E = 32 };
 
-typedef struct Tensors {
-  TlPair q, k, v, dout, out, lse, dq, dk, dv, grad;
-  RtArray buf;
-  DLTensor tbuf;
-  flex_buffer fb[2]; /* backend under test, reference */
-} Tensors;
-
-static flex_kernel *load(const Case *c) { return tl_load(c->path, c->name, c->src); }
-
-static void tensors_init(Tensors *t, const Case *c, DLDataType dt) {
-  int64_t qs[4] = {B, H, QL, E}, ks[4] = {B, HKV, KL, E}, ls[3] = {B, H, QL}, bs[2] = {H, c->nb};
-  DLDataType f32 = rt_dtype(kDLFloat, 32);
-  memset(t, 0, sizeof *t);
-  tl_pair_init(&t->q, dt, 4, qs, true, &rng), tl_pair_init(&t->k, dt, 4, ks, true, &rng);
-  tl_pair_init(&t->v, dt, 4, ks, true, &rng), tl_pair_init(&t->dout, dt, 4, qs, true, &rng);
-  tl_pair_init(&t->out, dt, 4, qs, false, &rng), tl_pair_init(&t->lse, f32, 3, ls, false, &rng);
-  tl_pair_init(&t->dq, dt, 4, qs, false, &rng), tl_pair_init(&t->dk, dt, 4, ks, false, &rng);
-  tl_pair_init(&t->dv, dt, 4, ks, false, &rng);
-  if (!c->buffer) return;
-  rt_array_init(&t->buf, f32, c->nb ? 2 : 1, bs);
-  for (int64_t i = 0; i < rt_array_count(&t->buf); i++) rt_array_set(&t->buf, i, c->spread * tl_normal(&rng));
-  t->tbuf = rt_array_tensor(&t->buf);
-  tl_pair_init(&t->grad, f32, c->nb ? 2 : 1, bs, false, &rng);
-  t->fb[0] = (flex_buffer){c->buffer, &t->tbuf, &t->grad.tx};
-  t->fb[1] = (flex_buffer){c->buffer, &t->tbuf, &t->grad.tref};
-}
-
-static void tensors_free(Tensors *t, const Case *c) {
-  TlPair *all[] = {&t->q, &t->k, &t->v, &t->dout, &t->out, &t->lse, &t->dq, &t->dk, &t->dv};
-  for (size_t i = 0; i < sizeof all / sizeof *all; i++) tl_pair_free(all[i]);
-  if (c->buffer) rt_array_free(&t->buf), tl_pair_free(&t->grad);
-}
-
-static flex_args args_for(Tensors *t, const Case *c, flex_backend be) {
-  bool ref = be == FLEX_BACKEND_REFERENCE;
-  flex_args a;
-  memset(&a, 0, sizeof a);
-#define T(P) (ref ? &t->P.tref : &t->P.tx)
-  a.backend = be;
-  a.q = T(q), a.k = T(k), a.v = T(v), a.out = T(out), a.lse = T(lse), a.dout = T(dout);
-  a.dq = T(dq), a.dk = T(dk), a.dv = T(dv);
-#undef T
-  if (c->buffer) a.buffers = &t->fb[ref ? 1 : 0], a.nbuffers = 1;
-  return a;
-}
-
-/* The reference forward's O and LSE, rounded to what the kernels read, in both twins. */
-static void forward(flex_kernel *k, Tensors *t, const Case *c) {
-  flex_args r = args_for(t, c, FLEX_BACKEND_REFERENCE);
-  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "reference forward: %s", flex_last_error());
-  TlPair *ol[] = {&t->out, &t->lse};
-  for (int j = 0; j < 2; j++)
-    for (int64_t i = 0; i < rt_array_count(&ol[j]->x); i++) {
-      rt_array_set(&ol[j]->x, i, rt_array_get(&ol[j]->ref, i));
-      rt_array_set(&ol[j]->ref, i, rt_array_get(&ol[j]->x, i));
-    }
+/* A call of case c in dtype dt on `be`, its O and LSE the reference forward's. */
+static void call_init(TlCall *t, const Case *c, const TlDtype *dt, flex_backend be) {
+  const TlCase tc = {.sample = c->sample, .name = c->name, .src = c->src, .s = {B, H, HKV, QL, KL, E, E},
+                     .dt = dt, .backend = be, .native_out = true, .native_grads = true};
+  tl_call_init(t, &tc, &rng);
+  if (c->buffer) {
+    int64_t bs[2] = {H, c->nb};
+    TlArr *b = tl_call_buffer(t, c->buffer, rt_dtype(kDLFloat, 32), c->nb ? 2 : 1, bs, true);
+    for (int64_t i = 0; i < rt_array_count(&b->a); i++) rt_array_set(&b->a, i, c->spread * tl_normal(&rng));
+  }
 }
 
 /* The bytes of the four gradients of one run. */
@@ -121,31 +83,26 @@ typedef struct Bits {
   size_t n[4];
 } Bits;
 
-static RtArray *grad_of(Tensors *t, int i, bool ref) {
-  TlPair *g[4] = {&t->dq, &t->dk, &t->dv, &t->grad};
-  return ref ? &g[i]->ref : &g[i]->x;
+static TlArr *grad_of(TlCall *t, int i, int side) {
+  TlArr *g[4] = {&t->dq[side], &t->dk[side], &t->dv[side], &t->gbuf[side][0]};
+  return g[i];
 }
 
-static void poison(RtArray *a) {
-  for (int64_t i = 0; i < rt_array_count(a); i++) rt_array_set(a, i, NAN);
-}
-
-/* One backward on `be`, outputs poisoned first; its bits into *out. */
-static void run_bwd(flex_kernel *k, Tensors *t, const Case *c, flex_backend be, bool det,
-                    const char *shuffle, Bits *out) {
-  bool ref = be == FLEX_BACKEND_REFERENCE;
-  int ng = c->buffer ? 4 : 3;
-  for (int i = 0; i < ng; i++) poison(grad_of(t, i, ref));
-  flex_args a = args_for(t, c, be);
+/* One backward of side `side` (0: the tested backend, 1: the reference),
+ * outputs poisoned first; its bits into *out. */
+static void run_bwd(TlCall *t, int side, bool det, const char *shuffle, Bits *out) {
+  int ng = t->nb ? 4 : 3;
+  for (int i = 0; i < ng; i++) tl_arr_poison(grad_of(t, i, side));
+  flex_args a = t->a[side];
   a.deterministic = det;
   setenv("FLEXC_EMU_SHUFFLE", shuffle, 1);
-  flex_status st = flex_backward(k, &a);
+  flex_status st = tl_call(t->kern, &a, true);
   unsetenv("FLEXC_EMU_SHUFFLE");
-  ck_assert_msg(st == FLEX_OK, "%s %s backward: %s", c->name, flex_backend_name(be),
+  ck_assert_msg(st == FLEX_OK, "%s %s backward: %s", t->c.name, flex_backend_name(a.backend),
                 flex_last_error());
   memset(out, 0, sizeof *out);
   for (int i = 0; i < ng; i++) {
-    RtArray *g = grad_of(t, i, ref);
+    RtArray *g = &grad_of(t, i, side)->a;
     out->n[i] = (size_t)rt_array_count(g) * (g->dtype.bits / 8);
     out->p[i] = malloc(out->n[i]);
     memcpy(out->p[i], g->data, out->n[i]);
@@ -165,15 +122,9 @@ static void bits_free(Bits *b) {
   for (int i = 0; i < 4; i++) free(b->p[i]);
 }
 
-/* Every gradient of the last run against the reference's. */
-static void check_accuracy(Tensors *t, const Case *c, const TlDtype *dt, const char *what) {
-  TlPair *g[4] = {&t->dq, &t->dk, &t->dv, &t->grad};
-  for (int i = 0; i < (c->buffer ? 4 : 3); i++) {
-    double e = tl_pair_err(g[i]);
-    ck_assert_msg(e < dt->gtol, "%s %s %s: %s error %g (tol %g)", c->name, dt->name, what,
-                  names[i], e, dt->gtol);
-  }
-}
+/* Every gradient of the last run against the reference's, printed;
+ * whether all are within the tolerance. */
+static bool accurate(TlCall *t, const char *what) { return tl_call_compare(t, TL_BWD, what); }
 
 /* Deterministic twice (bitwise equal, accurate), then the atomic path twice (reported). */
 static void run_case(const Case *c, const TlDtype *dt, flex_backend be, const char *splits) {
@@ -182,42 +133,42 @@ static void run_case(const Case *c, const TlDtype *dt, flex_backend be, const ch
     return;
   }
   if (splits) setenv("FLEXC_BWD_SPLITS", splits, 1);
-  flex_kernel *k = load(c);
-  Tensors t;
-  tensors_init(&t, c, rt_dtype(dt->code, dt->bits));
-  forward(k, &t, c);
+  TlCall t;
+  call_init(&t, c, dt, be);
+  tl_call_ref_outputs(&t);
   Bits ref;
-  run_bwd(k, &t, c, FLEX_BACKEND_REFERENCE, false, "0", &ref);
+  run_bwd(&t, 1, false, "0", &ref);
   char what[64];
-  snprintf(what, sizeof what, "%s%s%s", flex_backend_name(be), splits ? " splits=" : "",
+  snprintf(what, sizeof what, "%s %s%s%s", c->name, flex_backend_name(be), splits ? " splits=" : "",
            splits ? splits : "");
   Bits d1, d2, a1, a2;
-  run_bwd(k, &t, c, be, true, "11", &d1);
-  check_accuracy(&t, c, dt, what);
-  run_bwd(k, &t, c, be, true, "977", &d2);
-  check_accuracy(&t, c, dt, what);
+  run_bwd(&t, 0, true, "11", &d1);
+  bool ok1 = accurate(&t, what);
+  run_bwd(&t, 0, true, "977", &d2);
+  bool ok2 = accurate(&t, what);
+  run_bwd(&t, 0, false, "11", &a1);
+  bool ok3 = accurate(&t, what);
+  run_bwd(&t, 0, false, "977", &a2);
+  ck_assert_msg(ok1 && ok2, "%s %s deterministic: a gradient off the reference (above)", what, dt->name);
   int d = differs(&d1, &d2);
-  ck_assert_msg(d < 0, "%s %s %s deterministic: %s differs between two runs", c->name, dt->name,
-                what, d >= 0 ? names[d] : "");
-  run_bwd(k, &t, c, be, false, "11", &a1);
-  check_accuracy(&t, c, dt, what);
-  run_bwd(k, &t, c, be, false, "977", &a2);
+  ck_assert_msg(d < 0, "%s %s deterministic: %s differs between two runs", what, dt->name,
+                d >= 0 ? names[d] : "");
+  ck_assert_msg(ok3, "%s %s atomic path: a gradient off the reference (above)", what, dt->name);
   int a = differs(&a1, &a2);
-  fprintf(stderr, "  %-16s %s %-12s deterministic: equal; atomic path: %s%s\n", c->name,
-          dt->name, what, a >= 0 ? "bits differ in " : "equal", a >= 0 ? names[a] : "");
+  fprintf(stderr, "  %-28s %s deterministic: equal; atomic path: %s%s\n", what, dt->name,
+          a >= 0 ? "bits differ in " : "equal", a >= 0 ? names[a] : "");
   bits_free(&ref), bits_free(&d1), bits_free(&d2), bits_free(&a1), bits_free(&a2);
-  tensors_free(&t, c);
-  flex_kernel_free(k);
+  tl_call_free(&t);
   if (splits) unsetenv("FLEXC_BWD_SPLITS");
 }
 
 /* _i = case * 2 + (0: fp32, 1: bf16). */
 static const TlDtype *dtype_of(int i) { return &tl_dtypes[i % 2 ? 2 : 0]; }
 
-START_TEST(emu) { run_case(&cases[_i / 2], dtype_of(_i), FLEX_BACKEND_EMU, NULL); }
+START_TEST(emu) { run_case(&cases[_i / 2], dtype_of(_i), dev, NULL); }
 END_TEST
 
-START_TEST(emu_two_splits) { run_case(&cases[_i / 2], dtype_of(_i), FLEX_BACKEND_EMU, "2"); }
+START_TEST(emu_two_splits) { run_case(&cases[_i / 2], dtype_of(_i), dev, "2"); }
 END_TEST
 
 START_TEST(cpu) { run_case(&cases[_i / 2], dtype_of(_i), FLEX_BACKEND_CPU, NULL); }
@@ -225,20 +176,17 @@ END_TEST
 
 /* The reference is one float64 loop: the same bits every run, deterministic or not. */
 START_TEST(reference) {
-  const Case *c = &cases[_i];
-  flex_kernel *k = load(c);
-  Tensors t;
-  tensors_init(&t, c, rt_dtype(kDLFloat, 32));
-  forward(k, &t, c);
+  TlCall t;
+  call_init(&t, &cases[_i], &tl_dtypes[0], FLEX_BACKEND_REFERENCE);
+  tl_call_ref_outputs(&t);
   Bits r1, r2, r3;
-  run_bwd(k, &t, c, FLEX_BACKEND_REFERENCE, true, "0", &r1);
-  run_bwd(k, &t, c, FLEX_BACKEND_REFERENCE, true, "0", &r2);
-  run_bwd(k, &t, c, FLEX_BACKEND_REFERENCE, false, "0", &r3);
+  run_bwd(&t, 1, true, "0", &r1);
+  run_bwd(&t, 1, true, "0", &r2);
+  run_bwd(&t, 1, false, "0", &r3);
   int d = differs(&r1, &r2), d3 = differs(&r1, &r3);
-  ck_assert_msg(d < 0 && d3 < 0, "%s reference: %s differs", c->name, names[d >= 0 ? d : d3]);
+  ck_assert_msg(d < 0 && d3 < 0, "%s reference: %s differs", cases[_i].name, names[d >= 0 ? d : d3]);
   bits_free(&r1), bits_free(&r2), bits_free(&r3);
-  tensors_free(&t, c);
-  flex_kernel_free(k);
+  tl_call_free(&t);
 }
 END_TEST
 
@@ -256,104 +204,59 @@ END_TEST
  * gradient. Two CTA orders, bitwise equal; against the reference's packed
  * call. fp32, the relative-position table. */
 START_TEST(packed) {
+  static const int lq[2] = {40, 56}, lk[2] = {70, 90}; /* two sequences of different lengths */
   const Case *c = &cases[2];
-  const DLDataType f32 = rt_dtype(kDLFloat, 32), i32 = rt_dtype(kDLInt, 32);
-  enum { TQ = 96, TK = 160 };
-  int64_t qs[3] = {TQ, H, E}, ks[3] = {TK, HKV, E}, ls[2] = {H, TQ}, bs[2] = {H, c->nb}, cs[1] = {3};
-  TlPair q, k, v, dout, out, lse, dq, dk, dv, grad;
-  tl_pair_init(&q, f32, 3, qs, true, &rng), tl_pair_init(&k, f32, 3, ks, true, &rng);
-  tl_pair_init(&v, f32, 3, ks, true, &rng), tl_pair_init(&dout, f32, 3, qs, true, &rng);
-  tl_pair_init(&out, f32, 3, qs, false, &rng), tl_pair_init(&lse, f32, 2, ls, false, &rng);
-  tl_pair_init(&dq, f32, 3, qs, false, &rng), tl_pair_init(&dk, f32, 3, ks, false, &rng);
-  tl_pair_init(&dv, f32, 3, ks, false, &rng), tl_pair_init(&grad, f32, 2, bs, false, &rng);
-  RtArray buf, cq, ck;
-  rt_array_init(&buf, f32, 2, bs);
-  for (int64_t i = 0; i < rt_array_count(&buf); i++) rt_array_set(&buf, i, c->spread * tl_normal(&rng));
-  rt_array_init(&cq, i32, 1, cs), rt_array_init(&ck, i32, 1, cs);
-  const int oq[3] = {0, 40, TQ}, ok[3] = {0, 70, TK}; /* two sequences of different lengths */
-  for (int i = 0; i < 3; i++) rt_array_set(&cq, i, oq[i]), rt_array_set(&ck, i, ok[i]);
-  DLTensor tb = rt_array_tensor(&buf), tcq = rt_array_tensor(&cq), tck = rt_array_tensor(&ck);
-  flex_kernel *kern = load(c);
-  flex_args a[2]; /* 0: emu, 1: reference */
-  flex_buffer fb[2];
-  for (int r = 0; r < 2; r++) {
-#define T(P) (r ? &P.tref : &P.tx)
-    memset(&a[r], 0, sizeof a[r]);
-    a[r].backend = r ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
-    a[r].q = T(q), a[r].k = T(k), a[r].v = T(v), a[r].out = T(out), a[r].lse = T(lse);
-    a[r].dout = T(dout), a[r].dq = T(dq), a[r].dk = T(dk), a[r].dv = T(dv);
-    fb[r] = (flex_buffer){c->buffer, &tb, T(grad)};
-#undef T
-    a[r].buffers = &fb[r], a[r].nbuffers = 1;
-    a[r].cu_seqlens_q = &tcq, a[r].cu_seqlens_kv = &tck;
-    a[r].deterministic = true;
-  }
-  ck_assert_msg(flex_forward(kern, &a[1]) == FLEX_OK, "reference forward: %s", flex_last_error());
-  TlPair *ol[] = {&out, &lse};
-  for (int j = 0; j < 2; j++)
-    for (int64_t i = 0; i < rt_array_count(&ol[j]->x); i++) {
-      rt_array_set(&ol[j]->x, i, rt_array_get(&ol[j]->ref, i));
-      rt_array_set(&ol[j]->ref, i, rt_array_get(&ol[j]->x, i));
-    }
-  ck_assert_msg(flex_backward(kern, &a[1]) == FLEX_OK, "reference backward: %s", flex_last_error());
-  TlPair *g[4] = {&dq, &dk, &dv, &grad};
-  void *first[4];
-  for (int run = 0; run < 2; run++) {
-    for (int i = 0; i < 4; i++) poison(&g[i]->x);
-    setenv("FLEXC_EMU_SHUFFLE", run ? "977" : "11", 1);
-    flex_status st = flex_backward(kern, &a[0]);
-    unsetenv("FLEXC_EMU_SHUFFLE");
-    ck_assert_msg(st == FLEX_OK, "packed emu backward: %s", flex_last_error());
-    for (int i = 0; i < 4; i++) {
-      size_t n = (size_t)rt_array_count(&g[i]->x) * 4;
-      double e = tl_pair_err(g[i]);
-      ck_assert_msg(e < 1e-3, "packed: %s error %g (tol 1e-3)", names[i], e);
-      if (!run) first[i] = malloc(n), memcpy(first[i], g[i]->x.data, n);
-      else ck_assert_msg(!memcmp(first[i], g[i]->x.data, n), "packed: %s differs", names[i]);
-    }
-  }
-  for (int i = 0; i < 4; i++) free(first[i]), tl_pair_free(g[i]);
-  TlPair *rest[] = {&q, &k, &v, &dout, &out, &lse};
-  for (int i = 0; i < 6; i++) tl_pair_free(rest[i]);
-  rt_array_free(&buf), rt_array_free(&cq), rt_array_free(&ck);
-  flex_kernel_free(kern);
+  const TlCase tc = {.sample = c->sample, .s = {2, H, HKV, 0, 0, E, E}, .backend = dev,
+                     .lens_q = lq, .lens_kv = lk, .native_out = true, .native_grads = true,
+                     .deterministic = true};
+  TlCall t;
+  tl_call_init(&t, &tc, &rng);
+  int64_t bs[2] = {H, c->nb};
+  TlArr *b = tl_call_buffer(&t, c->buffer, rt_dtype(kDLFloat, 32), 2, bs, true);
+  for (int64_t i = 0; i < rt_array_count(&b->a); i++) rt_array_set(&b->a, i, c->spread * tl_normal(&rng));
+  tl_call_ref_outputs(&t);
+  Bits ref, first, again; /* two CTA orders */
+  run_bwd(&t, 1, false, "0", &ref);
+  run_bwd(&t, 0, true, "11", &first);
+  tl_call_check(&t, TL_BWD, "packed");
+  run_bwd(&t, 0, true, "977", &again);
+  tl_call_check(&t, TL_BWD, "packed");
+  int d = differs(&first, &again);
+  ck_assert_msg(d < 0, "packed: %s differs", d >= 0 ? names[d] : "");
+  bits_free(&ref), bits_free(&first), bits_free(&again);
+  tl_call_free(&t);
 }
 END_TEST
 
 /* A forward ignores the flag: the same bits with and without it. */
 START_TEST(forward_ignores) {
-  const Case *c = &cases[1];
-  flex_kernel *k = load(c);
-  Tensors t;
-  tensors_init(&t, c, rt_dtype(kDLFloat, 32));
-  flex_args a = args_for(&t, c, FLEX_BACKEND_EMU);
-  size_t n = (size_t)rt_array_count(&t.out.x) * 4;
+  TlCall t;
+  call_init(&t, &cases[1], &tl_dtypes[0], dev);
+  flex_args a = t.a[0];
+  size_t n = (size_t)rt_array_count(&t.out[0].a) * 4;
   void *plain = malloc(n);
-  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s", flex_last_error());
-  memcpy(plain, t.out.x.data, n);
-  poison(&t.out.x);
+  ck_assert_msg(tl_call(t.kern, &a, false) == FLEX_OK, "%s", flex_last_error());
+  memcpy(plain, t.out[0].a.data, n);
+  tl_arr_poison(&t.out[0]);
   a.deterministic = true;
-  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s", flex_last_error());
-  ck_assert_msg(!memcmp(plain, t.out.x.data, n), "deterministic changed a forward's output");
+  ck_assert_msg(tl_call(t.kern, &a, false) == FLEX_OK, "%s", flex_last_error());
+  ck_assert_msg(!memcmp(plain, t.out[0].a.data, n), "deterministic changed a forward's output");
   free(plain);
-  tensors_free(&t, c);
-  flex_kernel_free(k);
+  tl_call_free(&t);
 }
 END_TEST
 
-int main(void) {
+int main(int argc, char **argv) {
   rng = tl_seed();
-  setenv("FLEXC_EMU_THREADS", "2", 1); /* atomics race between OS threads */
-  Suite *s = suite_create("determ");
-  TCase *tc = tcase_create("determ");
-  tcase_set_timeout(tc, 300);
-  tcase_add_loop_test(tc, emu, 0, NCASES * 2);
-  tcase_add_loop_test(tc, emu_two_splits, 0, NCASES * 2);
-  tcase_add_loop_test(tc, cpu, 0, NCASES * 2);
-  tcase_add_loop_test(tc, reference, 0, NCASES);
-  tcase_add_loop_test(tc, emu_racecheck, 0, 2);
-  tcase_add_test(tc, packed);
-  tcase_add_test(tc, forward_ignores);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  int rc = tl_cuda_mode(argc, argv);
+  if (rc >= 0) {
+    dev = FLEX_BACKEND_CUDA;
+    return rc ? rc : TL_MAIN("cuda_determ", 0, TL_CASE("cuda", 0), TL_LOOP(emu, NCASES * 2),
+                             TL_LOOP(emu_two_splits, NCASES * 2), TL_TEST(packed), TL_TEST(forward_ignores));
+  }
+  setenv("FLEXC_THREADS", "2", 1); /* atomics race between OS threads */
+  tl_one_process(); /* the emulator's modules serve several tests */
+  return TL_MAIN("determ", 300, TL_LOOP(emu, NCASES * 2), TL_LOOP(emu_two_splits, NCASES * 2),
+                 TL_LOOP(cpu, NCASES * 2), TL_LOOP(reference, NCASES), TL_LOOP(emu_racecheck, 2),
+                 TL_TEST(packed), TL_TEST(forward_ignores));
 }

@@ -1,4 +1,4 @@
-/* Dropout's bits (kernels/philox.cuh, DSL.md "Dropout"): Philox4x32-10
+/* Dropout's bits (kernels/philox.cuh, docs/language.md "Dropout"): Philox4x32-10
  * against the published known-answer vectors of Random123, the kept
  * fraction over 10^6 elements for a few p, the reference's forward
  * against the rule written out here, and the `flexc run` options (the
@@ -203,12 +203,6 @@ START_TEST(cli_options) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("dropout");
-  TCase *tc = tcase_create("dropout");
-  tcase_add_test(tc, philox_known_answers);
-  tcase_add_test(tc, kept_fraction);
-  tcase_add_test(tc, reference_forward_rule);
-  tcase_add_test(tc, cli_options);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("dropout", 0, TL_TEST(philox_known_answers), TL_TEST(kept_fraction),
+                 TL_TEST(reference_forward_rule), TL_TEST(cli_options));
 }

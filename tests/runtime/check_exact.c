@@ -115,11 +115,6 @@ END_TEST
 
 int main(void) {
   rng = tl_seed();
-  Suite *s = suite_create("exact");
-  TCase *tc = tcase_create("exact");
-  tcase_add_test(tc, correctly_rounded);
-  tcase_add_test(tc, order_independent);
-  tcase_add_test(tc, special_values);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("exact", 0, TL_TEST(correctly_rounded), TL_TEST(order_independent),
+                 TL_TEST(special_values));
 }

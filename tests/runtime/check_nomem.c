@@ -1,16 +1,36 @@
 /* check_nomem: memory exhaustion inside the library is FLEX_ERR_NOMEM,
- * never an abort. An allocator that fails every request from the N-th on
- * is installed (base_set_alloc) for N across the whole run of a kernel
- * load, a validated reference forward and backward, a BlockMask build and
- * the tensor helpers; every call must end FLEX_OK or FLEX_ERR_NOMEM with a
- * message, and every call succeeds once N is past what it needs. */
+ * never an abort, a leak or a broken kernel.
+ *
+ * An allocator is installed (base_set_alloc) that fails exactly the N-th
+ * request of one operation, for every N from 0 to the number of requests
+ * the operation makes when nothing fails, so every allocation site the
+ * operation reaches is made to fail once:
+ *   compile   flex_kernel_from_source of a kernel with a score, a mask over
+ *             a buffer, a sink and `grad` buffers (parse, check, lower,
+ *             autodiff, intervals), then its info
+ *   forward   a forward, and a backward, on each host backend (reference,
+ *   backward  cpu, emu), with params, buffers, a buffer gradient and LSE
+ *   helpers   a BlockMask build, tensor allocation and conversion
+ * Each run must end FLEX_OK or FLEX_ERR_NOMEM with the message; after it
+ * the same operation with nothing failing must give bit for bit what it
+ * gave before (the kernel is still usable), and a sweep where every
+ * request from the N-th on fails must end FLEX_ERR_NOMEM for N short of
+ * the total. Leak checking is on (ASan builds): an interrupted call frees
+ * what it had allocated.
+ *
+ * The module caches (CPU objects, emulator modules) are filled before the
+ * sweeps: building a module runs with recovery held (under a lock), where
+ * an exhausted allocation stops the process (docs/runtime.md). */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "testlib.h"
 
-static long calls, fail_from = -1;
+static atomic_long calls;
+static long fail_at = -1;  /* the request that fails (-1: none) */
+static bool fail_on;       /* ...and every later one */
 
 static void *failing(void *ud, void *ptr, size_t size) {
   (void)ud;
@@ -18,94 +38,195 @@ static void *failing(void *ud, void *ptr, size_t size) {
     free(ptr);
     return NULL;
   }
-  if (fail_from >= 0 && calls++ >= fail_from) return NULL;
+  long n = atomic_fetch_add(&calls, 1);
+  if (fail_at >= 0 && (n == fail_at || (fail_on && n > fail_at))) return NULL;
   return realloc(ptr, size);
 }
 
-/* Everything the run does; returns the number of calls that ran out. */
-static int exercise(void) {
-  int nomem = 0;
-  flex_status st;
-#define EXPECT(call)                                                                     \
-  do {                                                                                   \
-    st = (call);                                                                         \
-    ck_assert_msg(st == FLEX_OK || st == FLEX_ERR_NOMEM, "%s: status %d (%s)", #call, st, \
-                  flex_last_error());                                                    \
-    if (st == FLEX_ERR_NOMEM) {                                                          \
-      ck_assert_ptr_nonnull(strstr(flex_last_error(), "out of host memory"));            \
-      nomem++;                                                                           \
-    }                                                                                    \
-  } while (0)
-  flex_kernel *k = NULL;
-  EXPECT(flex_kernel_load(&k, tl_src_path("samples/gemma2.score"), NULL));
-  if (!k) return nomem;
-  flex_kernel_info info;
-  EXPECT(flex_kernel_get_info(k, &info));
-  DLTensor *q = NULL, *kk = NULL, *v = NULL, *o = NULL, *lse = NULL, *dq = NULL, *dk = NULL,
-           *dv = NULL, *slopes = NULL;
-  const int64_t s4[4] = {1, 2, 20, 8}, s3[3] = {1, 2, 20}, sh[1] = {2};
-  const DLDataType f64 = {kDLFloat, 64, 1}, f32 = {kDLFloat, 32, 1};
-  DLTensor **all[] = {&q, &kk, &v, &o, &lse, &dq, &dk, &dv, &slopes};
-  for (int i = 0; i < 9; i++)
-    EXPECT(flex_tensor_alloc(all[i], FLEX_BACKEND_REFERENCE, i == 8 ? f32 : f64, i == 4 ? 3 : i == 8 ? 1 : 4,
-                             i == 4 ? s3 : i == 8 ? sh : s4, NULL));
-  bool have = true;
-  for (int i = 0; i < 9; i++) have = have && *all[i];
-  if (have) {
-    for (int i = 0; i < 3; i++)
-      for (int j = 0; j < 320; j++) ((double *)(*all[i])->data)[j] = 0.01 * (j % 17) - 0.05 * i;
-    flex_buffer b = {"slopes", slopes, NULL};
-    flex_param p = {"window", 8};
-    flex_args a;
-    memset(&a, 0, sizeof a);
-    a.backend = FLEX_BACKEND_REFERENCE;
-    a.q = q, a.k = kk, a.v = v, a.out = o, a.lse = lse, a.dout = o, a.dq = dq, a.dk = dk, a.dv = dv;
-    a.buffers = &b, a.nbuffers = 1, a.params = &p, a.nparams = 1;
-    EXPECT(flex_forward(k, &a));
-    EXPECT(flex_backward(k, &a));
-    flex_block_mask *bm = NULL;
-    EXPECT(flex_block_mask_create(&bm, k, &a, 1, 2, 300, 300, 64, 64, NULL));
-    flex_block_mask_free(bm);
-    DLTensor *h = NULL;
-    EXPECT(flex_tensor_alloc(&h, FLEX_BACKEND_REFERENCE, (DLDataType){kDLFloat, 16, 1}, 4, s4, NULL));
-    if (h) EXPECT(flex_tensor_copy(h, q, NULL));
-    flex_tensor_free(h);
-  }
-  for (int i = 0; i < 9; i++) flex_tensor_free(*all[i]);
-  flex_kernel_free(k);
-  return nomem;
+static const char *SOURCE =
+    "param float cap = 30.0;\n"
+    "buffer bias: f32[H, 33] grad;\n"
+    "buffer doc: i32[KV_LEN] sorted;\n"
+    "buffer sinks: f32[H] grad;\n"
+    "score soft(s, b, h, q, kv) { return cap * tanh(s / cap) + bias[h, clamp(q - kv + 16, 0, 32)]; }\n"
+    "mask same(b, h, q, kv) { return doc[min(q, KV_LEN - 1)] == doc[kv] && kv <= q + 4; }\n"
+    "sink per_head(b, h, q) { return sinks[h]; }\n"
+    "kernel k { score = soft; mask = same; sink = per_head; }\n";
+
+/* One call's tensors on the host. */
+typedef struct Call {
+  TlArr q, k, v, out, lse, dout, dq, dk, dv, bias, dbias, doc, sinks, dsinks;
+  flex_buffer bufs[3];
+  flex_param param;
+  flex_args a;
+} Call;
+
+static void call_init(Call *c, flex_backend be, uint64_t *rng) {
+  memset(c, 0, sizeof *c);
+  const DLDataType f32 = {kDLFloat, 32, 1}, i32 = {kDLInt, 32, 1};
+  const int64_t s4[4] = {1, 2, 37, 16}, s3[3] = {1, 2, 37}, sb[2] = {2, 33}, sd[1] = {37}, sh[1] = {2};
+  TlArr *in[] = {&c->q, &c->k, &c->v, &c->dout};
+  for (int i = 0; i < 4; i++) tl_arr_init(in[i], f32, 4, s4), tl_arr_normal(in[i], rng);
+  TlArr *o4[] = {&c->out, &c->dq, &c->dk, &c->dv};
+  for (int i = 0; i < 4; i++) tl_arr_init(o4[i], f32, 4, s4);
+  tl_arr_init(&c->lse, f32, 3, s3);
+  tl_arr_init(&c->bias, f32, 2, sb), tl_arr_uniform(&c->bias, -1, 1, rng);
+  tl_arr_init(&c->dbias, f32, 2, sb);
+  tl_arr_init(&c->sinks, f32, 1, sh), tl_arr_uniform(&c->sinks, -1, 1, rng);
+  tl_arr_init(&c->dsinks, f32, 1, sh);
+  tl_arr_init(&c->doc, i32, 1, sd);
+  for (int i = 0; i < 37; i++) ((int32_t *)c->doc.t.data)[i] = i / 13;
+  c->bufs[0] = (flex_buffer){"bias", &c->bias.t, &c->dbias.t};
+  c->bufs[1] = (flex_buffer){"doc", &c->doc.t, NULL};
+  c->bufs[2] = (flex_buffer){"sinks", &c->sinks.t, &c->dsinks.t};
+  c->param = (flex_param){"cap", 20.0};
+  flex_args *a = &c->a;
+  a->backend = be;
+  a->q = &c->q.t, a->k = &c->k.t, a->v = &c->v.t, a->out = &c->out.t, a->lse = &c->lse.t;
+  a->dout = &c->dout.t, a->dq = &c->dq.t, a->dk = &c->dk.t, a->dv = &c->dv.t;
+  a->buffers = c->bufs, a->nbuffers = 3, a->params = &c->param, a->nparams = 1;
 }
 
-START_TEST(exhaustion_everywhere) {
-  base_set_alloc(failing, NULL);
-  fail_from = -1;
-  calls = 0;
-  ck_assert_int_eq(exercise(), 0);
-  fail_from = 1L << 40; /* count what a successful run needs */
-  calls = 0;
-  ck_assert_int_eq(exercise(), 0);
-  long total = calls;
-  ck_assert_int_gt(total, 10);
-  long step = total / 300 + 1;
-  int runs = 0, failed_runs = 0;
-  for (long n = 0; n <= total; n += step) {
-    fail_from = n;
-    calls = 0;
-    failed_runs += exercise() > 0;
-    runs++;
+static void call_free(Call *c) {
+  TlArr *all[] = {&c->q, &c->k, &c->v, &c->out, &c->lse, &c->dout, &c->dq, &c->dk,
+                  &c->dv, &c->bias, &c->dbias, &c->doc, &c->sinks, &c->dsinks};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tl_arr_free(all[i]);
+}
+
+/* The outputs an operation writes, for the bitwise comparison. */
+static size_t outputs(Call *c, bool backward, TlArr **out) {
+  size_t n = 0;
+  if (!backward) out[n++] = &c->out, out[n++] = &c->lse;
+  else out[n++] = &c->dq, out[n++] = &c->dk, out[n++] = &c->dv, out[n++] = &c->dbias, out[n++] = &c->dsinks;
+  return n;
+}
+
+typedef enum Op { OP_COMPILE, OP_FORWARD, OP_BACKWARD, OP_HELPERS } Op;
+
+typedef struct Run {
+  Op op;
+  flex_kernel *k;
+  Call *c;
+} Run;
+
+/* The operation once; its status. */
+static flex_status run_once(Run *r) {
+  switch (r->op) {
+  case OP_COMPILE: {
+    flex_kernel *k = NULL;
+    flex_status st = flex_kernel_from_source(&k, "nomem.score", SOURCE, strlen(SOURCE), NULL);
+    flex_kernel_info info;
+    if (!st) st = flex_kernel_get_info(k, &info);
+    flex_kernel_free(k);
+    return st;
   }
-  fail_from = -1;
+  case OP_FORWARD: return flex_forward(r->k, &r->c->a);
+  case OP_BACKWARD: return flex_backward(r->k, &r->c->a);
+  case OP_HELPERS: {
+    flex_block_mask *bm = NULL;
+    flex_status st = flex_block_mask_create(&bm, r->k, &r->c->a, 1, 2, 37, 37, 16, 16, NULL);
+    flex_block_mask_free(bm);
+    DLTensor *h = NULL;
+    if (!st) st = flex_tensor_alloc(&h, FLEX_BACKEND_REFERENCE, (DLDataType){kDLFloat, 16, 1}, 4,
+                                    r->c->q.t.shape, NULL);
+    if (!st) st = flex_tensor_copy(h, &r->c->q.t, NULL);
+    flex_tensor_free(h);
+    return st;
+  }
+  }
+  return FLEX_ERR_INVALID;
+}
+
+/* Every output poisoned, the operation run with request `at` failing
+ * (and every later one when `on`); its status and the requests it made. */
+static flex_status run_failing(Run *r, long at, bool on, long *made) {
+  TlArr *o[8];
+  size_t no = r->c ? outputs(r->c, r->op == OP_BACKWARD, o) : 0;
+  for (size_t i = 0; i < no; i++) tl_arr_poison(o[i]);
+  atomic_store(&calls, 0);
+  fail_at = at, fail_on = on;
+  base_set_alloc(failing, NULL);
+  flex_status st = run_once(r);
   base_set_alloc(NULL, NULL);
-  printf("%d runs over %ld allocations, %d of them ran out somewhere\n", runs, total, failed_runs);
-  ck_assert_int_gt(failed_runs, runs / 2);
+  fail_at = -1;
+  if (made) *made = atomic_load(&calls);
+  return st;
+}
+
+static bool same_bits(const TlArr *x, const TlArr *y) {
+  size_t n = (size_t)rt_numel(&x->t) * (x->t.dtype.bits / 8);
+  return memcmp(x->t.data, y->t.data, n) == 0;
+}
+
+/* The sweep of one operation: every request made to fail once, then
+ * every request from N on. Returns the number of requests. */
+static long sweep(Run *r, const char *what) {
+  long total = 0; /* counted on a second run: the first fills the caches */
+  for (int i = 0; i < 2; i++)
+    ck_assert_msg(run_failing(r, -1, false, &total) == FLEX_OK, "%s: %s", what, flex_last_error());
+  TlArr *o[8], want[8];
+  size_t no = r->c ? outputs(r->c, r->op == OP_BACKWARD, o) : 0;
+  for (size_t i = 0; i < no; i++) {
+    tl_arr_init(&want[i], o[i]->t.dtype, o[i]->t.ndim, o[i]->t.shape);
+    memcpy(want[i].t.data, o[i]->t.data, (size_t)rt_numel(&o[i]->t) * (o[i]->t.dtype.bits / 8));
+  }
+  int nomem = 0;
+  for (long n = 0; n <= total; n++) {
+    flex_status st = run_failing(r, n, false, NULL);
+    ck_assert_msg(st == FLEX_OK || st == FLEX_ERR_NOMEM, "%s, request %ld failing: status %d (%s)",
+                  what, n, st, flex_last_error());
+    if (st == FLEX_ERR_NOMEM) {
+      ck_assert_msg(strstr(flex_last_error(), "out of host memory"), "%s: %s", what, flex_last_error());
+      nomem++;
+    }
+    /* usable afterwards: the same result, bit for bit */
+    ck_assert_msg(run_failing(r, -1, false, NULL) == FLEX_OK, "%s after request %ld failed: %s", what,
+                  n, flex_last_error());
+    for (size_t i = 0; i < no; i++)
+      ck_assert_msg(same_bits(o[i], &want[i]), "%s after request %ld failed: output %zu differs", what,
+                    n, i);
+  }
+  for (long n = 0; n < total; n += total / 16 + 1)
+    ck_assert_msg(run_failing(r, n, true, NULL) == FLEX_ERR_NOMEM,
+                  "%s with every request from %ld of %ld failing: %s", what, n, total,
+                  flex_last_error());
+  for (size_t i = 0; i < no; i++) tl_arr_free(&want[i]);
+  printf("  %-28s %4ld requests, each failed once: %d runs returned FLEX_ERR_NOMEM\n", what, total, nomem);
+  return total;
+}
+
+static uint64_t rng;
+static const flex_backend backends[3] = {FLEX_BACKEND_REFERENCE, FLEX_BACKEND_CPU, FLEX_BACKEND_EMU};
+
+START_TEST(compile) {
+  Run r = {OP_COMPILE, NULL, NULL};
+  ck_assert_int_gt(sweep(&r, "compile"), 3);
+}
+END_TEST
+
+START_TEST(host_calls) {
+  flex_backend be = backends[_i];
+  if (!flex_backend_available(be)) {
+    printf("  %s backend not in this build: skipped\n", flex_backend_name(be));
+    return;
+  }
+  flex_kernel *k = NULL;
+  ck_assert_int_eq(flex_kernel_from_source(&k, "nomem.score", SOURCE, strlen(SOURCE), NULL), FLEX_OK);
+  Call c;
+  call_init(&c, be, &rng);
+  char what[64];
+  for (Op op = OP_FORWARD; op <= (be == FLEX_BACKEND_REFERENCE ? OP_HELPERS : OP_BACKWARD); op++) {
+    Run r = {op, k, &c};
+    snprintf(what, sizeof what, "%s %s", flex_backend_name(be),
+             op == OP_FORWARD ? "forward" : op == OP_BACKWARD ? "backward" : "helpers");
+    ck_assert_int_gt(sweep(&r, what), 1);
+  }
+  call_free(&c);
+  flex_kernel_free(k);
 }
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("nomem");
-  TCase *tc = tcase_create("nomem");
-  tcase_add_test(tc, exhaustion_everywhere);
-  tcase_set_timeout(tc, 300);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  rng = tl_seed();
+  return TL_MAIN("nomem", 600, TL_TEST(compile), TL_LOOP(host_calls, 3));
 }

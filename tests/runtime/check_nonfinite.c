@@ -1,4 +1,4 @@
-/* Non-finite values are never hidden (DSL.md, "Semantics"): a NaN, +inf or
+/* Non-finite values are never hidden (docs/language.md, "Semantics"): a NaN, +inf or
  * -inf in Q, K, V, dO or a float buffer, placed at a fresh random position
  * each run, forward and backward, on the float64 reference and on the
  * emulator (the generated CUDA: fp32 SIMT and fp16 tensor-core kernels).
@@ -12,7 +12,7 @@
  * the reference is NaN the emulator is NaN, where it is +-inf the emulator
  * is the same infinity, and the elements finite on both sides meet the
  * project's relative-norm tolerance. Where the non-finite element is one
- * the mask removes (or that t = -inf removes), DSL.md lets a kernel's tile
+ * the mask removes (or that t = -inf removes), docs/language.md lets a kernel's tile
  * arithmetic (0 * NaN) make an output NaN; such a case accepts NaN where
  * the reference is finite, and nothing else: never another finite number.
  * The emulator's outputs start as a finite sentinel, so an output it never
@@ -59,59 +59,30 @@ enum { NCASES = sizeof cases / sizeof *cases };
 enum { B = 1, H = 4, HKV = 2, QL = 37, KL = 70, E = 16 };
 static const double SENTINEL = 4096.0; /* exact in fp16, bf16, fp32 */
 
-typedef struct Tensors {
-  TlPair q, k, v, dout, out, lse, dq, dk, dv, grad;
-  TlPair buf; /* the buffer, fp32 both sides (x only is used) */
-  flex_buffer fb[2];
-} Tensors;
-
-static void sentinel(TlPair *p) {
-  for (int64_t i = 0; i < rt_array_count(&p->x); i++) rt_array_set(&p->x, i, SENTINEL);
+/* Every element of x the sentinel. */
+static void sentinel(TlArr *x) {
+  for (int64_t i = 0; i < rt_array_count(&x->a); i++) rt_array_set(&x->a, i, SENTINEL);
 }
 
-static void tensors_init(Tensors *t, const Case *c, DLDataType dt) {
-  int64_t qs[4] = {B, H, QL, E}, ks[4] = {B, HKV, KL, E}, ls[3] = {B, H, QL};
-  int64_t bs[1] = {c->grad ? KL : H};
-  DLDataType f32 = rt_dtype(kDLFloat, 32);
-  memset(t, 0, sizeof *t);
-  tl_pair_init(&t->q, dt, 4, qs, true, &rng), tl_pair_init(&t->k, dt, 4, ks, true, &rng);
-  tl_pair_init(&t->v, dt, 4, ks, true, &rng), tl_pair_init(&t->dout, dt, 4, qs, true, &rng);
-  tl_pair_init(&t->out, dt, 4, qs, false, &rng), tl_pair_init(&t->lse, f32, 3, ls, false, &rng);
-  tl_pair_init(&t->dq, dt, 4, qs, false, &rng), tl_pair_init(&t->dk, dt, 4, ks, false, &rng);
-  tl_pair_init(&t->dv, dt, 4, ks, false, &rng);
-  TlPair *outs[] = {&t->out, &t->lse, &t->dq, &t->dk, &t->dv};
+/* The call of case c in dtype dt: outputs in q's dtype, the emulator's
+ * (and its buffer gradient) starting as the sentinel. */
+static void call_init(TlCall *t, const Case *c, const TlDtype *d) {
+  const TlCase tc = {.name = c->name, .src = c->src, .s = {B, H, HKV, QL, KL, E, E}, .dt = d,
+                     .backend = FLEX_BACKEND_EMU, .native_out = true, .native_grads = true};
+  tl_call_init(t, &tc, &rng);
+  TlArr *outs[] = {&t->out[0], &t->lse[0], &t->dq[0], &t->dk[0], &t->dv[0]};
   for (int i = 0; i < 5; i++) sentinel(outs[i]);
   if (!c->buffer) return;
-  tl_pair_init(&t->buf, f32, 1, bs, true, &rng);
-  for (int64_t i = 0; i < bs[0]; i++) rt_array_set(&t->buf.x, i, c->grad ? tl_normal(&rng) : 0.05 + 0.2 * (double)i);
-  tl_pair_init(&t->grad, f32, 1, bs, false, &rng);
-  sentinel(&t->grad);
-  t->fb[0] = (flex_buffer){c->buffer, &t->buf.tx, c->grad ? &t->grad.tx : NULL};
-  t->fb[1] = (flex_buffer){c->buffer, &t->buf.tx, c->grad ? &t->grad.tref : NULL};
+  int64_t bs[1] = {c->grad ? KL : H};
+  TlArr *b = tl_call_buffer(t, c->buffer, rt_dtype(kDLFloat, 32), 1, bs, c->grad);
+  for (int64_t i = 0; i < bs[0]; i++)
+    rt_array_set(&b->a, i, c->grad ? tl_normal(&rng) : 0.05 + 0.2 * (double)i);
+  if (c->grad) sentinel(&t->gbuf[0][0]);
 }
 
-static void tensors_free(Tensors *t, const Case *c) {
-  TlPair *all[] = {&t->q, &t->k, &t->v, &t->dout, &t->out, &t->lse, &t->dq, &t->dk, &t->dv};
-  for (size_t i = 0; i < sizeof all / sizeof *all; i++) tl_pair_free(all[i]);
-  if (c->buffer) tl_pair_free(&t->buf), tl_pair_free(&t->grad);
-}
-
-static flex_args args_for(Tensors *t, const Case *c, bool ref) {
-  flex_args a;
-  memset(&a, 0, sizeof a);
-#define T(P) (ref ? &t->P.tref : &t->P.tx)
-  a.backend = ref ? FLEX_BACKEND_REFERENCE : FLEX_BACKEND_EMU;
-  a.q = T(q), a.k = T(k), a.v = T(v), a.out = T(out), a.lse = T(lse), a.dout = T(dout);
-  a.dq = T(dq), a.dk = T(dk), a.dv = T(dv);
-#undef T
-  if (c->buffer) a.buffers = &t->fb[ref ? 1 : 0], a.nbuffers = 1;
-  return a;
-}
-
-/* Put v at one element of both twins; returns the flat index. */
-static int64_t poison(TlPair *p, int64_t i, double v) {
-  rt_array_set(&p->x, i, v);
-  rt_array_set(&p->ref, i, rt_array_get(&p->x, i));
+/* Put v at element i of x (the input both calls read); returns i. */
+static int64_t poison(TlArr *x, int64_t i, double v) {
+  rt_array_set(&x->a, i, v);
   return i;
 }
 
@@ -121,13 +92,16 @@ static int64_t idx4(int d1, int d2, int d3, int D1, int D2, int D3, int b) {
 
 static int pick(int lo, int hi) { return lo + (int)(tl_rand(&rng) % (uint64_t)(hi - lo)); }
 
-/* x against ref by the rule above; what: for messages. */
-static void compare(const char *what, const char *label, const TlPair *p, double tol,
-                    bool allow_nan) {
+/* Side 0 of c's output `o` (tl_call outputs: 0 out .. 4 dv, 5 the buffer
+ * gradient) against the reference by the rule above; what: for messages. */
+static void compare(const char *what, const char *label, TlCall *c, int o, double tol, bool allow_nan) {
+  TlArr *xs[6] = {&c->out[0], &c->lse[0], &c->dq[0], &c->dk[0], &c->dv[0], &c->gbuf[0][0]};
+  TlArr *rs[6] = {&c->out[1], &c->lse[1], &c->dq[1], &c->dk[1], &c->dv[1], &c->gbuf[1][0]};
+  const RtArray *xa = &xs[o]->a, *ra = &rs[o]->a;
   double num = 0, den = 0;
-  int64_t n = rt_array_count(&p->x), finite = 0, extra_nan = 0;
+  int64_t n = rt_array_count(xa), finite = 0, extra_nan = 0;
   for (int64_t i = 0; i < n; i++) {
-    double x = rt_array_get(&p->x, i), r = rt_array_get(&p->ref, i);
+    double x = rt_array_get(xa, i), r = rt_array_get(ra, i);
     if (isnan(r)) {
       ck_assert_msg(isnan(x), "%s: %s[%lld]: reference NaN, emulator %g", label, what, (long long)i, x);
     } else if (isinf(r)) {
@@ -155,10 +129,10 @@ static int64_t count_nonfinite(const RtArray *a) {
 
 /* The reference forward against the rule; qrow: the poisoned Q row's flat
  * row index (B*H*QL numbering) or -1. */
-static void check_reference_forward(const char *label, const Tensors *t, const Case *c, int which,
+static void check_reference_forward(const char *label, const TlCall *t, const Case *c, int which,
                                     double val, int64_t qrow, bool removed) {
   for (int64_t r = 0; r < B * H * QL; r++) {
-    double lse = rt_array_get(&t->lse.ref, r);
+    double lse = rt_array_get(&t->lse[1].a, r);
     int i = (int)(r % QL);
     bool masked_row = c->masked && i < 5;
     if (masked_row) {
@@ -170,35 +144,31 @@ static void check_reference_forward(const char *label, const Tensors *t, const C
     }
     bool nonfinite_row = isnan(lse) || lse == INFINITY;
     for (int e = 0; e < E; e++) {
-      double o = rt_array_get(&t->out.ref, r * E + e);
+      double o = rt_array_get(&t->out[1].a, r * E + e);
       if (masked_row) ck_assert_msg(o == 0.0, "%s: reference O of a fully masked row is %g", label, o);
-      /* A NaN or +inf LSE: O is NaN (DSL.md). */
+      /* A NaN or +inf LSE: O is NaN (docs/language.md). */
       if (nonfinite_row) ck_assert_msg(isnan(o), "%s: row %lld has LSE %g but O %g", label, (long long)r, lse, o);
     }
   }
   if (removed) {
     /* What the mask removes never contributes: every O finite. */
-    ck_assert_msg(count_nonfinite(&t->out.ref) == 0,
+    ck_assert_msg(count_nonfinite(&t->out[1].a) == 0,
                   "%s: a masked non-finite element reached the reference's O", label);
     return;
   }
   if (which == T_Q && isnan(val))
-    ck_assert_msg(isnan(rt_array_get(&t->lse.ref, qrow)), "%s: NaN in Q kept, but LSE is %g", label,
-                  rt_array_get(&t->lse.ref, qrow));
+    ck_assert_msg(isnan(rt_array_get(&t->lse[1].a, qrow)), "%s: NaN in Q kept, but LSE is %g", label,
+                  rt_array_get(&t->lse[1].a, qrow));
   if (which != T_DO)
-    ck_assert_msg(count_nonfinite(&t->out.ref) > 0, "%s: a kept non-finite input left O finite", label);
+    ck_assert_msg(count_nonfinite(&t->out[1].a) > 0, "%s: a kept non-finite input left O finite", label);
 }
 
 static void run_case(int ci, int di, int which, double val) {
   const Case *c = &cases[ci];
   const TlDtype *d = &tl_dtypes[di];
-  DLDataType dt = rt_dtype(d->code, d->bits);
   char label[160];
-  flex_kernel *k = NULL;
-  ck_assert_msg(flex_kernel_from_source(&k, c->name, c->src, strlen(c->src), NULL) == FLEX_OK, "%s",
-                flex_last_error());
-  Tensors t;
-  tensors_init(&t, c, dt);
+  TlCall t;
+  call_init(&t, c, d);
   int b = 0, h = pick(0, H), hk = pick(0, HKV), e = pick(0, E);
   /* Kept positions anywhere; masked ones: Q and dO rows 0..4 (no key at
    * all), K and V keys 32..69 (masked for every row). */
@@ -209,47 +179,38 @@ static void run_case(int ci, int di, int which, double val) {
   case T_K: poison(&t.k, idx4(hk, j, e, HKV, KL, E, b), val); break;
   case T_V: poison(&t.v, idx4(hk, j, e, HKV, KL, E, b), val); break;
   case T_DO: poison(&t.dout, idx4(h, i, e, H, QL, E, b), val); break;
-  default: poison(&t.buf, c->grad ? j : h, val); break;
+  default: poison(&t.buf[0], c->grad ? j : h, val); break;
   }
   snprintf(label, sizeof label, "%s %s: %g in %s at h %d hkv %d q %d kv %d e %d", c->name, d->name,
            val, tnames[which], h, hk, i, j, e);
   fprintf(stderr, "  %s\n", label);
 
   /* A bias of -inf on key j is a score of -inf: the element is removed as a
-   * mask would (DSL.md). */
+   * mask would (docs/language.md). */
   bool removed = c->masked || (which == T_BUF && c->grad && val == -INFINITY);
 
   /* Forward on both. */
-  flex_args r = args_for(&t, c, true), a = args_for(&t, c, false);
-  ck_assert_msg(flex_forward(k, &r) == FLEX_OK, "%s: reference forward: %s", label, flex_last_error());
-  ck_assert_msg(flex_forward(k, &a) == FLEX_OK, "%s: emu forward: %s", label, flex_last_error());
+  tl_call_forward(&t);
   check_reference_forward(label, &t, c, which, val, qrow, removed);
   /* An infinity in Q or K makes some s = -inf: those elements are removed
    * too, and a kernel's 0 * inf there may give NaN. */
   bool allow = removed || which == T_K || which == T_Q;
-  compare("out", label, &t.out, d->tol, allow);
-  compare("lse", label, &t.lse, d->tol, allow);
+  compare("out", label, &t, TL_OUT, d->tol, allow);
+  compare("lse", label, &t, TL_LSE, d->tol, allow);
 
   /* Backward: both read the reference's O and LSE, rounded as the kernels read them. */
-  TlPair *ol[] = {&t.out, &t.lse};
-  for (int n = 0; n < 2; n++)
-    for (int64_t x = 0; x < rt_array_count(&ol[n]->x); x++) {
-      rt_array_set(&ol[n]->x, x, rt_array_get(&ol[n]->ref, x));
-      rt_array_set(&ol[n]->ref, x, rt_array_get(&ol[n]->x, x));
-    }
-  ck_assert_msg(flex_backward(k, &r) == FLEX_OK, "%s: reference backward: %s", label, flex_last_error());
-  ck_assert_msg(flex_backward(k, &a) == FLEX_OK, "%s: emu backward: %s", label, flex_last_error());
-  int64_t bad = count_nonfinite(&t.dq.ref) + count_nonfinite(&t.dk.ref) + count_nonfinite(&t.dv.ref);
+  tl_call_ref_outputs(&t);
+  tl_call_backward(&t);
+  int64_t bad = count_nonfinite(&t.dq[1].a) + count_nonfinite(&t.dk[1].a) + count_nonfinite(&t.dv[1].a);
   if (removed)
     ck_assert_msg(bad == 0, "%s: a masked non-finite element reached the reference's gradients", label);
   else
     ck_assert_msg(bad > 0, "%s: a kept non-finite input left every gradient finite", label);
-  compare("dq", label, &t.dq, d->gtol, allow);
-  compare("dk", label, &t.dk, d->gtol, allow);
-  compare("dv", label, &t.dv, d->gtol, allow);
-  if (c->grad) compare("dbias", label, &t.grad, d->gtol, allow);
-  tensors_free(&t, c);
-  flex_kernel_free(k);
+  compare("dq", label, &t, TL_DQ, d->gtol, allow);
+  compare("dk", label, &t, TL_DK, d->gtol, allow);
+  compare("dv", label, &t, TL_DV, d->gtol, allow);
+  if (c->grad) compare("dbias", label, &t, TL_DBUF, d->gtol, allow);
+  tl_call_free(&t);
 }
 
 static const double values[3] = {NAN, INFINITY, -INFINITY};
@@ -279,12 +240,7 @@ END_TEST
 
 int main(void) {
   rng = tl_seed();
-  Suite *s = suite_create("nonfinite");
-  TCase *tc = tcase_create("nonfinite");
-  tcase_set_timeout(tc, 300);
-  tcase_add_loop_test(tc, kept_inputs, 0, 6);
-  tcase_add_loop_test(tc, kept_buffers, 0, 6);
-  tcase_add_loop_test(tc, masked_inputs, 0, 6);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  tl_one_process(); /* the emulator's modules serve several tests */
+  return TL_MAIN("nonfinite", 300, TL_LOOP(kept_inputs, 6), TL_LOOP(kept_buffers, 6),
+                 TL_LOOP(masked_inputs, 6));
 }

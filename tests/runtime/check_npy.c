@@ -165,13 +165,6 @@ START_TEST(half_rounding) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("npy");
-  TCase *tc = tcase_create("npy");
-  tcase_add_test(tc, round_trips);
-  tcase_add_test(tc, versions_2_and_3);
-  tcase_add_test(tc, malformed_files);
-  tcase_add_test(tc, every_truncation_and_corruption);
-  tcase_add_test(tc, half_rounding);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("npy", 0, TL_TEST(round_trips), TL_TEST(versions_2_and_3), TL_TEST(malformed_files),
+                 TL_TEST(every_truncation_and_corruption), TL_TEST(half_rounding));
 }

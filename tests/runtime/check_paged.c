@@ -1,4 +1,4 @@
-/* Paged key/value caches (page_table, kv_lens; DSL.md, docs/paged.md).
+/* Paged key/value caches (page_table, kv_lens; docs/language.md, docs/paged.md).
  *
  * Every case builds one random packed batch (ragged key lengths, one
  * sequence without keys, one longer than a few pages), then scatters its
@@ -15,7 +15,10 @@
  * within 5e-3 / 3e-2 (1e-4); the reference's paged call against its
  * contiguous one, bitwise; the cpu backend when built. Then the checks:
  * validation messages, a checked run's out-of-range page report, the
- * backward's refusal. Outputs are poisoned with NaN first. */
+ * backward's refusal. Outputs are poisoned with NaN first.
+ * --cuda runs the GPU's comparison alone (fp32, fp16 and bf16, page sizes
+ * 16 and 64, padded and packed queries); it exits 77 where there is no
+ * CUDA device. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -295,6 +298,7 @@ START_TEST(emu_against_reference) {
   if (!flex_backend_available(FLEX_BACKEND_EMU)) return;
   head_e = _i < 3 ? 16 : 20, head_ev = _i < 3 ? 8 : 12;
   against_reference(FLEX_BACKEND_EMU, _i % 3, _i % 2, _i < 3 ? 16 : 64, _i % 2 == 0);
+  head_e = 16, head_ev = 8; /* the other tests' (one process: tl_one_process) */
 }
 END_TEST
 
@@ -305,16 +309,17 @@ START_TEST(cpu_against_reference) {
 END_TEST
 
 /* cuda (on a machine with a GPU; every tensor mirrored on the device):
- * fp32 and fp16 against the float64 reference, PAGE_SIZE 16 and 64. */
+ * fp32, fp16 and bf16 against the float64 reference, PAGE_SIZE 16 and 64,
+ * O in q's dtype (what the cuda backend writes). */
 START_TEST(cuda_against_reference) {
   if (!flex_backend_available(FLEX_BACKEND_CUDA)) return;
-  const TlDtype *td = &tl_dtypes[_i % 2];
+  const TlDtype *td = &tl_dtypes[_i % 3];
   DLDataType dt = {td->code, td->bits, 1};
   empty_q = false;
   P p;
-  p_init(&p, &cases[_i % 2], dt, _i < 2 ? 16 : 64, _i % 2);
+  p_init(&p, &cases[_i % 2], dt, _i < 3 ? 16 : 64, _i % 2);
   Out r, g;
-  out_init(&r, &p, rt_dtype(kDLFloat, 64)), out_init(&g, &p, rt_dtype(kDLFloat, 32));
+  out_init(&r, &p, rt_dtype(kDLFloat, 64)), out_init(&g, &p, dt);
   ck_assert_msg(call(&p, FLEX_BACKEND_REFERENCE, true, true, &r, false) == FLEX_OK, "%s",
                 flex_last_error());
   flex_args a;
@@ -549,23 +554,13 @@ START_TEST(cli_run_paged) {
 }
 END_TEST
 
-static Suite *suite(void) {
-  Suite *s = suite_create("paged");
-  TCase *tc = tcase_create("paged");
-  tcase_set_timeout(tc, 600);
-  tcase_add_test(tc, validation);
-  tcase_add_test(tc, kv_len_buffer_refused);
-  tcase_add_test(tc, cli_run_paged);
-  tcase_add_loop_test(tc, reference_paged_bitwise, 0, 12);
-  tcase_add_loop_test(tc, emu_fp32_bitwise, 0, 12);
-  tcase_add_loop_test(tc, emu_against_reference, 0, 6);
-  tcase_add_loop_test(tc, cpu_against_reference, 0, 3);
-  tcase_add_loop_test(tc, cuda_against_reference, 0, 4);
-  suite_add_tcase(s, tc);
-  return s;
-}
-
-int main(void) {
+int main(int argc, char **argv) {
   rng = tl_seed();
-  return tl_run_suite(suite());
+  int rc = tl_cuda_mode(argc, argv);
+  if (rc >= 0) return rc ? rc : TL_MAIN("cuda_paged", 0, TL_CASE("cuda", 0), TL_LOOP(cuda_against_reference, 6));
+  tl_one_process(); /* the emulator's modules serve several tests */
+  return TL_MAIN("paged", 600, TL_TEST(validation), TL_TEST(kv_len_buffer_refused), TL_TEST(cli_run_paged),
+                 TL_LOOP(reference_paged_bitwise, 12), TL_LOOP(emu_fp32_bitwise, 12),
+                 TL_LOOP(emu_against_reference, 6), TL_LOOP(cpu_against_reference, 3),
+                 TL_LOOP(cuda_against_reference, 6));
 }

@@ -311,7 +311,7 @@ static void check_every_element(Case *c, const char *what) {
   tl_arr_free(&gq), tl_arr_free(&gk), tl_arr_free(&gv);
 }
 
-/* Dropout (DSL.md): the mask is a constant of the indices, so L stays
+/* Dropout (docs/language.md): the mask is a constant of the indices, so L stays
  * smooth and the gradients with dropout must match finite differences too,
  * at every element at a tiny shape (dq, dk, dv and relpos_bias's grad
  * buffer) and along directions at a GQA shape. */
@@ -589,17 +589,8 @@ START_TEST(validation_messages) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("reference");
-  TCase *tc = tcase_create("reference");
-  tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, samples_against_finite_differences);
-  tcase_add_test(tc, samples_every_element);
-  tcase_add_test(tc, dropout_against_finite_differences);
-  tcase_add_test(tc, forward_matches_naive);
-  tcase_add_test(tc, half_inputs_decode_exactly);
-  tcase_add_test(tc, fully_masked_rows);
-  tcase_add_test(tc, checked_runs);
-  tcase_add_test(tc, validation_messages);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("reference", 120, TL_TEST(samples_against_finite_differences),
+                 TL_TEST(samples_every_element), TL_TEST(dropout_against_finite_differences),
+                 TL_TEST(forward_matches_naive), TL_TEST(half_inputs_decode_exactly),
+                 TL_TEST(fully_masked_rows), TL_TEST(checked_runs), TL_TEST(validation_messages));
 }

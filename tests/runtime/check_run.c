@@ -344,8 +344,8 @@ START_TEST(deterministic) {
     const char *name, *env, *backend, *flag;
   } runs[] = {{"cpu1", "FLEXC_THREADS=1", "cpu", "--deterministic"},
               {"cpu2", "FLEXC_THREADS=2", "cpu", "--deterministic"},
-              {"emu3", "FLEXC_EMU_THREADS=2 FLEXC_EMU_SHUFFLE=3", "emu", "--deterministic"},
-              {"emu5", "FLEXC_EMU_THREADS=2 FLEXC_EMU_SHUFFLE=5", "emu", "--deterministic"},
+              {"emu3", "FLEXC_THREADS=2 FLEXC_EMU_SHUFFLE=3", "emu", "--deterministic"},
+              {"emu5", "FLEXC_THREADS=2 FLEXC_EMU_SHUFFLE=5", "emu", "--deterministic"},
               {"acpu1", "FLEXC_THREADS=1", "cpu", ""},
               {"acpu2", "FLEXC_THREADS=2", "cpu", ""},
               {"ref", "", "reference", "--deterministic"}};
@@ -413,18 +413,8 @@ START_TEST(user_errors) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("run");
-  TCase *tc = tcase_create("run");
-  tcase_add_checked_fixture(tc, setup, teardown);
-  tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, success_paths);
-  tcase_add_test(tc, user_errors);
-  tcase_add_test(tc, repeat_and_threads);
-  tcase_add_test(tc, emu_backend);
-  tcase_add_test(tc, fast_math_emu);
-  tcase_add_test(tc, kv_splits_option);
-  tcase_add_test(tc, deterministic);
-  tcase_add_test(tc, emu_arch_sm90a);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("run", 0, TL_FIXTURE("run", 60, setup, teardown), TL_TEST(success_paths),
+                 TL_TEST(user_errors), TL_TEST(repeat_and_threads), TL_TEST(emu_backend),
+                 TL_TEST(fast_math_emu), TL_TEST(kv_splits_option), TL_TEST(deterministic),
+                 TL_TEST(emu_arch_sm90a));
 }

@@ -24,9 +24,5 @@ START_TEST(arena_and_buf) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("smoke");
-  TCase *tc = tcase_create("base");
-  tcase_add_test(tc, arena_and_buf);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("smoke", 0, TL_TEST(arena_and_buf));
 }

@@ -1,5 +1,5 @@
 /* `sorted` promises are verified on every run, not only checked ones
- * (DSL.md): flex_forward and flex_backward on the reference, the emulator
+ * (docs/language.md): flex_forward and flex_backward on the reference, the emulator
  * and the cpu backend, flex_block_mask_create, `flexc run` and `flexc
  * mask` all fail on a buffer that decreases, naming the buffer, the index
  * and the two values; flex_args.trust_sorted / `flexc run --trust-sorted` waive it.
@@ -226,6 +226,23 @@ START_TEST(check_explain) {
                             "check --explain --shape 2,3,100,10", &out), 0);
   ck_assert_msg(strstr(out.data, "up to B*H*Q_LEN*KV_LEN per call (6e+03 evaluations"), "%s", out.data);
   buf_free(&out);
+  /* Several files: every line of the explanation names its file. */
+  Buf args = {0};
+  buf_printf(&args, "check --explain %s/samples/causal.score", FLEXC_SRC_DIR);
+  ck_assert_int_eq(flexc_on("mask m(b, h, q, kv) { return q >= kv; }\n", args.data, &out), 0);
+  buf_free(&args);
+  ck_assert_msg(strstr(out.data, "/samples/causal.score: kernel default: mask causal\n") &&
+                    strstr(out.data, ".score: kernel default: mask m\n"), "%s", out.data);
+  for (const char *l = out.data; *l; l = strchr(l, '\n') + 1) {
+    const char *named = strstr(l, ".score: ");
+    ck_assert_msg(l[0] == '/' && named && named < strchr(l, '\n'), "%s", l);
+  }
+  buf_free(&out);
+  /* `flexc run --help` says which backend it runs by default, and Python's. */
+  ck_assert_int_eq(flexc_on("", "run --help", &out), 0);
+  ck_assert_msg(strstr(out.data, "--backend: reference by default") &&
+                    strstr(out.data, "cpu for host tensors"), "%s", out.data);
+  buf_free(&out);
   /* Without --explain, --shape is a usage error; a plain check stays silent. */
   ck_assert_int_eq(flexc_on("mask m(b, h, q, kv) { return q >= kv; }\n", "check --shape 1,1,1,1", &out), 2);
   buf_free(&out);
@@ -401,18 +418,8 @@ END_TEST
 
 int main(void) {
   rng = tl_seed();
-  Suite *s = suite_create("sorted");
-  TCase *tc = tcase_create("sorted");
-  tcase_set_timeout(tc, 120);
-  tcase_add_loop_test(tc, unchecked_call_fails, 0, 3);
-  tcase_add_loop_test(tc, trust_sorted_waives, 0, 3);
-  tcase_add_test(tc, block_mask_create_fails);
-  tcase_add_test(tc, cli_fails);
-  tcase_add_test(tc, check_explain);
-  tcase_add_test(tc, cli_param_messages);
-  tcase_add_test(tc, mask_report_undecidable);
-  tcase_add_loop_test(tc, device_path_positions, 0, 3);
-  tcase_add_test(tc, device_path_first_buffer);
-  suite_add_tcase(s, tc);
-  return tl_run_suite(s);
+  return TL_MAIN("sorted", 120, TL_LOOP(unchecked_call_fails, 3), TL_LOOP(trust_sorted_waives, 3),
+                 TL_TEST(block_mask_create_fails), TL_TEST(cli_fails), TL_TEST(check_explain),
+                 TL_TEST(cli_param_messages), TL_TEST(mask_report_undecidable),
+                 TL_LOOP(device_path_positions, 3), TL_TEST(device_path_first_buffer));
 }

@@ -1,4 +1,5 @@
-/* pool.c: cpu_pool_run(): one pool of worker threads for the process,
+/* pool.c: base_pool_run(): the one pool of worker threads of the process
+ * (the cpu backend, the BlockMask builder, the emulator's block runners),
  * created on first use. Its size is FLEXC_THREADS when set (1 runs
  * everything on the caller), else every online core. Items are handed out
  * one at a time from an atomic counter, so uneven items (causal rows,
@@ -9,7 +10,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "cpu/cpu.h"
+#include "base.h"
 
 /* The pool and the job it runs. */
 static struct {
@@ -55,8 +56,7 @@ static void *helper(void *arg) {
 }
 
 static void create(void) {
-  const char *env = getenv("FLEXC_THREADS");
-  long n = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+  long n = base_config()->threads ? base_config()->threads : sysconf(_SC_NPROCESSORS_ONLN);
   if (n < 1) n = 1;
   if (n > 1024) n = 1024;
   P.size = (int)n;
@@ -73,7 +73,7 @@ static void create(void) {
   pthread_attr_destroy(&attr);
 }
 
-int cpu_pool_size(void) {
+int base_pool_size(void) {
   pthread_once(&P.once, create);
   return P.size;
 }
@@ -81,7 +81,7 @@ int cpu_pool_size(void) {
 /* Items must not leave by the memory-exhaustion jump (base.h): the caller's
  * recovery is suspended while they run (an exhausted allocation inside one
  * aborts, as on any helper thread, instead of unwinding past the others). */
-void cpu_pool_run(int64_t n, void (*fn)(void *ctx, int64_t item, int worker), void *ctx) {
+void base_pool_run(int64_t n, void (*fn)(void *ctx, int64_t item, int worker), void *ctx) {
   pthread_once(&P.once, create);
   if (n <= 0) return;
   BaseTry *held = base_try_hold();

@@ -1,8 +1,8 @@
 /* sha256.c: SHA-256 as specified in FIPS 180-4, section 6.2. Written for
- * clarity over speed: per call the cache hashes the generated source and a
- * 32-byte digest of the templates (a memory hit measures 0.02 ms in all,
+ * clarity over speed: per call the CUDA backend's key hashes the generated
+ * source and a 32-byte digest of the templates (a memory hit measures 0.02 ms in all,
  * bench/RESULTS.md). */
-#include "cuda/sha256.h"
+#include "base/sha256.h"
 
 #include <string.h>
 
@@ -53,7 +53,7 @@ static void compress(uint32_t h[8], const uint8_t *p) {
   h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += k;
 }
 
-void rt_sha256_init(RtSha256 *s) {
+void base_sha256_init(BaseSha256 *s) {
   /* FIPS 180-4 5.3.3: fractional parts of the square roots of the first 8 primes. */
   static const uint32_t H0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                  0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
@@ -62,7 +62,7 @@ void rt_sha256_init(RtSha256 *s) {
   s->fill = 0;
 }
 
-void rt_sha256_update(RtSha256 *s, const void *data, size_t n) {
+void base_sha256_update(BaseSha256 *s, const void *data, size_t n) {
   const uint8_t *p = data;
   s->nbytes += n;
   if (s->fill) {
@@ -78,13 +78,13 @@ void rt_sha256_update(RtSha256 *s, const void *data, size_t n) {
   s->fill = n;
 }
 
-void rt_sha256_final(RtSha256 *s, uint8_t out[RT_SHA256_BYTES]) {
+void base_sha256_final(BaseSha256 *s, uint8_t out[BASE_SHA256_BYTES]) {
   /* FIPS 180-4 5.1.1: a 1 bit, zeros to 56 mod 64, the bit length big-endian. */
   uint64_t bits = s->nbytes * 8;
   uint8_t pad[72] = {0x80};
   size_t npad = (s->fill < 56 ? 56 : 120) - s->fill;
   for (int i = 0; i < 8; i++) pad[npad + (size_t)i] = (uint8_t)(bits >> (56 - 8 * i));
-  rt_sha256_update(s, pad, npad + 8);
+  base_sha256_update(s, pad, npad + 8);
   for (int i = 0; i < 8; i++) {
     out[4 * i] = (uint8_t)(s->h[i] >> 24);
     out[4 * i + 1] = (uint8_t)(s->h[i] >> 16);
@@ -93,18 +93,18 @@ void rt_sha256_final(RtSha256 *s, uint8_t out[RT_SHA256_BYTES]) {
   }
 }
 
-void rt_sha256(const void *data, size_t n, uint8_t out[RT_SHA256_BYTES]) {
-  RtSha256 s;
-  rt_sha256_init(&s);
-  rt_sha256_update(&s, data, n);
-  rt_sha256_final(&s, out);
+void base_sha256(const void *data, size_t n, uint8_t out[BASE_SHA256_BYTES]) {
+  BaseSha256 s;
+  base_sha256_init(&s);
+  base_sha256_update(&s, data, n);
+  base_sha256_final(&s, out);
 }
 
-void rt_sha256_hex(const uint8_t d[RT_SHA256_BYTES], char out[2 * RT_SHA256_BYTES + 1]) {
+void base_sha256_hex(const uint8_t d[BASE_SHA256_BYTES], char out[2 * BASE_SHA256_BYTES + 1]) {
   static const char hex[] = "0123456789abcdef";
-  for (int i = 0; i < RT_SHA256_BYTES; i++) {
+  for (int i = 0; i < BASE_SHA256_BYTES; i++) {
     out[2 * i] = hex[d[i] >> 4];
     out[2 * i + 1] = hex[d[i] & 15];
   }
-  out[2 * RT_SHA256_BYTES] = 0;
+  out[2 * BASE_SHA256_BYTES] = 0;
 }

@@ -1,7 +1,7 @@
-/* api.c: the flex.h entry points for calls: the last error, backends,
- * flex_forward / flex_backward (validate, then the reference or the run
- * sequence of a device backend), and BlockMasks built for a caller. */
-#include <stdarg.h>
+/* api.c: the flex.h entry points for calls: backends, flex_forward /
+ * flex_backward (a packed or paged call per sequence, api/seq.c; else one
+ * call through the runtime: rt_call_one), and BlockMasks built for a
+ * caller. */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -11,44 +11,9 @@
 #include "runtime/blockmask.h"
 #include "runtime/rt.h"
 #include "runtime/tensor.h"
+#include "api/api.h"
 
-/* The message of the thread's last failed call. */
-static _Thread_local char last_error[16384];
-
-/* Formatted into a scratch buffer first, so that a message may quote the
- * previous one (`rt_err(st, "launching %s: %s", entry, flex_last_error())`). */
-flex_status rt_err(flex_status st, const char *fmt, ...) {
-  static _Thread_local char scratch[sizeof last_error];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(scratch, sizeof scratch, fmt, ap);
-  va_end(ap);
-  memcpy(last_error, scratch, sizeof last_error);
-  return st;
-}
-
-const char *flex_last_error(void) { return last_error; }
-
-/* ---- backends ------------------------------------------------------------------ */
-
-static const char *const backend_names[] = {"reference", "emu", "cuda", "cpu"};
-enum { NBACKENDS = sizeof backend_names / sizeof backend_names[0] };
-
-const char *flex_backend_name(flex_backend b) {
-  return (unsigned)b < NBACKENDS ? backend_names[b] : NULL;
-}
-
-bool flex_backend_parse(const char *name, flex_backend *out) {
-  for (int i = 0; name && i < NBACKENDS; i++)
-    if (!strcmp(name, backend_names[i])) {
-      *out = (flex_backend)i;
-      return true;
-    }
-  return false;
-}
-
-/* The device backend's verbs; NULL for the reference. */
-static const RtBackend *backend_of(flex_backend b) {
+const RtBackend *rt_backend_of(flex_backend b) {
   switch (b) {
   case FLEX_BACKEND_EMU: return &rt_emu_backend;
   case FLEX_BACKEND_CUDA: return &rt_cuda_backend;
@@ -107,22 +72,9 @@ static flex_status call(flex_kernel *k, const flex_args *a, bool backward) {
   if (a->kv_splits < 0)
     return rt_err(FLEX_ERR_INVALID, "kv_splits must be 0 (automatic), 1 (never split) or a "
                   "number of key chunks, got %d", a->kv_splits);
-  if (a->page_table || a->kv_lens) return rt_paged_call(k, a, backward);
-  if (a->cu_seqlens_q || a->cu_seqlens_kv) return rt_varlen_call(k, a, backward);
-  return rt_call_one(k, a, backward, NULL);
-}
-
-flex_status rt_call_one(const flex_kernel *k, const flex_args *a, bool backward, const RtSeq *seq) {
-  Arena arena = {0};
-  RtCall c;
-  flex_status st = rt_validate(&c, &arena, k, a, backward, seq);
-  if (st == FLEX_OK) {
-    const RtBackend *be = backend_of(a->backend);
-    if (be) st = rt_run(be, &c);
-    else st = backward ? rt_reference_backward(&c) : rt_reference_forward(&c);
-  }
-  arena_free(&arena);
-  return st;
+  if (a->page_table || a->kv_lens || a->cu_seqlens_q || a->cu_seqlens_kv)
+    return rt_seq_call(k, a, backward);
+  return rt_call_one(rt_backend_of(a->backend), k, a, backward, NULL);
 }
 
 flex_status flex_forward(flex_kernel *k, const flex_args *a) { RT_TRY(call(k, a, false)); }
@@ -191,7 +143,7 @@ static flex_status do_block_mask_create(flex_block_mask **out, flex_kernel *k, c
   if (!st && !(a && a->trust_sorted)) st = rt_check_sorted(&c, c.bufs); /* host views */
   if (!st) {
     IrIntervalEnv env = {c.params, c.sizes, c.bufs};
-    RtMaskShape shape = {B, H, q_len, kv_len, block_q, block_kv};
+    RtMaskShape shape = {B, H, q_len, kv_len, block_q, block_kv, c.q_off, c.kv_off};
     st = rt_block_mask_build(&bm, k->mod, &env, &shape, RT_MASK_EVAL, &ms);
   }
   if (!st) {
@@ -212,6 +164,35 @@ flex_status flex_block_mask_create(flex_block_mask **out, flex_kernel *k, const 
                                    int H, int q_len, int kv_len, int block_q, int block_kv,
                                    flex_mask_stats *stats) {
   RT_TRY(do_block_mask_create(out, k, a, B, H, q_len, kv_len, block_q, block_kv, stats));
+}
+
+_Static_assert(FLEX_MASK_EMPTY == (int)FLEX_BLOCK_EMPTY && FLEX_MASK_FULL == (int)FLEX_BLOCK_FULL &&
+                   FLEX_MASK_PARTIAL == (int)FLEX_BLOCK_PARTIAL,
+               "flex_mask_class is the public face of FlexBlockClass");
+
+static flex_status do_mask_classify(const flex_kernel *k, const flex_args *a, int B, int H,
+                                    int q_len, int kv_len, flex_mask_class *out) {
+  if (!k || !out) return rt_err(FLEX_ERR_INVALID, "flex_mask_classify: NULL argument");
+  if (B < 1 || H < 1 || q_len < 1 || kv_len < 1)
+    return rt_err(FLEX_ERR_INVALID, "flex_mask_classify: B=%d H=%d Q_LEN=%d KV_LEN=%d (expected "
+                  "sizes >= 1)", B, H, q_len, kv_len);
+  flex_args none;
+  memset(&none, 0, sizeof none);
+  Arena arena = {0};
+  RtCall c;
+  flex_status st = rt_validate_bindings(&c, &arena, k, a ? a : &none, B, H, q_len, kv_len);
+  if (!st) {
+    IrIntervalEnv env = {c.params, c.sizes, c.bufs};
+    *out = (flex_mask_class)ir_interval_mask(k->mod, &env, 0, B - 1, 0, H - 1, c.q_off,
+                                             c.q_off + q_len - 1, c.kv_off, c.kv_off + kv_len - 1);
+  }
+  arena_free(&arena);
+  return st;
+}
+
+flex_status flex_mask_classify(const flex_kernel *k, const flex_args *a, int B, int H, int q_len,
+                               int kv_len, flex_mask_class *out) {
+  RT_TRY(do_mask_classify(k, a, B, H, q_len, kv_len, out));
 }
 
 void flex_block_mask_free(flex_block_mask *m) {
