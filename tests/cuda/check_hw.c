@@ -255,12 +255,13 @@ START_TEST(driver_streams_and_smem) {
   use_mock();
   flex_kernel *k = load("samples/causal.score");
   Call c;
-  call_init(&c, 1, 2, 256, 128, true);
+  call_init(&c, 1, 2, 512, 128, true);
   ck_assert_msg(flex_forward(k, &c.a) == FLEX_OK, "%s", flex_last_error());
   expect_clean();
-  /* split-KV: the grid's 4 CTAs are fewer than the stand-in's 108 SMs, so
-   * flex_fwd runs 2 key chunks and flex_fwd_combine merges them, its
-   * workspace allocated and zeroed on the caller's stream too */
+  /* split-KV: the grid's 8 CTAs are fewer than the stand-in's 108 SMs, so
+   * flex_fwd runs 2 key chunks (its 4 key tiles of 128, two a chunk) and
+   * flex_fwd_combine merges them, its workspace allocated and zeroed on
+   * the caller's stream too */
   int fwd = MOCK_INT("mock_launches");
   ck_assert_int_eq(fwd, 2);
   ck_assert_msg(flex_backward(k, &c.a) == FLEX_OK, "%s", flex_last_error());
