@@ -8,9 +8,10 @@
  * reference, forward (O, LSE) and backward (dq, dk, dv and the sink
  * buffer's gradient): the emulator's sm_80 and sm_90a kernels in fp16 and
  * bf16, the cpu backend in fp32 and bf16; with GQA, rows whose keys are all
- * masked, split-KV decoding, packed (varlen) batches, dropout and the
- * deterministic backward (bitwise the same twice); non-finite sinks (NaN
- * and +inf make the row's LSE that and its O NaN, -inf is no sink).
+ * masked, query tiles that take the kernels' steady loops, split-KV
+ * decoding, packed (varlen) batches, dropout and the deterministic backward
+ * (bitwise the same twice); non-finite sinks (NaN and +inf make the row's
+ * LSE that and its O NaN, -inf is no sink).
  * Fresh random inputs every run (seed printed), outputs poisoned first. */
 #include <check.h>
 #include <math.h>
@@ -203,6 +204,31 @@ START_TEST(every_path) {
 }
 END_TEST
 
+/* The steady loops (docs/kernels.md "Steady and general loops"): rows 128
+ * to 255 form a query tile inside Q_LEN whose first 128 keys are full
+ * under the mask, so the sm_80 and sm_90a forwards take their steady loop
+ * for it and the sm_80 backward its steady tile; the sink joins those rows
+ * where they are finished, from the steady loop's running max and sum. */
+static const struct {
+  const char *arch;
+  int dt;
+} steady_paths[] = {{"sm_80", 2}, {"sm_90a", 1}};
+
+START_TEST(steady_loops) {
+  flex_kernel *k = load();
+  const TlDtype *td = &tl_dtypes[steady_paths[_i].dt];
+  Call c;
+  call_init(&c, rt_dtype(td->code, td->bits), 1, 2, 1, 260, 300, 64, FLEX_BACKEND_EMU,
+            steady_paths[_i].arch);
+  char what[96];
+  snprintf(what, sizeof what, "emu %s %s steady loops", steady_paths[_i].arch, td->name);
+  run_both(k, &c, td, what);
+  masked_rows(&c, what, 0);
+  call_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
 /* Split-KV decoding: a short Q over many keys in chunks the combine merges;
  * the sink must join once (not once per chunk). */
 START_TEST(split_kv_decode) {
@@ -388,6 +414,8 @@ END_TEST
 int main(void) {
   rng = tl_seed();
   return TL_MAIN("sinks", 1200, TL_TEST(reference_is_dense_softmax_with_sink_column),
-                 TL_LOOP(every_path, NPATHS), TL_TEST(split_kv_decode), TL_TEST(dropout),
+                 TL_LOOP(every_path, NPATHS),
+                 TL_LOOP(steady_loops, (int)(sizeof steady_paths / sizeof steady_paths[0])),
+                 TL_TEST(split_kv_decode), TL_TEST(dropout),
                  TL_TEST(deterministic), TL_TEST(varlen), TL_TEST(non_finite_sinks));
 }
