@@ -171,6 +171,7 @@ typedef struct TlCall {
   flex_block_mask *bm;            /* a caller's BlockMask of both calls (tl_call_block_mask) */
   flex_args a[2];                 /* the tested call, the reference call */
   double err[TL_NERR];            /* tl_call_check's errors (0 where not compared) */
+  double slack[TL_NERR];          /* what a gradient's measured sensitivity adds to its tolerance */
   int masked;                     /* fully masked rows of the reference */
 } TlCall;
 
@@ -205,7 +206,10 @@ void tl_call_poison(TlCall *c, int side);
  * tolerances of c->c.dt (NaN never passes), and the reference's fully
  * masked rows exactly (O = 0, LSE = -inf, dQ = 0); print one line under
  * `label`, and on a failure the first mismatching elements. Whether all
- * passed. */
+ * passed. Gradients that miss are judged again against the reference given
+ * the tested O and LSE, with their measured sensitivity to that rounding
+ * added to the tolerance (docs/testing.md); the reference's O and LSE are
+ * then the tested ones. */
 bool tl_call_compare(TlCall *c, unsigned what, const char *label);
 /* tl_call_compare, failing the test when it does not pass. */
 void tl_call_check(TlCall *c, unsigned what, const char *label);
