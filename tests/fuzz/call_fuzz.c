@@ -652,26 +652,13 @@ void call_give_outputs(Call *c) {
   }
 }
 
-/* How far a gradient moved when the reference was given the tested call's
- * rounded O instead of its own, relative to the gradient: the measured
- * sensitivity of that gradient to one rounding of the tested dtype. A
- * gradient nearly 0 by cancellation (a scalar buffer's sum over every
- * score, one dominant key) has a sensitivity far above its value; the
- * tested call rounds P and dS as well as O, each moving the gradient about
- * as much, so SENSITIVITY_ROUNDINGS of them are allowed on top of the
- * dtype's tolerance. A well-conditioned gradient moves by about the dtype's
- * unit roundoff, which leaves its tolerance nearly as it was. */
-#define SENSITIVITY_ROUNDINGS 4.0
-
+/* A gradient judged given the tested call's O (call_give_outputs) may also
+ * differ by TL_SENSITIVITY_ROUNDINGS times how far the reference's gradient
+ * moved between its own O and that one: its measured sensitivity to one
+ * rounding of the tested dtype (docs/testing.md). */
 static double sensitivity(const Call *c, int i, const RtArray *ref) {
   if (!c->have_exact || !c->exact[i].data) return 0;
-  double d = 0, r = 0;
-  for (int64_t k = 0; k < rt_array_count(ref); k++) {
-    double a = rt_array_get(&c->exact[i], k), b = rt_array_get(ref, k);
-    if (!isfinite(a) || !isfinite(b)) continue;
-    d += (a - b) * (a - b), r += b * b;
-  }
-  return r > 0 ? SENSITIVITY_ROUNDINGS * sqrt(d / r) : 0;
+  return TL_SENSITIVITY_ROUNDINGS * tl_rel_moved(&c->exact[i], ref);
 }
 
 bool call_compare(Call *c, bool backward, CallCounts *n, char *why, size_t cap) {

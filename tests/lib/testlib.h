@@ -65,6 +65,14 @@ extern const TlDtype tl_dtypes[3];
  * of fully masked rows) count as exact; an all-zero reference gives
  * infinity, since it proves nothing. */
 double tl_rel_err(const RtArray *x, const RtArray *ref);
+/* How far a moved from b, relative to b: |a - b| / |b| over the elements
+ * finite in both (0 where b is all zero). */
+double tl_rel_moved(const RtArray *a, const RtArray *b);
+/* A gradient judged against the reference given the tested call's O may
+ * differ from it by its dtype's tolerance plus this many times its measured
+ * sensitivity to that O's rounding (tl_call_compare, the call fuzzer; the
+ * rule is in docs/testing.md). */
+#define TL_SENSITIVITY_ROUNDINGS 4.0
 
 /* A tensor in the tested dtype (`x`, for the backend under test) and its
  * float64 twin (`ref`, for the reference backend). */

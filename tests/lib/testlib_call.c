@@ -286,16 +286,6 @@ static bool masked_rows_exact(TlCall *c, unsigned what, const char *label) {
   return ok;
 }
 
-/* |a - b| / |b| over the finite elements of both (0 where b is all zero). */
-static double moved(const RtArray *a, const RtArray *b) {
-  double d = 0, r = 0;
-  for (int64_t k = 0; k < rt_array_count(b); k++) {
-    double x = rt_array_get(a, k), y = rt_array_get(b, k);
-    if (isfinite(x) && isfinite(y)) d += (x - y) * (x - y), r += y * y;
-  }
-  return r > 0 ? sqrt(d / r) : 0;
-}
-
 static void copy_array(RtArray *dst, const RtArray *src) {
   rt_array_init(dst, src->dtype, src->ndim, src->shape);
   for (int64_t k = 0; k < rt_array_count(src); k++) rt_array_set(dst, k, rt_array_get(src, k));
@@ -321,14 +311,13 @@ static void grad_errors(TlCall *c, const double *slack, const double *gslack) {
 /* A backward reads O as given (D = rowsum(dO O)): where a gradient misses,
  * the reference is given the tested call's O and LSE and runs its backward
  * again, and each gradient may differ from that by its dtype's tolerance
- * plus SENSITIVITY_ROUNDINGS times how far the reference's gradient moved
+ * plus TL_SENSITIVITY_ROUNDINGS times how far the reference's gradient moved
  * between its own O and the tested one: the gradient's measured
  * sensitivity to one rounding of the tested dtype (the tested call rounds
  * P and dS too). A well-conditioned gradient moves by about the unit
  * roundoff; one nearly 0 by cancellation (a per-head scalar summed over
  * every score) moves by more than its size (docs/testing.md). Returns
  * whether it ran. */
-#define SENSITIVITY_ROUNDINGS 4.0
 static bool judge_given_o(TlCall *c, const double *tol) {
   bool missed = false;
   for (int i = TL_DQ; i < TL_NERR; i++) missed |= !(c->err[i] < tol[i]);
@@ -343,12 +332,12 @@ static bool judge_given_o(TlCall *c, const double *tol) {
   run(c, 1, true);
   double slack[TL_DBUF] = {0}, gslack[TL_MAXBUF] = {0};
   for (int i = TL_DQ; i < TL_DBUF; i++) {
-    slack[i] = SENSITIVITY_ROUNDINGS * moved(&exact[i - TL_DQ], &outputs(c, 1, i)->a);
+    slack[i] = TL_SENSITIVITY_ROUNDINGS * tl_rel_moved(&exact[i - TL_DQ], &outputs(c, 1, i)->a);
     rt_array_free(&exact[i - TL_DQ]);
   }
   for (int b = 0; b < c->nb; b++)
     if (c->grad[b]) {
-      gslack[b] = SENSITIVITY_ROUNDINGS * moved(&gexact[b], &c->gbuf[1][b].a);
+      gslack[b] = TL_SENSITIVITY_ROUNDINGS * tl_rel_moved(&gexact[b], &c->gbuf[1][b].a);
       rt_array_free(&gexact[b]);
     }
   grad_errors(c, slack, gslack);
