@@ -270,10 +270,7 @@ static flex_status check_paged(const flex_kernel *k, const flex_args *a, bool ba
   if (s->gather && (!rt_on_host(a->k) || !rt_on_host(a->v)))
     return rt_err(FLEX_ERR_INVALID, "%s: the %s backend needs the pool in host memory (kDLCPU)",
                   rt_on_host(a->k) ? "v" : "k", flex_backend_name(a->backend));
-  if (q->dtype.code == kDLFloat && q->dtype.bits == 64 && !s->gather)
-    return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend does not run a paged call in float64 (the "
-                  "pools would be staged whole); use float32, or the reference backend",
-                  flex_backend_name(a->backend));
+  if ((st = rt_check_precision(a->backend, q->dtype))) return st;
   /* the table and the lengths */
   if (!a->page_table || !a->kv_lens)
     return rt_err(FLEX_ERR_INVALID, "%s: missing: a paged call needs both page_table and kv_lens",

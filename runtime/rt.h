@@ -104,6 +104,10 @@ typedef struct RtSeq {
 flex_status rt_validate(RtCall *c, Arena *arena, const flex_kernel *k, const flex_args *a,
                         bool backward, const RtSeq *seq);
 
+/* float64 runs on the reference backend only (FLEX_ERR_UNSUPPORTED
+ * elsewhere, with the same message from every entry point). */
+flex_status rt_check_precision(flex_backend be, DLDataType dt);
+
 /* Params and buffers of `a` alone, for sizes B x H (= HKV) x q_len x
  * kv_len, on the host (flex_block_mask_create): the same checks and
  * messages as rt_validate. */

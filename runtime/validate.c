@@ -182,6 +182,16 @@ static flex_status check_dout_dtype(V *v, const DLTensor *t) {
 }
 
 /* q, k, v: ranks, agreement, dtypes; sets the sizes. */
+/* Precision is what the caller asked for: the kernels compute in float32 at
+ * best, so float64 inputs run where float64 arithmetic is. */
+flex_status rt_check_precision(flex_backend be, DLDataType dt) {
+  if (dt.code == kDLFloat && dt.bits == 64 && be != FLEX_BACKEND_REFERENCE)
+    return rt_err(FLEX_ERR_UNSUPPORTED, "q, k, v: float64 inputs run in float64 on the reference "
+                  "backend only; the %s backend computes in float32 (convert q, k and v to float32 "
+                  "to run there, or use the reference backend)", flex_backend_name(be));
+  return FLEX_OK;
+}
+
 static flex_status check_qkv(V *v) {
   const flex_args *a = v->a;
   RtCall *c = v->c;
@@ -217,12 +227,7 @@ static flex_status check_qkv(V *v) {
     return rt_err(FLEX_ERR_INVALID, "q, k and v must share a dtype, got %s, %s and %s",
                   rt_dtype_name(a->q->dtype), rt_dtype_name(a->k->dtype),
                   rt_dtype_name(a->v->dtype));
-  /* Precision is what the caller asked for: the kernels compute in
-   * float32 at best, so float64 inputs run where float64 arithmetic is. */
-  if (a->q->dtype.bits == 64 && a->backend != FLEX_BACKEND_REFERENCE)
-    return rt_err(FLEX_ERR_UNSUPPORTED, "q, k, v: float64 inputs run in float64 on the reference "
-                  "backend only; the %s backend computes in float32 (convert q, k and v to float32 "
-                  "to run there, or use the reference backend)", flex_backend_name(a->backend));
+  if ((st = rt_check_precision(a->backend, a->q->dtype))) return st;
   c->B = (int)q[0], c->H = (int)q[1], c->HKV = (int)k[1], c->G = c->H / c->HKV;
   c->QL = (int)q[2], c->KL = (int)k[2], c->E = (int)q[3], c->EV = (int)vv[3];
   c->dtype = a->q->dtype;

@@ -20,6 +20,8 @@
  * backward): every sample in fp16 and bf16 on shapes_sm90 (head dims 64,
  * 128, 256 and padded ones), asserting that both sm_90a bodies ran; with
  * --full every sample x dtype x shape.
+ * --sample NAME, --dtype fp32|fp16|bf16 and --repeat N narrow the default
+ * matrix and run it N times on fresh inputs (a seed loop in one process).
  * --cuda runs the same cases on the GPU instead of the emulator (the
  * tensors mirrored on the device by tl_cuda_call; outputs in q's dtype, as
  * the CUDA backend wants); it exits 77 where there is no CUDA device.
@@ -161,9 +163,21 @@ END_TEST
 START_TEST(sample_one) { run_shape(10, 2, &shapes_matrix[0]); }
 END_TEST
 
-/* Default matrix: sample x dtype, shape variants rotated over them. */
+static int only_sample = -1; /* --sample NAME: the default matrix runs that sample alone */
+static int only_dtype = -1;  /* --dtype fp32|fp16|bf16: ... and that dtype alone */
+
+/* Default matrix: sample x dtype, shape variants rotated over them; --repeat
+ * N runs it N times over, each time on fresh inputs (a seed loop in one
+ * process). */
 START_TEST(sample_default) {
-  int si = _i / 3, di = _i % 3;
+  int si = _i / 3 % NSAMPLES, di = _i % 3, round = _i / (3 * NSAMPLES);
+  if ((only_sample >= 0 && si != only_sample) || (only_dtype >= 0 && di != only_dtype)) return;
+  if (round > 0) {
+    /* round r's cases draw from FLEXC_SEED + r * golden: with --sample and
+     * --dtype, that seed replays the case alone */
+    rng = tl_seed() + 0x9e3779b97f4a7c15ull * (uint64_t)round;
+    fprintf(stderr, "round %d: FLEXC_SEED=%llu\n", round, (unsigned long long)rng);
+  }
   run_case(si, di, (si + di) % NDEFAULT_SHAPES);
 }
 END_TEST
@@ -307,9 +321,23 @@ int main(int argc, char **argv) {
     return 77;
   }
   bool matrix = false, one = false;
+  int repeat = 1;
   for (int i = 1; i < argc; i++) {
     matrix |= !strcmp(argv[i], "--matrix");
     one |= !strcmp(argv[i], "--one");
+    const char *v = i + 1 < argc ? argv[i + 1] : "";
+    if (!strcmp(argv[i], "--sample")) {
+      for (int j = 0; j < NSAMPLES; j++)
+        if (!strcmp(samples[j], v)) only_sample = j;
+      if (only_sample < 0) return fprintf(stderr, "--sample: no sample named '%s'\n", v), EXIT_FAILURE;
+    }
+    if (!strcmp(argv[i], "--dtype")) {
+      for (int j = 0; j < 3; j++)
+        if (!strcmp(tl_dtypes[j].name, v)) only_dtype = j;
+      if (only_dtype < 0) return fprintf(stderr, "--dtype: fp32, fp16 or bf16, got '%s'\n", v), EXIT_FAILURE;
+    }
+    if (!strcmp(argv[i], "--repeat") && (repeat = atoi(v)) < 1)
+      return fprintf(stderr, "--repeat: a positive count, got '%s'\n", v), EXIT_FAILURE;
   }
   if (on_cuda) {
     int rc = tl_cuda_setup();
@@ -351,6 +379,8 @@ int main(int argc, char **argv) {
     return TL_MAIN("emu_kernels", 300, TL_LOOP(sample_sm90, NSAMPLES * 2 * (full ? NSHAPES_SM90 : 1)),
                    TL_LOOP(odd_scales, 8));
   if (full) return TL_MAIN("emu_kernels", 300, TL_LOOP(sample_full, NSAMPLES * 3 * NSHAPES));
+  if (only_sample >= 0 || only_dtype >= 0 || repeat > 1)
+    return TL_MAIN("emu_kernels", 300, TL_LOOP(sample_default, NSAMPLES * 3 * repeat));
   return TL_MAIN("emu_kernels", 300, TL_TEST(samples_listed), TL_LOOP(sample_default, NSAMPLES * 3),
                  TL_LOOP(large_head_dim, 2), TL_LOOP(odd_scales, 8));
 }

@@ -112,6 +112,8 @@ typedef struct Call {
   flex_args ta, ra;
   int saved_inject;              /* call_inject's undo */
   const DLTensor *saved;
+  RtArray exact[3 + MAXBUF];     /* the reference's gradients from its own O (call_give_outputs) */
+  bool have_exact;
   DLTensor bad;                  /* a tensor the injection breaks */
   int64_t badshape[TL_VIEW_MAXDIMS];
 } Call;
@@ -134,7 +136,9 @@ typedef struct CallCounts {
 bool call_compare(Call *c, bool backward, CallCounts *n, char *why, size_t cap);
 /* The tested forward's O and LSE into the reference's: a shard's backward
  * reads them as given (docs/language.md "Position offsets"), so the oracle
- * is given the same ones. */
+ * is given the same ones. The reference's gradients from its own O are kept:
+ * how far they move with O's rounding measures how much rounding the
+ * gradients can show (call_compare widens the tolerance by it). */
 void call_give_outputs(Call *c);
 /* No byte outside a tensor's elements written, no input changed. */
 bool call_guards(Call *c, char *why, size_t cap);

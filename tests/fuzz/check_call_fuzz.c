@@ -206,8 +206,12 @@ static bool run_spec(const Spec *s, uint64_t data_seed, char *why, size_t cap) {
        * (a scalar buffer's sum over every element, one dominant key), the
        * rounding of the tested call's own 16-bit O decides its digits, so
        * it is also judged against the reference given that same O (and
-       * LSE); either oracle may pass it. */
-      if (!ok && !mock && c.be != FLEX_BACKEND_REFERENCE) {
+       * LSE), allowing the gradient's measured sensitivity to that
+       * rounding; either oracle may pass it. The reference judged against
+       * itself too: one query whose keys' weights sit on one key has a dQ
+       * that O's rounding moves by a sixth (FLEXC_SEED=4766800563021089184,
+       * call 1584). */
+      if (!ok && !mock) {
         call_give_outputs(&c);
         char why2[512];
         if (flex_backward(c.kern, &c.ra) == FLEX_OK && call_compare(&c, true, &tally.n, why2, sizeof why2))

@@ -65,6 +65,14 @@ extern const TlDtype tl_dtypes[3];
  * of fully masked rows) count as exact; an all-zero reference gives
  * infinity, since it proves nothing. */
 double tl_rel_err(const RtArray *x, const RtArray *ref);
+/* How far a moved from b, relative to b: |a - b| / |b| over the elements
+ * finite in both (0 where b is all zero). */
+double tl_rel_moved(const RtArray *a, const RtArray *b);
+/* A gradient judged against the reference given the tested call's O may
+ * differ from it by its dtype's tolerance plus this many times its measured
+ * sensitivity to that O's rounding (tl_call_compare, the call fuzzer; the
+ * rule is in docs/testing.md). */
+#define TL_SENSITIVITY_ROUNDINGS 4.0
 
 /* A tensor in the tested dtype (`x`, for the backend under test) and its
  * float64 twin (`ref`, for the reference backend). */
@@ -171,6 +179,7 @@ typedef struct TlCall {
   flex_block_mask *bm;            /* a caller's BlockMask of both calls (tl_call_block_mask) */
   flex_args a[2];                 /* the tested call, the reference call */
   double err[TL_NERR];            /* tl_call_check's errors (0 where not compared) */
+  double slack[TL_NERR];          /* what a gradient's measured sensitivity adds to its tolerance */
   int masked;                     /* fully masked rows of the reference */
 } TlCall;
 
@@ -205,7 +214,10 @@ void tl_call_poison(TlCall *c, int side);
  * tolerances of c->c.dt (NaN never passes), and the reference's fully
  * masked rows exactly (O = 0, LSE = -inf, dQ = 0); print one line under
  * `label`, and on a failure the first mismatching elements. Whether all
- * passed. */
+ * passed. Gradients that miss are judged again against the reference given
+ * the tested O and LSE, with their measured sensitivity to that rounding
+ * added to the tolerance (docs/testing.md); the reference's O and LSE are
+ * then the tested ones. */
 bool tl_call_compare(TlCall *c, unsigned what, const char *label);
 /* tl_call_compare, failing the test when it does not pass. */
 void tl_call_check(TlCall *c, unsigned what, const char *label);

@@ -48,6 +48,15 @@ static double norm_err(const RtArray *x, const RtArray *ref, bool inf_exact) {
 
 double tl_rel_err(const RtArray *x, const RtArray *ref) { return norm_err(x, ref, true); }
 
+double tl_rel_moved(const RtArray *a, const RtArray *b) {
+  double d = 0, r = 0;
+  for (int64_t k = 0; k < rt_array_count(b) && k < rt_array_count(a); k++) {
+    double x = rt_array_get(a, k), y = rt_array_get(b, k);
+    if (isfinite(x) && isfinite(y)) d += (x - y) * (x - y), r += y * y;
+  }
+  return r > 0 ? sqrt(d / r) : 0;
+}
+
 void tl_pair_init(TlPair *p, DLDataType dt, int nd, const int64_t *shape, bool fill,
                   uint64_t *rng) {
   rt_array_init(&p->x, dt, nd, shape);
