@@ -71,8 +71,12 @@ double tl_rel_moved(const RtArray *a, const RtArray *b);
 /* A gradient judged against the reference given the tested call's O may
  * differ from it by its dtype's tolerance plus this many times its measured
  * sensitivity to that O's rounding (tl_call_compare, the call fuzzer; the
- * rule is in docs/testing.md). */
-#define TL_SENSITIVITY_ROUNDINGS 4.0
+ * rule is in docs/testing.md). The tested call rounds O, P for P V and
+ * dS, each moving an ill-conditioned gradient about as much as O's
+ * rounding alone, and not always with the same sign: a relative-position
+ * slope's gradient that O's bf16 rounding moved by 13% was 4.5 times that
+ * off on the cpu backend (FLEXC_SEED=4766815900350915238, call 25496). */
+#define TL_SENSITIVITY_ROUNDINGS 8.0
 
 /* A tensor in the tested dtype (`x`, for the backend under test) and its
  * float64 twin (`ref`, for the reference backend). */
