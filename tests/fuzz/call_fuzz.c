@@ -612,12 +612,12 @@ static double lse_scale(const RtArray *ref) {
   return rms < 1 ? rms : 1;
 }
 
-static bool compare_one(const char *name, const TlView *v, const RtArray *ref, double tol, CallCounts *n,
-                        char *why, size_t cap) {
+static bool compare_one(const char *name, const TlView *v, const RtArray *ref, bool is_lse, double tol,
+                        CallCounts *n, char *why, size_t cap) {
   RtArray got;
   tl_view_get(v, &got);
   double e = err_or_exact(&got, ref);
-  if (!strcmp(name, "lse") && isfinite(e)) e *= lse_scale(ref);
+  if (is_lse && isfinite(e)) e *= lse_scale(ref);
   n->unmeasured += isnan(e);
   bool ok = isnan(e) || e < tol;
   if (!ok) {
@@ -649,16 +649,11 @@ bool call_guards(Call *c, char *why, size_t cap) {
   return true;
 }
 
-static void keep(RtArray *dst, const RtArray *src) {
-  rt_array_init(dst, src->dtype, src->ndim, src->shape);
-  memcpy(dst->data, src->data, sizeof(double) * (size_t)rt_array_count(src));
-}
-
 void call_give_outputs(Call *c) {
   if (!c->have_exact) {
-    for (int t = T_DQ; t <= T_DV; t++) keep(&c->exact[t - T_DQ], &c->ref[t]);
+    for (int t = T_DQ; t <= T_DV; t++) tl_array_copy(&c->exact[t - T_DQ], &c->ref[t]);
     for (int j = 0; j < c->nb; j++)
-      if (c->gref[j].data) keep(&c->exact[3 + j], &c->gref[j]);
+      if (c->gref[j].data) tl_array_copy(&c->exact[3 + j], &c->gref[j]);
     c->have_exact = true;
   }
   for (int t = T_OUT; t <= T_LSE; t++) {
@@ -683,11 +678,11 @@ bool call_compare(Call *c, bool backward, CallCounts *n, char *why, size_t cap) 
   for (int i = 0; i < (backward ? 3 : 2); i++) {
     int t = backward ? bwd[i] : fwd[i];
     double tol = tolerance(c, &c->tv[t], backward) + (backward ? sensitivity(c, i, &c->ref[t]) : 0);
-    if (!compare_one(tnames[t], &c->tv[t], &c->ref[t], tol, n, why, cap)) return false;
+    if (!compare_one(tnames[t], &c->tv[t], &c->ref[t], t == T_LSE, tol, n, why, cap)) return false;
   }
   for (int j = 0; backward && j < c->nb; j++)
     if (c->gradv[j].mem &&
-        !compare_one(c->info.buffers[j].name, &c->gradv[j], &c->gref[j],
+        !compare_one(c->info.buffers[j].name, &c->gradv[j], &c->gref[j], false,
                      tolerance(c, &c->gradv[j], true) + sensitivity(c, 3 + j, &c->gref[j]), n, why, cap))
       return false;
   /* the reference's fully masked rows, exactly: LSE -inf, O 0, dQ 0 */

@@ -68,6 +68,8 @@ double tl_rel_err(const RtArray *x, const RtArray *ref);
 /* How far a moved from b, relative to b: |a - b| / |b| over the elements
  * finite in both (0 where b is all zero). */
 double tl_rel_moved(const RtArray *a, const RtArray *b);
+/* dst = a new array with src's dtype, shape and values. */
+void tl_array_copy(RtArray *dst, const RtArray *src);
 /* A gradient judged against the reference given the tested call's O may
  * differ from it by its dtype's tolerance plus this many times its measured
  * sensitivity to that O's rounding (tl_call_compare, the call fuzzer; the

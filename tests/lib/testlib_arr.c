@@ -48,6 +48,11 @@ static double norm_err(const RtArray *x, const RtArray *ref, bool inf_exact) {
 
 double tl_rel_err(const RtArray *x, const RtArray *ref) { return norm_err(x, ref, true); }
 
+void tl_array_copy(RtArray *dst, const RtArray *src) {
+  rt_array_init(dst, src->dtype, src->ndim, src->shape);
+  for (int64_t k = 0; k < rt_array_count(src); k++) rt_array_set(dst, k, rt_array_get(src, k));
+}
+
 double tl_rel_moved(const RtArray *a, const RtArray *b) {
   double d = 0, r = 0;
   for (int64_t k = 0; k < rt_array_count(b) && k < rt_array_count(a); k++) {

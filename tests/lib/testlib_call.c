@@ -286,11 +286,6 @@ static bool masked_rows_exact(TlCall *c, unsigned what, const char *label) {
   return ok;
 }
 
-static void copy_array(RtArray *dst, const RtArray *src) {
-  rt_array_init(dst, src->dtype, src->ndim, src->shape);
-  for (int64_t k = 0; k < rt_array_count(src); k++) rt_array_set(dst, k, rt_array_get(src, k));
-}
-
 /* The gradients' errors against the reference's gradients as they stand;
  * slack and gslack (per buffer; NULL: none) are the sensitivities allowed
  * on top of the tolerance. dbuf is the buffer with the least margin. */
@@ -323,9 +318,9 @@ static bool judge_given_o(TlCall *c, const double *tol) {
   for (int i = TL_DQ; i < TL_NERR; i++) missed |= !(c->err[i] < tol[i]);
   if (!missed) return false;
   RtArray exact[3], gexact[TL_MAXBUF];
-  for (int i = TL_DQ; i < TL_DBUF; i++) copy_array(&exact[i - TL_DQ], &outputs(c, 1, i)->a);
+  for (int i = TL_DQ; i < TL_DBUF; i++) tl_array_copy(&exact[i - TL_DQ], &outputs(c, 1, i)->a);
   for (int b = 0; b < c->nb; b++)
-    if (c->grad[b]) copy_array(&gexact[b], &c->gbuf[1][b].a);
+    if (c->grad[b]) tl_array_copy(&gexact[b], &c->gbuf[1][b].a);
   for (int j = TL_OUT; j <= TL_LSE; j++)
     for (int64_t k = 0; k < rt_array_count(&outputs(c, 1, j)->a); k++)
       rt_array_set(&outputs(c, 1, j)->a, k, rt_array_get(&outputs(c, 0, j)->a, k));
