@@ -60,7 +60,14 @@ static void intervals(const IrModule *m) {
 
 static void emit(const flex_kernel *k, const char *arch, DLDataType dt, int e, int ev, bool fwd_only,
                  bool dropout, bool det) {
-  flex_emit_options o = {FLEX_TARGET_CUDA, arch, dt, e, ev, fwd_only, false, false, dropout, det};
+  flex_emit_options o = {.target = FLEX_TARGET_CUDA,
+                         .arch = arch,
+                         .dtype = dt,
+                         .head_dim = e,
+                         .head_dim_v = ev,
+                         .forward_only = fwd_only,
+                         .dropout = dropout,
+                         .deterministic = det};
   char *out = NULL;
   size_t len = 0;
   flex_status st = flex_emit(k, &o, &out, &len, NULL);
@@ -71,7 +78,11 @@ static void emit(const flex_kernel *k, const char *arch, DLDataType dt, int e, i
 
 #ifdef FLEXC_HAVE_LLVM
 static void llvm_ir(const IrModule *m, bool joint, bool check_bounds, bool exact) {
-  CpuJitOpts o = {joint, m->score_is_identity, check_bounds, exact};
+  CpuJitOpts o = {.joint = joint,
+                  .identity = m->score_is_identity,
+                  .check_bounds = check_bounds,
+                  .exact = exact,
+                  .sink_grad = joint};
   LLVMContextRef ctx = LLVMContextCreate();
   LLVMModuleRef mod = LLVMModuleCreateWithNameInContext("fuzz", ctx);
   char err[512] = "", *msg = NULL;
