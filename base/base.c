@@ -145,19 +145,25 @@ BaseTry *base_try_hold(void) {
 
 void base_try_restore(BaseTry *held) { try_top = held; }
 
+/* Jump to the innermost BaseTry with an exhausted request of `size` bytes,
+ * freeing its blocks; a panic where none is installed. */
+static _Noreturn void try_raise(size_t size) {
+  BaseTry *t = try_top;
+  if (!t) PANIC("out of memory (%zu bytes)", size);
+  t->bytes = size;
+  try_top = t->prev;
+  owned_release(t, NULL, true);
+  longjmp(t->jb, 1);
+}
+
+void base_try_rethrow(const BaseTry *t) { try_raise(t->bytes); }
+
 void *base_realloc(void *ptr, size_t size) {
   if (size == 0) size = 1;
   Owned *e = ptr ? owned_find(ptr) : NULL;
   BaseTry *owner = ptr ? (e ? e->owner : NULL) : try_top;
   void *p = alloc_fn(alloc_ud, ptr, size);
-  if (!p && try_top) {
-    BaseTry *t = try_top;
-    t->bytes = size;
-    try_top = t->prev;
-    owned_release(t, NULL, true); /* ptr, if t's, too: realloc left it allocated */
-    longjmp(t->jb, 1);
-  }
-  if (!p) PANIC("out of memory (%zu bytes)", size);
+  if (!p) try_raise(size); /* ptr, if the try's, is freed too: realloc left it allocated */
   if (p != ptr) {
     if (e) owned_remove(e);
     if (owner) owned_insert(p, owner);

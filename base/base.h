@@ -47,8 +47,13 @@ char *base_strdup(const char *s);
  *   ...
  *   base_try_pop(&t);
  *
- * Code that holds a lock or runs a once-initialiser suspends recovery
- * (base_try_hold / base_try_restore) so that no jump leaves a lock held.
+ * Code that holds a lock, or has made something the allocator does not
+ * track (an LLVM object, a loaded library, a temporary directory), installs
+ * its own BaseTry: its handler unlocks and cleans up, then passes the
+ * exhaustion on with base_try_rethrow, so no jump leaves a lock held or a
+ * resource behind. Code that must not be left by a jump at all (the thread
+ * pool's items) suspends recovery (base_try_hold / base_try_restore): an
+ * exhaustion there stops the process.
  *
  * A BaseTry owns the blocks allocated while it is innermost and not yet
  * freed: the jump frees them (nothing leaks), its pop hands them to the
@@ -62,6 +67,9 @@ typedef struct BaseTry {
 } BaseTry;
 void base_try_push(BaseTry *t);
 void base_try_pop(BaseTry *t);
+/* After t's handler has cleaned up: the same exhaustion, raised in the
+ * enclosing BaseTry (a panic where none is installed). */
+_Noreturn void base_try_rethrow(const BaseTry *t);
 BaseTry *base_try_hold(void);
 void base_try_restore(BaseTry *held);
 void base_keep(void *ptr);

@@ -73,6 +73,12 @@ flex_status cpu_jit_get(const IrModule *m, const CpuJitOpts *o, const CpuModule 
 flex_status cpu_jit_ready(void);
 /* How many modules are linked into the JIT (tests, benchmarks). */
 int cpu_jit_cache_size(void);
+/* For tests: forget every linked module (its code stays in the JIT), so
+ * the next cpu_jit_get of each compiles it afresh under new names. The
+ * store must not serve the old object back (FLEXC_CACHE_DIR=off and
+ * base_store_clear_memory): the JIT would refuse its names a second time.
+ * No call may be running. */
+void cpu_jit_forget(void);
 
 /* Lower m's functions into `llvm_module` (an LLVMModuleRef) named with
  * `prefix`: PREFIX_score, PREFIX_score_mask, PREFIX_mask, PREFIX_joint,

@@ -677,6 +677,12 @@ bool cpu_lower(void *llvm_module, const IrModule *m, const CpuJitOpts *o, const 
                char *err, size_t errlen) {
   Lw w;
   memset(&w, 0, sizeof w);
+  int n = m->score->n;
+  if (m->mask && m->mask->n > n) n = m->mask->n;
+  if (m->joint && m->joint->n > n) n = m->joint->n;
+  if (m->sink && m->sink->n > n) n = m->sink->n;
+  if (m->sink_grad && m->sink_grad->n > n) n = m->sink_grad->n;
+  w.v = base_alloc(sizeof(LLVMValueRef) * (size_t)(n + 1)); /* before the builder: nothing to leak */
   w.mod = (LLVMModuleRef)llvm_module;
   w.ctx = LLVMGetModuleContext(w.mod);
   w.b = LLVMCreateBuilderInContext(w.ctx);
@@ -688,12 +694,6 @@ bool cpu_lower(void *llvm_module, const IrModule *m, const CpuJitOpts *o, const 
   w.m = m;
   w.checked = o->check_bounds;
   w.err = err, w.errlen = errlen;
-  int n = m->score->n;
-  if (m->mask && m->mask->n > n) n = m->mask->n;
-  if (m->joint && m->joint->n > n) n = m->joint->n;
-  if (m->sink && m->sink->n > n) n = m->sink->n;
-  if (m->sink_grad && m->sink_grad->n > n) n = m->sink_grad->n;
-  w.v = base_alloc(sizeof(LLVMValueRef) * (size_t)(n + 1));
   w.identity = o->identity;
   w.exact = o->exact;
   char name[128];

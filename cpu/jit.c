@@ -56,6 +56,11 @@ static struct {
   bool mvec;                /* glibc's libmvec loaded (vector powf) */
   Entry *linked;            /* modules linked into the JIT */
   int count;                /* how many */
+  /* What a compile has made and not yet handed on: disposed of if an
+   * exhausted allocation leaves the compile (cpu_jit_get's handler). */
+  LLVMContextRef pend_ctx;
+  LLVMModuleRef pend_mod;
+  LLVMMemoryBufferRef pend_obj;
 } J = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 void cpu_bounds_fail(int32_t *bounds, int32_t site, int32_t n, int32_t i0, int32_t i1, int32_t i2,
@@ -194,8 +199,8 @@ static void set_host_attrs(LLVMModuleRef mod) {
 static flex_status emit_object(const IrModule *m, const CpuJitOpts *o, const char *prefix,
                                LLVMMemoryBufferRef *obj) {
   char err[512] = "";
-  LLVMContextRef ctx = LLVMContextCreate();
-  LLVMModuleRef mod = LLVMModuleCreateWithNameInContext(prefix, ctx);
+  LLVMContextRef ctx = J.pend_ctx = LLVMContextCreate();
+  LLVMModuleRef mod = J.pend_mod = LLVMModuleCreateWithNameInContext(prefix, ctx);
   char *triple = LLVMGetTargetMachineTriple(J.tm);
   LLVMSetTarget(mod, triple);
   LLVMDisposeMessage(triple);
@@ -229,6 +234,7 @@ static flex_status emit_object(const IrModule *m, const CpuJitOpts *o, const cha
   LLVMDisposeMessage(msg);
   LLVMDisposeModule(mod);
   LLVMContextDispose(ctx);
+  J.pend_mod = NULL, J.pend_ctx = NULL;
   return st;
 }
 
@@ -286,7 +292,7 @@ static flex_status compile(const IrModule *m, const CpuJitOpts *o, const uint8_t
       (plen = strnlen(bytes, len)) < len && plen < sizeof prefix) {
     memcpy(prefix, bytes, plen + 1);
     obj = LLVMCreateMemoryBufferWithMemoryRangeCopy((const char *)bytes + plen + 1, len - plen - 1,
-                                                    prefix);
+                                                    prefix); /* nothing allocates until it is added */
     out->from_disk = true;
   } else {
     /* The hash keeps names apart across processes sharing the store's
@@ -295,6 +301,7 @@ static flex_status compile(const IrModule *m, const CpuJitOpts *o, const uint8_t
              dk[4], dk[5], J.count);
     st = emit_object(m, o, prefix, &obj);
     if (!st) {
+      J.pend_obj = obj;
       size_t n = LLVMGetBufferSize(obj), pl = strlen(prefix) + 1;
       char *payload = base_alloc(pl + n);
       memcpy(payload, prefix, pl);
@@ -306,6 +313,7 @@ static flex_status compile(const IrModule *m, const CpuJitOpts *o, const uint8_t
   base_free(bytes);
   if (st) return st;
   J.count++;
+  J.pend_obj = NULL; /* the JIT's from here, added or not */
   LLVMErrorRef e = LLVMOrcLLJITAddObjectFile(J.jit, LLVMOrcLLJITGetMainJITDylib(J.jit), obj);
   if (e) {
     take_error(e, err, sizeof err);
@@ -337,11 +345,25 @@ static flex_status compile(const IrModule *m, const CpuJitOpts *o, const uint8_t
   return FLEX_OK;
 }
 
+/* An exhausted allocation under the lock: what the compile had made is
+ * disposed of, the lock released, and the exhaustion passed on (the table
+ * is as before: an entry is linked only once its module is complete). */
+static _Noreturn void compile_exhausted(const BaseTry *t) {
+  if (J.pend_obj) LLVMDisposeMemoryBuffer(J.pend_obj);
+  if (J.pend_mod) LLVMDisposeModule(J.pend_mod);
+  if (J.pend_ctx) LLVMContextDispose(J.pend_ctx);
+  J.pend_obj = NULL, J.pend_mod = NULL, J.pend_ctx = NULL;
+  pthread_mutex_unlock(&J.lock);
+  base_try_rethrow(t);
+}
+
 flex_status cpu_jit_get(const IrModule *m, const CpuJitOpts *o, const CpuModule **out) {
   Buf text = {0};
   module_text(&text, m, o);
-  BaseTry *held = base_try_hold(); /* no exhaustion jump while the lock is held */
+  BaseTry t;
+  base_try_push(&t);
   pthread_mutex_lock(&J.lock);
+  if (setjmp(t.jb)) compile_exhausted(&t);
   if (!J.tried) jit_create();
   flex_status st = FLEX_OK;
   if (J.why[0]) {
@@ -358,27 +380,33 @@ flex_status cpu_jit_get(const IrModule *m, const CpuJitOpts *o, const CpuModule 
       if (st) {
         base_free(n);
       } else {
+        base_keep(n); /* the table's from now on */
         n->next = J.linked;
         J.linked = e = n;
       }
     }
     if (e) *out = &e->mod;
   }
+  base_try_pop(&t);
   pthread_mutex_unlock(&J.lock);
-  base_try_restore(held);
   buf_free(&text);
   return st;
 }
 
 flex_status cpu_jit_ready(void) {
-  BaseTry *held = base_try_hold();
-  pthread_mutex_lock(&J.lock);
+  pthread_mutex_lock(&J.lock); /* jit_create allocates nothing of ours: no jump while held */
   if (!J.tried) jit_create();
   flex_status st = J.why[0] ? rt_err(FLEX_ERR_UNSUPPORTED, "cpu backend: cannot start the LLVM JIT: %s", J.why)
                             : FLEX_OK;
   pthread_mutex_unlock(&J.lock);
-  base_try_restore(held);
   return st;
+}
+
+void cpu_jit_forget(void) {
+  pthread_mutex_lock(&J.lock);
+  for (Entry *e = J.linked, *next; e; e = next) next = e->next, base_free(e);
+  J.linked = NULL;
+  pthread_mutex_unlock(&J.lock);
 }
 
 int cpu_jit_cache_size(void) {

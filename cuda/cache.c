@@ -148,19 +148,19 @@ flex_status rt_cuda_module_for(const char *source, size_t source_len, const char
   Loaded *n = base_alloc(sizeof *n);
   memcpy(n->key, key, sizeof key);
   n->device = device;
-  /* Held across the load so two threads never load the same image twice. */
-  BaseTry *held = base_try_hold(); /* no exhaustion jump may leave the lock held */
+  /* Held across the load so two threads never load the same image twice;
+   * nothing under it allocates (no exhaustion jump can leave it held). */
   pthread_mutex_lock(&loaded_lock);
   if ((l = find_loaded(key, device))) {
     *out = l->mod;
   } else if (!(st = rt_drv_module_load(&n->mod, image))) {
+    base_keep(n); /* the table's from now on, whatever becomes of this call */
     n->next = loaded;
     loaded = n;
     *out = n->mod;
     n = NULL;
   }
   pthread_mutex_unlock(&loaded_lock);
-  base_try_restore(held);
   base_free(n);
   base_free(image);
   return st;

@@ -137,8 +137,15 @@ flex_status rt_nvrtc_compile(RtNvrtcResult *res, const char *src, const char *ar
   nvrtcProgram prog;
   nvrtcResult r = nv.CreateProgram(&prog, src, "flexc_kernel.cu", nh, htexts, hnames);
   if (r != 0) return rt_err(FLEX_ERR_COMPILE, "nvrtcCreateProgram: %s", nv.GetErrorString(r));
+  BaseTry t; /* an exhausted allocation in fetch: the program is destroyed first */
+  base_try_push(&t);
+  if (setjmp(t.jb)) {
+    nv.DestroyProgram(&prog);
+    base_try_rethrow(&t);
+  }
   r = nv.CompileProgram(prog, no, opts);
   fetch(res, prog, target, r == 0);
+  base_try_pop(&t);
   nv.DestroyProgram(&prog);
   if (r != 0)
     return rt_err(FLEX_ERR_COMPILE, "NVRTC failed (%s):\n%s", nv.GetErrorString(r),

@@ -15,9 +15,17 @@
  * a later process (every test suite's forked tests) finds it there, writes
  * it to a private temporary file and dlopens that instead of running the
  * compiler. The loaded modules, which only this process can hold, are in a
- * table keyed by the same store key, for the life of the process. */
+ * table keyed by the same store key, for the life of the process.
+ *
+ * Memory exhaustion under loaded_mu: emu_module_get's own recovery point
+ * removes the temporary directory a build has open (pend_dir), releases
+ * the lock and passes the exhaustion on. Nothing else untracked is open
+ * while anything allocates: a module's block is allocated before its
+ * library is opened, and the compiler's --version text is read into a
+ * fixed buffer before it is kept. */
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,34 +54,34 @@ static pthread_mutex_t loaded_mu = PTHREAD_MUTEX_INITIALIZER; /* guards all belo
 static EmuModule *loaded;
 static char *cxx_named;  /* the compiler whose --version text is in cxx_id */
 static Buf cxx_id;       /* that text */
+static char pend_dir[PATH_MAX]; /* the temporary directory a build has open ("": none) */
+
+/* dir/name into path (false if it does not fit). Allocates nothing. */
+static bool join(char path[PATH_MAX], const char *dir, const char *name) {
+  int n = snprintf(path, PATH_MAX, "%s/%s", dir, name);
+  return n > 0 && n < PATH_MAX;
+}
 
 /* Write `len` bytes of `text` to dir/name. Returns 0 or an errno value. */
 static int write_file(const char *dir, const char *name, const char *text, size_t len) {
-  Buf path = {0};
-  buf_printf(&path, "%s/%s", dir, name);
-  FILE *f = fopen(path.data, "wb");
-  buf_free(&path);
+  char path[PATH_MAX];
+  if (!join(path, dir, name)) return ENAMETOOLONG;
+  FILE *f = fopen(path, "wb");
   if (!f) return errno;
   size_t n = fwrite(text, 1, len, f);
   int rc = fclose(f);
   return n == len && rc == 0 ? 0 : EIO;
 }
 
-/* Remove the build directory and everything we put in it. */
+/* Remove the build directory and everything we put in it. Allocates
+ * nothing (it runs in emu_module_get's exhaustion handler too). */
 static void remove_dir(const char *dir) {
   static const char *extra[] = {"kernel.cu", "kernel.o", "kernel.so", "build.log", "module.so"};
-  Buf p = {0};
-  for (const EmbeddedFile *e = rt_embedded; e->name; e++) {
-    p.len = 0;
-    buf_printf(&p, "%s/%s", dir, e->name);
-    unlink(p.data);
-  }
-  for (size_t i = 0; i < sizeof extra / sizeof *extra; i++) {
-    p.len = 0;
-    buf_printf(&p, "%s/%s", dir, extra[i]);
-    unlink(p.data);
-  }
-  buf_free(&p);
+  char p[PATH_MAX];
+  for (const EmbeddedFile *e = rt_embedded; e->name; e++)
+    if (join(p, dir, e->name)) unlink(p);
+  for (size_t i = 0; i < sizeof extra / sizeof *extra; i++)
+    if (join(p, dir, extra[i])) unlink(p);
   rmdir(dir);
 }
 
@@ -135,25 +143,38 @@ static int run_compiler(const char *dir, bool racecheck) {
 static bool make_temp_dir(Buf *dir, Buf *log) {
   const char *tmp = getenv("TMPDIR");
   buf_printf(dir, "%s/flexc-emu-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  if (mkdtemp(dir->data)) return true;
+  if (dir->len < sizeof pend_dir && mkdtemp(dir->data)) {
+    memcpy(pend_dir, dir->data, dir->len + 1);
+    return true;
+  }
   if (log) buf_printf(log, "cannot create a build directory %s: %s\n", dir->data, strerror(errno));
   return false;
+}
+
+/* Remove the directory make_temp_dir made. */
+static void close_temp_dir(Buf *dir) {
+  remove_dir(dir->data);
+  pend_dir[0] = '\0';
+  buf_free(dir);
 }
 
 /* dlopen dir/name and find its emu_launch into a new module; NULL with the
  * reason in *log. */
 static EmuModule *load_module(const char *dir, const char *name, bool racecheck, Buf *log) {
-  Buf so = {0};
-  buf_printf(&so, "%s/%s", dir, name);
-  void *h = dlopen(so.data, RTLD_NOW | RTLD_LOCAL);
-  buf_free(&so);
+  char so[PATH_MAX];
+  EmuModule *m = base_alloc(sizeof *m); /* first: nothing allocates while the library is open */
+  bool named = join(so, dir, name);
+  void *h = named ? dlopen(so, RTLD_NOW | RTLD_LOCAL) : NULL;
   void *fn = h ? dlsym(h, "emu_launch") : NULL;
   if (!fn) {
-    if (log) buf_printf(log, "cannot load the emulator module: %s\n", dlerror());
+    char why[512];
+    const char *e = named ? dlerror() : "its path is too long"; /* the failed dlopen or dlsym */
+    snprintf(why, sizeof why, "%s", e ? e : "unknown");
     if (h) dlclose(h);
+    base_free(m);
+    if (log) buf_printf(log, "cannot load the emulator module: %s\n", why);
     return NULL;
   }
-  EmuModule *m = base_alloc(sizeof *m);
   m->racecheck = racecheck;
   m->handle = h;
   memcpy(&m->launch, &fn, sizeof fn); /* object pointer to function pointer (POSIX) */
@@ -180,18 +201,16 @@ static EmuModule *build_module(const uint8_t *key, const char *source, bool race
   } else if (run_compiler(dir.data, racecheck) != 0) {
     if (log) buf_printf(log, "host C++ compiler failed on the emulated kernel source:\n");
     append_file(log, dir.data, "build.log");
-  } else if ((m = load_module(dir.data, "kernel.so", racecheck, log))) {
-    Buf so = {0};
-    char *bytes = NULL;
+  } else {
+    /* Stored first, loaded last: nothing allocates while the library is open. */
+    char so[PATH_MAX], *bytes = NULL;
     size_t len = 0;
-    buf_printf(&so, "%s/kernel.so", dir.data);
-    if (base_read_file(so.data, &bytes, &len) == 0) /* unreadable: just not stored */
+    if (join(so, dir.data, "kernel.so") && base_read_file(so, &bytes, &len) == 0) /* unreadable: just not stored */
       base_store_put(BASE_STORE_EMU_MODULE, key, bytes, len);
     base_free(bytes);
-    buf_free(&so);
+    m = load_module(dir.data, "kernel.so", racecheck, log);
   }
-  remove_dir(dir.data);
-  buf_free(&dir);
+  close_temp_dir(&dir);
   return m;
 }
 
@@ -207,7 +226,7 @@ static EmuModule *stored_module(const uint8_t *key, bool racecheck) {
   if (make_temp_dir(&dir, NULL)) {
     if (write_file(dir.data, "module.so", bytes, len) == 0)
       m = load_module(dir.data, "module.so", racecheck, NULL);
-    remove_dir(dir.data); /* a loaded object stays mapped */
+    close_temp_dir(&dir); /* a loaded object stays mapped */
   }
   buf_free(&dir);
   base_free(bytes);
@@ -218,20 +237,25 @@ static EmuModule *stored_module(const uint8_t *key, bool racecheck) {
  * prints (asked once per name and process, under loaded_mu). */
 static const char *compiler_id(const char *cxx) {
   if (cxx_named && !strcmp(cxx_named, cxx)) return cxx_id.data;
-  base_free(cxx_named);
-  cxx_named = base_strdup(cxx);
-  cxx_id.len = 0;
-  buf_printf(&cxx_id, "%s\n", cxx);
-  Buf cmd = {0};
-  buf_printf(&cmd, "%s --version 2>/dev/null", cxx);
-  FILE *p = popen(cmd.data, "r");
-  buf_free(&cmd);
+  /* Read into a fixed buffer: nothing allocates while the pipe is open. */
+  char cmd[1100], text[8192];
+  size_t len = 0, n;
+  int status = 0;
+  snprintf(cmd, sizeof cmd, "%s --version 2>/dev/null", cxx);
+  FILE *p = popen(cmd, "r");
   if (p) {
-    char chunk[512];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0) buf_put(&cxx_id, chunk, n);
-    buf_printf(&cxx_id, "\nstatus %d", pclose(p));
+    while (len < sizeof text && (n = fread(text + len, 1, sizeof text - len, p)) > 0) len += n;
+    status = pclose(p);
   }
+  Buf id = {0};
+  buf_printf(&id, "%s\n", cxx);
+  buf_put(&id, text, len);
+  if (p) buf_printf(&id, "\nstatus %d", status);
+  char *named = base_strdup(cxx);
+  base_keep(named), base_keep(id.data); /* the table's from now on */
+  base_free(cxx_named);
+  buf_free(&cxx_id);
+  cxx_named = named, cxx_id = id;
   return cxx_id.data;
 }
 
@@ -248,23 +272,50 @@ static void module_key(uint8_t key[BASE_STORE_KEY_BYTES], const char *source, bo
   base_store_key_final(&s, key);
 }
 
+/* An exhausted allocation under loaded_mu: the open build directory is
+ * removed, the lock released and the exhaustion passed on (the table is as
+ * before: a module is linked only once it is complete). */
+static _Noreturn void build_exhausted(const BaseTry *t) {
+  if (pend_dir[0]) remove_dir(pend_dir);
+  pend_dir[0] = '\0';
+  pthread_mutex_unlock(&loaded_mu);
+  base_try_rethrow(t);
+}
+
 flex_status emu_module_get(EmuModule **out, const char *source, const EmuBuildOpts *opts, Buf *log) {
   bool race = opts && opts->racecheck;
   uint8_t key[BASE_STORE_KEY_BYTES];
-  BaseTry *held = base_try_hold(); /* no jump may leave the lock held */
+  BaseTry t;
+  base_try_push(&t);
   pthread_mutex_lock(&loaded_mu);
+  if (setjmp(t.jb)) build_exhausted(&t);
   module_key(key, source, race);
   EmuModule *m = loaded;
   while (m && memcmp(m->key, key, sizeof key) != 0) m = m->next;
   if (!m && ((m = stored_module(key, race)) || (m = build_module(key, source, race, log)))) {
+    base_keep(m); /* the table's from now on */
     memcpy(m->key, key, sizeof key);
     m->next = loaded;
     loaded = m;
   }
+  base_try_pop(&t);
   pthread_mutex_unlock(&loaded_mu);
-  base_try_restore(held);
   *out = m;
   return m ? FLEX_OK : FLEX_ERR_COMPILE;
+}
+
+void emu_modules_forget(void) {
+  pthread_mutex_lock(&loaded_mu);
+  for (EmuModule *m = loaded, *next; m; m = next) {
+    next = m->next;
+    dlclose(m->handle);
+    base_free(m);
+  }
+  loaded = NULL;
+  base_free(cxx_named); /* the compiler is asked again too */
+  buf_free(&cxx_id);
+  cxx_named = NULL;
+  pthread_mutex_unlock(&loaded_mu);
 }
 
 /* Block runners per launch, on the thread pool: $FLEXC_THREADS, else up to 2. */

@@ -29,6 +29,11 @@ typedef struct EmuBuildOpts {
  * FLEX_ERR_COMPILE. Thread-safe. */
 flex_status emu_module_get(EmuModule **out, const char *source, const EmuBuildOpts *opts, Buf *log);
 
+/* For tests: unload every module and forget the compiler's identity, so
+ * the next emu_module_get of each asks the compiler again and loads the
+ * module from the store or builds it afresh. No launch may be running. */
+void emu_modules_forget(void);
+
 /* Whether the host C++ compiler ($FLEXC_EMU_CXX, else c++) can be found. */
 bool emu_compiler_available(void);
 

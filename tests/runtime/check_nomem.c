@@ -18,15 +18,28 @@
  * the total. Leak checking is on (ASan builds): an interrupted call frees
  * what it had allocated.
  *
- * The module caches (CPU objects, emulator modules) are filled before the
- * sweeps: building a module runs with recovery held (under a lock), where
- * an exhausted allocation stops the process (docs/runtime.md). */
+ *
+ * The module tables are filled before those sweeps; the first-build sweeps
+ * (cpu and emu, forward and backward) forget every module and the memory
+ * store before each failing run (the disk store is off), so every request
+ * of building a module is made to fail too: the CPU JIT's lowering and
+ * object code, the emulator's build directory, compiler run, store and
+ * load. The emulator's compiler is a stand-in that runs the real one once
+ * per source and then copies its outputs, so a sweep costs copies, not
+ * compiles. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "base/store.h"
+#include "emu/emu_host.h"
 #include "testlib.h"
+#ifdef FLEXC_HAVE_LLVM
+#include "cpu/cpu.h"
+#endif
 
 static atomic_long calls;
 static long fail_at = -1;  /* the request that fails (-1: none) */
@@ -107,7 +120,18 @@ typedef struct Run {
   Op op;
   flex_kernel *k;
   Call *c;
+  bool first_build; /* every module forgotten before each counted or failing run */
 } Run;
+
+/* Every loaded module and the memory store forgotten: the next call builds
+ * its modules again. */
+static void forget_modules(void) {
+#ifdef FLEXC_HAVE_LLVM
+  cpu_jit_forget();
+#endif
+  emu_modules_forget();
+  base_store_clear_memory();
+}
 
 /* The operation once; its status. */
 static flex_status run_once(Run *r) {
@@ -143,6 +167,7 @@ static flex_status run_failing(Run *r, long at, bool on, long *made) {
   TlArr *o[8];
   size_t no = r->c ? outputs(r->c, r->op == OP_BACKWARD, o) : 0;
   for (size_t i = 0; i < no; i++) tl_arr_poison(o[i]);
+  if (r->first_build && (at >= 0 || made)) forget_modules(); /* a plain rerun finds what was left */
   atomic_store(&calls, 0);
   fail_at = at, fail_on = on;
   base_set_alloc(failing, NULL);
@@ -199,7 +224,7 @@ static uint64_t rng;
 static const flex_backend backends[3] = {FLEX_BACKEND_REFERENCE, FLEX_BACKEND_CPU, FLEX_BACKEND_EMU};
 
 START_TEST(compile) {
-  Run r = {OP_COMPILE, NULL, NULL};
+  Run r = {OP_COMPILE, NULL, NULL, false};
   ck_assert_int_gt(sweep(&r, "compile"), 3);
 }
 END_TEST
@@ -216,7 +241,7 @@ START_TEST(host_calls) {
   call_init(&c, be, &rng);
   char what[64];
   for (Op op = OP_FORWARD; op <= (be == FLEX_BACKEND_REFERENCE ? OP_HELPERS : OP_BACKWARD); op++) {
-    Run r = {op, k, &c};
+    Run r = {op, k, &c, false};
     snprintf(what, sizeof what, "%s %s", flex_backend_name(be),
              op == OP_FORWARD ? "forward" : op == OP_BACKWARD ? "backward" : "helpers");
     ck_assert_int_gt(sweep(&r, what), 1);
@@ -226,7 +251,75 @@ START_TEST(host_calls) {
 }
 END_TEST
 
+/* The emulator's stand-in compiler in `dir`: a shell script that runs the
+ * real one (`real`) the first time it sees a source (or object) and keeps
+ * the output, and copies it afterwards. Returns its command line. */
+static void stand_in_cxx(const char *dir, const char *real, char *cmd, size_t cap) {
+  char path[1100];
+  snprintf(path, sizeof path, "%s/cxx.sh", dir);
+  FILE *f = fopen(path, "w");
+  ck_assert_msg(f, "cannot write %s", path);
+  fprintf(f,
+          "#!/bin/sh\n"
+          "# check_nomem's stand-in C++ compiler: the real one once per input, then copies.\n"
+          "for a; do [ \"$a\" = --version ] && { echo 'check_nomem stand-in for %s'; exit 0; }; done\n"
+          "out=; in=; prev=\n"
+          "for a; do\n"
+          "  if [ \"$prev\" = -o ]; then out=$a; else case $a in *.cu|*.o) in=$a;; esac; fi\n"
+          "  prev=$a\n"
+          "done\n"
+          "kept=%s/$(cksum <\"$in\" | cut -d' ' -f1).${out##*.}\n"
+          "[ -f \"$kept\" ] && exec cp \"$kept\" \"$out\"\n"
+          "%s \"$@\" && cp \"$out\" \"$kept.$$\" && mv \"$kept.$$\" \"$kept\"\n",
+          real, dir, real);
+  ck_assert_int_eq(fclose(f), 0);
+  snprintf(cmd, cap, "sh %s", path);
+}
+
+/* The first-build sweeps: a forward and a backward whose modules are built
+ * in every run (cpu, emu), or loaded from the disk store in every run (emu:
+ * a CPU object cannot be added to one process's JIT twice). */
+START_TEST(first_build) {
+  flex_backend be = _i ? FLEX_BACKEND_EMU : FLEX_BACKEND_CPU;
+  bool from_disk = _i == 2;
+  if (!flex_backend_available(be)) {
+    printf("  %s backend not in this build: skipped\n", flex_backend_name(be));
+    return;
+  }
+  /* The stand-in's outputs live beside the suite's store, so only the first
+   * run of the suite in a build tree compiles. */
+  const char *store = getenv("FLEXC_CACHE_DIR");
+  char dir[900], cmd[1200], disk[1000];
+  if (store && *store && strcmp(store, "off")) {
+    snprintf(dir, sizeof dir, "%s/check_nomem-cxx", store);
+    mkdir(store, 0755), mkdir(dir, 0755); /* either may exist */
+    ck_assert_msg(access(dir, W_OK) == 0, "cannot make %s", dir);
+  } else {
+    snprintf(dir, sizeof dir, "%s/flexc-nomem-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    ck_assert_msg(mkdtemp(dir), "cannot make %s", dir);
+  }
+  const char *real = getenv("FLEXC_EMU_CXX");
+  stand_in_cxx(dir, real && *real ? real : "c++", cmd, sizeof cmd);
+  setenv("FLEXC_EMU_CXX", cmd, 1);
+  snprintf(disk, sizeof disk, "%s/store", dir);
+  setenv("FLEXC_CACHE_DIR", from_disk ? disk : "off", 1);
+  flex_kernel *k = NULL;
+  ck_assert_int_eq(flex_kernel_from_source(&k, "nomem.score", SOURCE, strlen(SOURCE), NULL), FLEX_OK);
+  Call c;
+  call_init(&c, be, &rng);
+  char what[64];
+  for (Op op = OP_FORWARD; op <= OP_BACKWARD; op++) {
+    Run r = {op, k, &c, true};
+    snprintf(what, sizeof what, "%s %s, %s", flex_backend_name(be),
+             op == OP_FORWARD ? "forward" : "backward", from_disk ? "first load" : "first build");
+    ck_assert_int_gt(sweep(&r, what), 1);
+  }
+  call_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
 int main(void) {
   rng = tl_seed();
-  return TL_MAIN("nomem", 600, TL_TEST(compile), TL_LOOP(host_calls, 3));
+  return TL_MAIN("nomem", 600, TL_TEST(compile), TL_LOOP(host_calls, 3), TL_LOOP(first_build, 3));
 }
