@@ -35,9 +35,8 @@ score | npy | blockmask | cli)
     echo "fuzz.sh: $target needs clang (apt-get install clang, or scripts/setup.sh installs it)" >&2
     exit 1
   fi
-  if [ ! -f build-fuzz/CMakeCache.txt ]; then
-    CC=clang CXX=clang++ cmake -S . -B build-fuzz -DFLEXC_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-  fi
+  # configured as scripts/test.sh configures it (warnings are errors there)
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -DFLEXC_FUZZ=ON -DFLEXC_WERROR=ON >/dev/null
   cmake --build build-fuzz --target "fuzz_$target" -j "$(nproc)"
   # absolute paths: fuzz_cli runs in a scratch directory of its own
   corpus=$PWD/build-fuzz/fuzz-corpus/$target
