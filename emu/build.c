@@ -205,8 +205,8 @@ static EmuModule *build_module(const uint8_t *key, const char *source, bool race
     /* Stored first, loaded last: nothing allocates while the library is open. */
     char so[PATH_MAX], *bytes = NULL;
     size_t len = 0;
-    if (join(so, dir.data, "kernel.so") && base_read_file(so, &bytes, &len) == 0) /* unreadable: just not stored */
-      base_store_put(BASE_STORE_EMU_MODULE, key, bytes, len);
+    if (join(so, dir.data, "kernel.so") && base_read_file(so, &bytes, &len) == 0)
+      base_store_put(BASE_STORE_EMU_MODULE, key, bytes, len); /* unreadable: just not stored */
     base_free(bytes);
     m = load_module(dir.data, "kernel.so", racecheck, log);
   }
