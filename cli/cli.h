@@ -40,7 +40,7 @@ void cli_call_error(const char *msg);
 const char *cli_dtype_name(DLDataType t);
 /* The --buffer files (names[i] from paths[i]) as host tensors in their
  * declared dtypes, and the flex_buffer entries for them (grad NULL).
- * Returns 0, or 1 after printing why. */
+ * Returns 0, or 1 after printing why (and freeing what it had read). */
 int cli_read_buffers(const flex_kernel_info *info, int n, const char *const *names,
                      const char *const *paths, DLTensor **tensors, flex_buffer *bufs);
 

@@ -90,7 +90,10 @@ int cli_read_buffers(const flex_kernel_info *info, int n, const char *const *nam
     char role[256];
     snprintf(role, sizeof role, "buffer '%s'", names[i]);
     tensors[i] = cli_read_npy(paths[i], role, to);
-    if (!tensors[i]) return 1;
+    if (!tensors[i]) {
+      for (int j = 0; j < i; j++) flex_tensor_free(tensors[j]), tensors[j] = NULL;
+      return 1;
+    }
     bufs[i].name = names[i];
     bufs[i].tensor = tensors[i];
     bufs[i].grad = NULL;
