@@ -87,16 +87,12 @@ static void remove_dir(const char *dir) {
 
 /* Append the file dir/name to *log. */
 static void append_file(Buf *log, const char *dir, const char *name) {
-  if (!log) return;
-  Buf p = {0};
-  buf_printf(&p, "%s/%s", dir, name);
-  char *text = NULL;
+  char p[PATH_MAX], *text = NULL;
   size_t len = 0;
-  if (base_read_file(p.data, &text, &len) == 0) {
+  if (log && join(p, dir, name) && base_read_file(p, &text, &len) == 0) {
     buf_put(log, text, len);
     base_free(text);
   }
-  buf_free(&p);
 }
 
 /* The host C++ compiler: $FLEXC_EMU_CXX, else c++. */
@@ -111,16 +107,14 @@ bool emu_compiler_available(void) {
   if (strchr(cxx, ' ')) return true; /* a command line: let the shell decide */
   if (strchr(cxx, '/')) return access(cxx, X_OK) == 0;
   const char *path = getenv("PATH");
-  Buf p = {0};
+  char dir[PATH_MAX], p[PATH_MAX];
   bool found = false;
   while (path && *path && !found) {
     size_t n = strcspn(path, ":");
-    p.len = 0;
-    buf_printf(&p, "%.*s/%s", (int)n, path, cxx);
-    found = access(p.data, X_OK) == 0;
+    snprintf(dir, sizeof dir, "%.*s", (int)n, path);
+    found = n < sizeof dir && join(p, dir, cxx) && access(p, X_OK) == 0;
     path += n + (path[n] == ':');
   }
-  buf_free(&p);
   return found;
 }
 
