@@ -185,8 +185,11 @@ EMU_API static void emu_bar_sync(uint32_t id, uint32_t n) {
 }
 template <int ID, int N> static inline void flex_bar_sync(void) { emu_bar_sync(ID, N); }
 
+template <int N> static inline void flex_bar_sync_id(int id) { emu_bar_sync((uint32_t)id, N); }
+
 /* bar.arrive id, n */
 template <int ID, int N> static inline void flex_bar_arrive(void) { emu_nbar_arrive(ID, N, "bar.arrive"); }
+template <int N> static inline void flex_bar_arrive_id(int id) { emu_nbar_arrive((uint32_t)id, N, "bar.arrive"); }
 
 /* bar.red.or.pred id, n: bar.sync that also returns the OR of every
  * participating thread's predicate. */
@@ -198,7 +201,9 @@ EMU_API static bool emu_bar_red_or(uint32_t id, uint32_t n, bool pred) {
   }
   return emu_w->nbar[id].last_or != 0;
 }
-template <int ID, int N> static inline bool flex_bar_red_or(bool pred) { return emu_bar_red_or(ID, N, pred); }
+template <int N> static inline bool flex_bar_red_or_id(int id, bool pred) {
+  return emu_bar_red_or((uint32_t)id, N, pred);
+}
 
 /* ---- elect.sync, fences, setmaxnreg ------------------------------------------- */
 
@@ -391,6 +396,15 @@ static inline uint64_t flex_wgmma_desc(uint32_t smem_addr, uint32_t lbo, uint32_
   uint64_t mode = swizzle == 128 ? 1 : swizzle == 64 ? 2 : swizzle == 32 ? 3 : 0;
   return (uint64_t)((smem_addr >> 4) & 0x3FFF) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
          ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (mode << 62);
+}
+
+/* Descriptor d moved `bytes` further into shared memory (kernels/arch.cuh:
+ * one add to the whole word, which must neither carry out of the 14-bit
+ * start field nor move by a part of 16 bytes). */
+static inline uint64_t flex_wgmma_desc_at(uint64_t d, uint32_t bytes) {
+  if ((bytes & 15) || (d & 0x3FFF) + (bytes >> 4) > 0x3FFF)
+    emu_fail("wgmma descriptor: start field 0x%x moved by %u bytes leaves it", (unsigned)(d & 0x3FFF), bytes);
+  return d + (bytes >> 4);
 }
 
 /* What each thread passes to a wgmma.mma_async. */

@@ -153,6 +153,15 @@ __device__ __forceinline__ float flex_row_step_small(float &m, float tile_max, f
   return corr;
 }
 
+/* The sm_90a steady loop's test of a row's step: whether its new max
+ * leaves the first form or is not finite (-inf, no element yet; NaN), for
+ * the general loop to take the tile. The old max needs no test there: the
+ * loop is entered only when every row is in the first form, and each step
+ * inside it passed this test. */
+__device__ __forceinline__ bool flex_row_leaves_small(float m, float tile_max, float s) {
+  return !(fabsf(flex_max_nan(m, tile_max) * s) < FLEX_BIG_ROW);
+}
+
 /* Whether a step of a row by tile_max has the second form on either side. */
 template <bool SCORE_ID>
 __device__ __forceinline__ bool flex_row_big_step(float m, float tile_max, float s) {

@@ -70,29 +70,17 @@ template <> struct FlexWgmma<FlexBF16> {
   }
 };
 
-/* O += P V for one tile: BN / 16 RS wgmma (P in `a`); V (at shared
- * address aV) is N-major (imm-trans-b): LBO the next 64-column panel, SBO 8
- * keys, a k16 step 16 rows of 128 bytes. */
+/* O += P V for one tile: BN / 16 RS wgmma (P in `a`); V's descriptor dv
+ * (flex_fwd_sm90_vdesc) is N-major (imm-trans-b): LBO the next 64-column
+ * panel, SBO 8 keys, a k16 step 16 rows of 128 bytes. */
+template <int BN> __device__ __forceinline__ uint64_t flex_fwd_sm90_vdesc(uint32_t aV) {
+  return flex_wgmma_desc(aV, BN * 128, 1024, 128);
+}
 template <class El, int EVPT, int BN>
-__device__ __forceinline__ void flex_fwd_sm90_pv(float *o, const uint32_t (*a)[4], uint32_t aV) {
+__device__ __forceinline__ void flex_fwd_sm90_pv(float *o, const uint32_t (*a)[4], uint64_t dv) {
 #pragma unroll
-  for (int ks = 0; ks < BN / 16; ks++) {
-    const uint64_t dv = flex_wgmma_desc(aV + ks * 2048, BN * 128, 1024, 128);
-    FlexWgmma<El>::template rs<EVPT, 1>(o, a[ks], dv, 1);
-  }
-}
-
-/* Consumer cw's turn to issue wgmma (named barrier 1 + cw), and handing it
- * to the other (barrier 2 - cw). Immediate barrier ids: with the id in a
- * register, ptxas moved every wgmma descriptor out of the uniform
- * registers (150 more instructions a tile). */
-__device__ __forceinline__ void flex_fwd_sm90_turn(int cw) {
-  if (cw == 0) flex_bar_sync<1, 256>();
-  else flex_bar_sync<2, 256>();
-}
-__device__ __forceinline__ void flex_fwd_sm90_hand_over(int cw) {
-  if (cw == 0) flex_bar_arrive<2, 256>();
-  else flex_bar_arrive<1, 256>();
+  for (int ks = 0; ks < BN / 16; ks++)
+    FlexWgmma<El>::template rs<EVPT, 1>(o, a[ks], flex_wgmma_desc_at(dv, ks * 2048), 1);
 }
 
 /* A consumer warpgroup of flex_fwd_sm90: its O, row state and the tile
@@ -110,8 +98,12 @@ struct FlexFwdSm90Consumer {
   static constexpr uint32_t KBYTES = EPT / 64 * PANEL_KV, VBYTES = EVPT / 64 * PANEL_KV;
   const FlexParams &p;
   uint64_t *emptyb;
-  uint32_t aQ, aK, aV;
+  uint64_t dQ, dK, dV; /* descriptors of this consumer's Q and of stage 0's K and V */
   int cw, w, g, t4, r0, b, h;
+  /* Named barriers: consumer cw's turn to issue wgmma (1 + cw), handing
+   * it to the other (2 - cw), both of 256 threads (NC = 2); the
+   * warpgroup's own (4 + cw, 128 threads). */
+  int bar_turn, bar_other, bar_red;
   float scale_log2;
   float o[EVPT / 2];
   float row_max[2], row_sum[2], corr[2]; /* per row (flex_row_step) */
@@ -134,26 +126,25 @@ struct FlexFwdSm90Consumer {
    * row of the warpgroup takes flex_row_step's second form. */
   template <bool GEN>
   __device__ __forceinline__ bool front(int s, int n0, bool full) {
-    /* S = Q K^T: EPT / 16 wgmma of k16, both operands K-major with the
-     * 128-byte swizzle (a k16 step is 32 bytes into the row; SBO: 8 rows). */
-    if (NC > 1) flex_fwd_sm90_turn(cw);
+    /* S = Q K^T: EPT / 16 wgmma of k16 (descriptors: see dQ's). */
+    if (NC > 1) flex_bar_sync_id<256>(bar_turn);
     flex_wgmma_fence();
+    const uint64_t dk = flex_wgmma_desc_at(dK, s * KBYTES);
 #pragma unroll
     for (int kk = 0; kk < EPT / 16; kk++) {
       const uint32_t off = (kk % 4) * 32;
-      const uint64_t dq = flex_wgmma_desc(aQ + (kk / 4) * PANEL_Q + off, 16, 1024, 128);
-      const uint64_t dk = flex_wgmma_desc(aK + s * KBYTES + (kk / 4) * PANEL_KV + off, 16, 1024, 128);
-      W::template ss<BN, 0>(sacc, dq, dk, kk > 0);
+      W::template ss<BN, 0>(sacc, flex_wgmma_desc_at(dQ, (kk / 4) * PANEL_Q + off),
+                            flex_wgmma_desc_at(dk, (kk / 4) * PANEL_KV + off), kk > 0);
     }
     flex_wgmma_commit();
-    if (prev) { /* the previous tile's P V behind it; wait for S only */
+    if (GEN ? prev : OVERLAP) { /* the previous tile's P V behind it; wait for S only */
       flex_wgmma_fence(); /* ptxas injects this one otherwise (C7519): the RS operands are registers */
-      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + ps * VBYTES);
+      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, flex_wgmma_desc_at(dV, ps * VBYTES));
       flex_wgmma_commit();
-      if (NC > 1) flex_fwd_sm90_hand_over(cw);
+      if (NC > 1) flex_bar_arrive_id<256>(bar_other);
       flex_wgmma_wait<1>();
     } else {
-      if (NC > 1) flex_fwd_sm90_hand_over(cw);
+      if (NC > 1) flex_bar_arrive_id<256>(bar_other);
       flex_wgmma_wait<0>();
     }
 
@@ -200,20 +191,29 @@ struct FlexFwdSm90Consumer {
     for (int r = 0; r < 2; r++) {
       tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      big |= !GEN && flex_row_big_step<SCORE_ID>(row_max[r], tile_max[r], scale_log2);
+      big |= !GEN && flex_row_leaves_small(row_max[r], tile_max[r], scale_log2);
     }
     if (!GEN && SCORE_ID) {
-      if (NC > 1 && cw == 1) big = flex_bar_red_or<5, 128>(big);
-      else big = flex_bar_red_or<4, 128>(big);
-      if (big) return true;
+      big = flex_bar_red_or_id<128>(bar_red, big);
+      if (__any_sync(0xffffffffu, big)) return true;
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       corr[r] = GEN ? flex_row_step<SCORE_ID>(row_max[r], tile_max[r], scale_log2)
-                    : flex_row_step_small(row_max[r], tile_max[r], scale_log2);
+                    : flex_ex2(row_max[r] * scale_log2 - flex_max_nan(row_max[r], tile_max[r]) * scale_log2);
+      if (!GEN) row_max[r] = flex_max_nan(row_max[r], tile_max[r]);
       row_sum[r] *= corr[r];
     }
     return false;
+  }
+
+  /* Whether a row of the warpgroup is in flex_row_step's second form (a
+   * decision of the whole warpgroup): the steady loop takes none. */
+  __device__ __forceinline__ bool any_big_row() {
+    bool big = false;
+#pragma unroll
+    for (int r = 0; r < 2; r++) big |= flex_row_big<SCORE_ID>(row_max[r], scale_log2);
+    return __any_sync(0xffffffffu, flex_bar_red_or_id<128>(bar_red, big));
   }
 
   /* The rest of the tile of stage s: P, the previous P V retired (its stage
@@ -223,7 +223,10 @@ struct FlexFwdSm90Consumer {
   __device__ __forceinline__ void back(int s) {
     float ra[2], rb[2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) flex_row_ab<SCORE_ID && GEN>(row_max[r], scale_log2, ra[r], rb[r]);
+    for (int r = 0; r < 2; r++) {
+      if (GEN) flex_row_ab<SCORE_ID>(row_max[r], scale_log2, ra[r], rb[r]);
+      else ra[r] = 0.0f, rb[r] = row_max[r] * scale_log2; /* finite: step<false> */
+    }
 #pragma unroll
     for (int j = 0; j < BN / 8; j++)
 #pragma unroll
@@ -239,7 +242,7 @@ struct FlexFwdSm90Consumer {
      * conditional wait it sees O read while a wgmma may own it, and
      * serialises every wgmma of the kernel. */
     flex_wgmma_wait<0>();
-    if (prev) flex_mbar_arrive(emptyb + ps); /* the stage's K and V are no longer read */
+    if (GEN ? prev : OVERLAP) flex_mbar_arrive(emptyb + ps); /* the stage's K and V are no longer read */
 #pragma unroll
     for (int j = 0; j < EVPT / 8; j++) {
       o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
@@ -256,7 +259,7 @@ struct FlexFwdSm90Consumer {
     }
     if (!OVERLAP) { /* P V right away: S of the next tile is never live beside P and O */
       flex_wgmma_fence();
-      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + s * VBYTES);
+      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, flex_wgmma_desc_at(dV, s * VBYTES));
       flex_wgmma_commit();
       flex_wgmma_wait<0>();
       flex_mbar_arrive(emptyb + s);
@@ -270,7 +273,7 @@ struct FlexFwdSm90Consumer {
   __device__ __forceinline__ void finish() {
     if (prev) {
       flex_wgmma_fence();
-      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, aV + ps * VBYTES);
+      flex_fwd_sm90_pv<El, EVPT, BN>(o, a, flex_wgmma_desc_at(dV, ps * VBYTES));
       flex_wgmma_commit();
       flex_wgmma_wait<0>();
       flex_mbar_arrive(emptyb + ps);
@@ -375,9 +378,24 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
   if (NC > 1) flex_setmaxnreg_inc<232>();
   FlexFwdSm90Consumer<El, OutEl, EPT, EVPT, BN, NC, OVERLAP, MASK_MODE, SCORE_ID> c(p);
   const int ct = tid - 128;
-  c.cw = ct / 128, c.w = ct / 32 % 4, c.g = ct % 32 / 4, c.t4 = ct % 4;
+  /* cw from lane 0 (__shfl_sync): ptxas then knows it warp-uniform, and
+   * with it every descriptor and barrier id, which stay in uniform
+   * registers; from threadIdx it rebuilt each descriptor in vector
+   * registers and moved it over (R2UR) before every wgmma. The same for
+   * the stage words and the big-row vote in the loops. */
+  c.cw = __shfl_sync(0xffffffffu, ct / 128, 0), c.w = ct / 32 % 4, c.g = ct % 32 / 4, c.t4 = ct % 4;
+  c.bar_turn = 1 + c.cw, c.bar_other = 2 - c.cw, c.bar_red = 4 + c.cw;
   c.r0 = m0 + 64 * c.cw, c.b = b, c.h = h;
-  c.aQ = flex_smem_addr(sQ + c.cw * QBYTES), c.aK = flex_smem_addr(sK), c.aV = flex_smem_addr(sV);
+  /* S = Q K^T: both operands K-major with the 128-byte swizzle (LBO
+   * unused, SBO 8 rows); a k16 step is 32 bytes into the row. Q's
+   * descriptor has aq >> 30 (always 0: shared addresses are below 2^18)
+   * in its high word, so that ptxas does not see that word as a constant:
+   * it then advances the descriptor with one 64-bit add, as K's, not an
+   * add, an add with carry and a move of the constant per wgmma. */
+  const uint32_t aq = flex_smem_addr(sQ + c.cw * QBYTES);
+  c.dQ = flex_wgmma_desc(aq, 16, 1024, 128) | (uint64_t)(aq >> 30) << 32;
+  c.dK = flex_wgmma_desc(flex_smem_addr(sK), 16, 1024, 128);
+  c.dV = flex_fwd_sm90_vdesc<BN>(flex_smem_addr(sV));
   c.emptyb = emptyb;
   /* The turns (NC = 2): barrier 1 + cw is this consumer's, of 256 threads
    * (its own wait and the other's hand-over). */
@@ -420,8 +438,8 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
   auto next = [&]() {
     s = i & 1;
     flex_mbar_wait(fullb + s, (uint32_t)(i >> 1) & 1);
-    n0 = stage_n0[s];
-    full = stage_full[s] != 0;
+    n0 = __shfl_sync(0xffffffffu, stage_n0[s], 0);
+    full = __shfl_sync(0xffffffffu, stage_full[s], 0) != 0;
     return n0 >= 0;
   };
   auto steady = [&]() { return rows_in && (MASK_MODE == FLEX_MASK_NONE || full) && n0 + BN <= p.kv_len; };
@@ -447,7 +465,9 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
     /* Each loop waits for its next tile at its end, so the two are loops
      * of their own (a loop entered at the top of this one would share its
      * header and become one with it). */
-    if (!resume && steady()) {
+    /* The steady loop's first tile also has a previous tile's P V to
+     * issue (OVERLAP) and its rows in the first form. */
+    if (!resume && steady() && (!OVERLAP || c.prev) && !c.any_big_row()) {
 #pragma unroll 1
       do {
         if (c.template front<false>(s, n0, true)) {
