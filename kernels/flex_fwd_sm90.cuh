@@ -339,7 +339,8 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
   }
   __syncthreads();
 
-  if (tid < 128) { /* ---- producer ---- */
+  /* the warpgroup from lane 0, as flex_bwd_sm90 (uniform registers) */
+  if (__shfl_sync(0xffffffffu, tid / 128, 0) == 0) { /* ---- producer ---- */
     if (NC > 1) flex_setmaxnreg_dec<48>();
     if (tid >= 32 || !flex_elect_one()) return;
     flex_mbar_arrive_expect_tx(qbar, NC * QBYTES);

@@ -38,6 +38,8 @@ static uint64_t rng;
  * eleven): the per-element path runs on every tile. No score function, so
  * the body is the two-consumer one with the S / P V overlap. */
 static const char kSource[] = "mask m(b, h, q, kv) { return (q + kv) % 11 != 3; }\n";
+/* No score and no mask: the backward's interior tiles take its steady body. */
+static const char kIdentity[] = "score identity(s, b, h, q, kv) { return s; }\n";
 
 enum { B = 1, H = 2, HKV = 1, QL = 70, KL = 400, E = 64 }; /* GQA, 2 row tiles, 4 key tiles */
 
@@ -88,11 +90,11 @@ enum { EB = 128 };
 static const Case bwd_cases[] = {
     {"clean backward", NULL, NULL, TL_PASS},
     {"stage freed (and dS published) before the wait that retires dV and dK",
-     "      flex_wgmma_wait<0>();\n    }\n    flex_mbar_arrive(emptyb + s);",
-     "    }\n    flex_mbar_arrive(emptyb + s);", TL_WRONG},
+     "      flex_wgmma_wait<0>();\n    };", "    };", TL_WRONG},
     {"dS written without the 128-byte swizzle", "(((2 * w + r) ^ (2 * t4 + c)) << 4)", "((2 * w + r) << 4)",
      TL_WRONG},
-    {"dQ's K k16 step of 8 keys instead of 16", "aK + c * PANEL + ks * 2048", "aK + c * PANEL + ks * 1024",
+    {"dQ's K k16 step of 8 keys instead of 16", "flex_wgmma_desc_at(nKc, ks * 2048)",
+     "flex_wgmma_desc_at(nKc, ks * 1024)",
      TL_WRONG},
     {"P^T and dS^T fragment halves swapped",
      "El::pack(d[8 * ks + 2 * i], d[8 * ks + 2 * i + 1])",
@@ -105,8 +107,8 @@ static const Case bwd_cases[] = {
     {"producer refills a stage without waiting for `empty`",
      "        if (i >= 2) flex_mbar_wait(emptyb + s,", "        if (i < 0) flex_mbar_wait(emptyb + s,",
      TL_WRONG},
-    {"S^T of every step from the first step's Q rows", "aQ + s * KBYTES + qoff + off",
-     "aQ + s * KBYTES + off", TL_WRONG},
+    {"S^T of every step from the first step's Q rows", "flex_wgmma_desc_at(kQ, s * KBYTES + qoff)",
+     "flex_wgmma_desc_at(kQ, s * KBYTES)", TL_WRONG},
 };
 #define NBWD ((int)(sizeof bwd_cases / sizeof *bwd_cases))
 
@@ -131,6 +133,20 @@ static const Case bwd2_cases[] = {
 };
 #define NBWD2 ((int)(sizeof bwd2_cases / sizeof *bwd2_cases))
 
+/* Mutations of the backward's steady body (an identity score at EB: of
+ * the 3 x 2 tiles of QB x KB, those inside both sequences take it). */
+static const Case steady_cases[] = {
+    {"clean steady backward", NULL, NULL, TL_PASS},
+    {"steady P without the row's LSE", "flex_nonpos(fmaf(qk, scale_log2, -lse2))",
+     "flex_nonpos(fmaf(qk, scale_log2, 0.0f))", TL_WRONG},
+    {"steady dS without D", "xs * (dpt[e] - dl)", "xs * dpt[e]", TL_WRONG},
+    {"steady P left out of dV (dS's place)", "      dpt[e] = xs != 0.0f ? xs * (dpt[e] - dl) : 0.0f;\n              st[e] = xs;",
+     "      dpt[e] = xs != 0.0f ? xs * (dpt[e] - dl) : 0.0f;\n              st[e] = dpt[e];", TL_WRONG},
+    {"every tile steady, at the sequence ends too", "n0 + BN <= p.kv_len && m0 + BM <= p.q_len",
+     "true", TL_WRONG},
+};
+#define NSTEADY ((int)(sizeof steady_cases / sizeof *steady_cases))
+
 /* The generated sm_90a kernels (the backward too when bwd, at head dim e)
  * for `c`, the mutated template spliced in where it is included (its
  * include guard hides the original). */
@@ -138,7 +154,7 @@ static char *mutated_source(const flex_kernel *k, const Case *c, bool bwd, int e
   char err[256];
   ck_assert_msg(cg_options_init(o, k->mod, CG_FP16, e, e, CG_SM90A, bwd, err, sizeof err), "%s", err);
   ck_assert_msg(o->fwd_sm90 && (!bwd || o->bwd_sm90), "sm_90a fp16 did not pick the sm_90a kernels");
-  o->mask_mode = CG_MASK_DENSE;
+  if (k->mod->mask) o->mask_mode = CG_MASK_DENSE; /* no block lists here; no mask: none */
   o->out_f32 = true; /* O is compared in float32 */
   o->source = c->what;
   Buf gen = {0};
@@ -160,8 +176,8 @@ static const char *emu_tmap(void *ctx, FlexTmapBytes *map, const void *base, con
 /* The call the kernels run on: fp16 q, k, v, dO (and dQ, dK, dV), O and
  * LSE float32, B x H x ql x kl at head dim e; the reference's results
  * (forward, and backward when bwd) computed. */
-static void call_init(TlCall *t, int ql, int kl, int e, bool bwd) {
-  const TlCase tc = {.name = "broken90.score", .src = kSource, .s = {B, H, HKV, ql, kl, e, e},
+static void call_init(TlCall *t, const char *src, int ql, int kl, int e, bool bwd) {
+  const TlCase tc = {.name = "broken90.score", .src = src, .s = {B, H, HKV, ql, kl, e, e},
                      .dt = &tl_dtypes[1], .backend = FLEX_BACKEND_EMU, .native_grads = true};
   tl_call_init(t, &tc, &rng);
   ck_assert_msg(tl_call_run(t, 1, false) == FLEX_OK, "reference: %s", flex_last_error());
@@ -194,7 +210,7 @@ static FlexParams params_of(TlCall *t) {
 static flex_status run_case(const void *ctx, bool race, char *msg, double *err) {
   const Case *c = ctx;
   TlCall t;
-  call_init(&t, QL, KL, E, false);
+  call_init(&t, kSource, QL, KL, E, false);
   CgOptions o;
   char *src = mutated_source(t.kern, c, false, E, &o);
   EmuModule *m = tl_mutant_build(src, race, c->what);
@@ -219,10 +235,11 @@ static flex_status run_case(const void *ctx, bool race, char *msg, double *err) 
 START_TEST(mutation) { tl_mutant_expect(cases[_i].what, cases[_i].detect, 5e-3, run_case, &cases[_i]); }
 END_TEST
 
-/* A backward case: the mutation and its head dim. */
+/* A backward case: the mutation, its head dim and the kernel's source. */
 typedef struct BwdCase {
   const Case *c;
   int e;
+  const char *src;
 } BwdCase;
 
 /* As run_case for a backward case at head dim eb: the forward (sm_90a,
@@ -234,7 +251,7 @@ static flex_status run_bwd_case(const void *ctx, bool race, char *msg, double *e
   const int eb = ((const BwdCase *)ctx)->e;
   enum { QB = 70, KB = 150 }; /* two query tiles, three key tiles, both with tails */
   TlCall t;
-  call_init(&t, QB, KB, eb, true);
+  call_init(&t, ((const BwdCase *)ctx)->src, QB, KB, eb, true);
   CgOptions o;
   char *src = mutated_source(t.kern, c, true, eb, &o);
   EmuModule *m = tl_mutant_build(src, race, c->what);
@@ -274,7 +291,13 @@ static flex_status run_bwd_case(const void *ctx, bool race, char *msg, double *e
 }
 
 START_TEST(bwd_mutation) {
-  const BwdCase bc = {&bwd_cases[_i], EB};
+  const BwdCase bc = {&bwd_cases[_i], EB, kSource};
+  tl_mutant_expect(bc.c->what, bc.c->detect, 2e-2, run_bwd_case, &bc);
+}
+END_TEST
+
+START_TEST(steady_mutation) {
+  const BwdCase bc = {&steady_cases[_i], EB, kIdentity};
   tl_mutant_expect(bc.c->what, bc.c->detect, 2e-2, run_bwd_case, &bc);
 }
 END_TEST
@@ -287,7 +310,7 @@ START_TEST(bwd2_mutation) {
                 "E = %d: not the two-consumer sm_90a backward", EW);
   base_free(src);
   flex_kernel_free(k);
-  const BwdCase bc = {&bwd2_cases[_i], EW};
+  const BwdCase bc = {&bwd2_cases[_i], EW, kSource};
   tl_mutant_expect(bc.c->what, bc.c->detect, 2e-2, run_bwd_case, &bc);
 }
 END_TEST
@@ -295,7 +318,7 @@ END_TEST
 int main(void) {
   rng = tl_seed();
   return TL_MAIN("emu_sm90_broken", 0, TL_CASE("mutations", 300), TL_LOOP(mutation, NCASES),
-                 TL_LOOP(bwd_mutation, NBWD),
+                 TL_LOOP(bwd_mutation, NBWD), TL_LOOP(steady_mutation, NSTEADY),
                  TL_CASE("two_consumers", 600), /* the backward above head dim 128 */
                  TL_LOOP(bwd2_mutation, NBWD2));
 }
