@@ -19,7 +19,7 @@
  *     dQ += dS K                      dS^T written to shared memory as dS
  *       ([query][key]); once the tile's steps are done, wgmma SS per
  *       64-column panel of K, then fp32 atomics into dq_acc (scaled; a
- *       compare and a predicated red each, no branch)
+ *       compare of a constant and a predicated red each)
  *   A tile with an identity score and no buffer gradients, full under the
  *   mask and inside both sequences, runs its steps in a loop of their own
  *   with the steady body (no live bits, range tests or score code; P and
@@ -375,8 +375,10 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
       /* Element e is at column 64 c + 2 t4 + k, k = 8 (e / 4) + e % 2, of
        * row r = e / 2 % 2 (dq0, dq1); it exists when k < room[r] (columns
        * left in the row: 0 past Q_LEN): one compare of a constant and a
-       * predicated red per element (flex_atomic_add_below), no branch and
-       * no address arithmetic. */
+       * predicated red per element (flex_atomic_add_below), no address
+       * arithmetic. ptxas 13 still sets each red of sm_90a behind a short
+       * branch (BSSY, BRA, BSYNC): 3 of the loop's 7 instructions an
+       * element, where sm_80's SASS predicates the red itself. */
       float *const at[2] = {dq0 + 64 * c, dq1 + 64 * c};
       const int room[2] = {ok0 ? p.E - 64 * c - 2 * t4 : 0, ok1 ? p.E - 64 * c - 2 * t4 : 0};
 #pragma unroll
