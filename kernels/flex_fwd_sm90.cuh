@@ -199,9 +199,12 @@ struct FlexFwdSm90Consumer {
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-      corr[r] = GEN ? flex_row_step<SCORE_ID>(row_max[r], tile_max[r], scale_log2)
-                    : flex_ex2(row_max[r] * scale_log2 - flex_max_nan(row_max[r], tile_max[r]) * scale_log2);
-      if (!GEN) row_max[r] = flex_max_nan(row_max[r], tile_max[r]);
+      if (GEN || !SCORE_ID) { /* a score function's rows may stay at -inf */
+        corr[r] = flex_row_step<SCORE_ID>(row_max[r], tile_max[r], scale_log2);
+      } else {
+        corr[r] = flex_ex2(row_max[r] * scale_log2 - flex_max_nan(row_max[r], tile_max[r]) * scale_log2);
+        row_max[r] = flex_max_nan(row_max[r], tile_max[r]);
+      }
       row_sum[r] *= corr[r];
     }
     return false;
@@ -224,7 +227,7 @@ struct FlexFwdSm90Consumer {
     float ra[2], rb[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-      if (GEN) flex_row_ab<SCORE_ID>(row_max[r], scale_log2, ra[r], rb[r]);
+      if (GEN || !SCORE_ID) flex_row_ab<SCORE_ID>(row_max[r], scale_log2, ra[r], rb[r]);
       else ra[r] = 0.0f, rb[r] = row_max[r] * scale_log2; /* finite: step<false> */
     }
 #pragma unroll
@@ -444,13 +447,16 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
     return n0 >= 0;
   };
   auto steady = [&]() { return rows_in && (MASK_MODE == FLEX_MASK_NONE || full) && n0 + BN <= p.kv_len; };
-  if (!SCORE_ID || EVPT > 128) {
-    /* A score function, or a head dim past 128 (O in 128 registers), runs
-     * every tile in the general loop, one loop with no resume path: a
-     * score function's steady tile would differ only by the live bits of
-     * partial tiles, and with both loops ptxas spilled in the consumers'
-     * 232 registers (softcap, gemma2, relpos_bias at E = 128; every
-     * identity-score sample at E = 256, 32 to 84 bytes). */
+  if (EVPT > 128) {
+    /* A head dim past 128 (O in 128 registers) runs every tile in the
+     * general loop, one loop with no resume path: with both loops ptxas
+     * spilled in the consumers' 232 registers (every identity-score
+     * sample at E = 256, 32 to 84 bytes). A score function takes both
+     * loops up to 128 since its descriptors left the vector registers
+     * (softcap, gemma2 and relpos_bias spilled at E = 128 before); its
+     * rows never take the second form (its logits are scaled already), so
+     * its steady step keeps flex_row_step's -inf handling instead of the
+     * big-row test. */
 #pragma unroll 1
     while (next()) {
       c.template front<true>(s, n0, full);

@@ -76,9 +76,12 @@ static const Shape shapes[] = {
 #define NSHAPES ((int)(sizeof shapes / sizeof *shapes))
 
 /* --sm90: the head dims of the sm_90a kernels (64, 128, 256 and padded
- * ones), lengths that miss the 64-row and 64/128-key tiles. */
+ * ones), lengths that miss the 64-row and 64/128-key tiles; the first
+ * also has a 128-key tile past the first inside both lengths, which the
+ * forward's steady loop takes (its first tile always runs in the general
+ * loop). */
 static const Shape shapes_sm90[] = {
-    {{2, 4, 2, 77, 130, 64, 64}, true, false, false},   /* GQA, dLSE */
+    {{2, 4, 2, 77, 290, 64, 64}, true, false, false},   /* GQA, dLSE; a steady key tile (the second) */
     {{1, 2, 1, 45, 150, 128, 128}, false, true, false}, /* MQA, O in q's dtype */
     {{1, 2, 2, 33, 67, 256, 256}, true, false, false},  /* two backward consumers */
     {{2, 2, 1, 65, 100, 72, 40}, false, false, false},  /* padded to 128 / 64, E != EV */
