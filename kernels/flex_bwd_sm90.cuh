@@ -73,6 +73,12 @@
 #ifndef FLEX_BWD_SM90_CUH
 #define FLEX_BWD_SM90_CUH
 
+/* dQ by atomics: a deterministic backward runs the sm_80 body
+ * (cg_bwd_sm90_ok). */
+#ifdef FLEX_DETERMINISTIC
+#error "flex_bwd_sm90.cuh has no deterministic mode"
+#endif
+
 #include "flex_fwd_sm90.cuh" /* FlexWgmma */
 #include "flex_bwd.cuh"
 
@@ -207,6 +213,9 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
 
 #pragma unroll 1
   for (int i = 0;; i++) {
+    /* s, the step offset and the panel below from lane 0: values carried
+     * out of the loops' divergent waits, which ptxas would otherwise keep
+     * in vector registers, and every descriptor made from them too */
     const int s = __shfl_sync(0xffffffffu, i & 1, 0);
     flex_mbar_wait(fullb + s, (uint32_t)(i >> 1) & 1);
     const int m0 = __shfl_sync(0xffffffffu, stage_m0[s], 0);
@@ -384,11 +393,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
 #pragma unroll
       for (int e = 0; e < BN / 2; e++) {
         const int k = 8 * (e / 4) + (e & 1), r = (e >> 1) & 1;
-        if (FLEX_DET) {
-          if (k < room[r] && dq[e] != 0.0f) flex_dq_add(at[r] + k, dq[e] * p.scale);
-        } else {
-          flex_atomic_add_below(at[r] + k, dq[e] * p.scale, k, room[r]);
-        }
+        flex_atomic_add_below(at[r] + k, dq[e] * p.scale, k, room[r]);
       }
     }
   }

@@ -61,6 +61,8 @@ static const Case cases[] = {
      "if (i >= 2) flex_mbar_wait(emptyb + s,", "if (i < 0) flex_mbar_wait(emptyb + s,", TL_WRONG},
     {"V k16 step of 8 rows instead of 16", "flex_wgmma_desc_at(dv, ks * 2048)",
      "flex_wgmma_desc_at(dv, ks * 1024)", TL_WRONG},
+    {"V descriptor advanced by part of 16 bytes (the emulator's descriptor check)",
+     "flex_wgmma_desc_at(dv, ks * 2048)", "flex_wgmma_desc_at(dv, ks * 2048 + 8)", TL_FAILS},
     {"K descriptor without the 128-byte swizzle",
      "c.dK = flex_wgmma_desc(flex_smem_addr(sK), 16, 1024, 128)",
      "c.dK = flex_wgmma_desc(flex_smem_addr(sK), 16, 1024, 0)", TL_WRONG},
