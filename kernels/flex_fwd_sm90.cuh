@@ -102,7 +102,8 @@ struct FlexFwdSm90Consumer {
   int cw, w, g, t4, r0, b, h;
   /* Named barriers: consumer cw's turn to issue wgmma (1 + cw), handing
    * it to the other (2 - cw), both of 256 threads (NC = 2); the
-   * warpgroup's own (4 + cw, 128 threads). */
+   * warpgroup's own (4 + cw, 128 threads). Held, not derived from cw at
+   * each use: two instructions fewer a tile. */
   int bar_turn, bar_other, bar_red;
   float scale_log2;
   float o[EVPT / 2];
@@ -191,7 +192,7 @@ struct FlexFwdSm90Consumer {
     for (int r = 0; r < 2; r++) {
       tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] = flex_max_nan(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      big |= !GEN && flex_row_leaves_small(row_max[r], tile_max[r], scale_log2);
+      big |= !GEN && SCORE_ID && flex_row_leaves_small(row_max[r], tile_max[r], scale_log2);
     }
     if (!GEN && SCORE_ID) {
       big = flex_bar_red_or_id<128>(bar_red, big);
@@ -201,9 +202,10 @@ struct FlexFwdSm90Consumer {
     for (int r = 0; r < 2; r++) {
       if (GEN || !SCORE_ID) { /* a score function's rows may stay at -inf */
         corr[r] = flex_row_step<SCORE_ID>(row_max[r], tile_max[r], scale_log2);
-      } else {
-        corr[r] = flex_ex2(row_max[r] * scale_log2 - flex_max_nan(row_max[r], tile_max[r]) * scale_log2);
-        row_max[r] = flex_max_nan(row_max[r], tile_max[r]);
+      } else { /* the new max is finite: it passed flex_row_leaves_small */
+        const float m1 = flex_max_nan(row_max[r], tile_max[r]);
+        corr[r] = flex_ex2(row_max[r] * scale_log2 - m1 * scale_log2);
+        row_max[r] = m1;
       }
       row_sum[r] *= corr[r];
     }
@@ -213,6 +215,7 @@ struct FlexFwdSm90Consumer {
   /* Whether a row of the warpgroup is in flex_row_step's second form (a
    * decision of the whole warpgroup): the steady loop takes none. */
   __device__ __forceinline__ bool any_big_row() {
+    if (!SCORE_ID) return false; /* a score function's rows never are */
     bool big = false;
 #pragma unroll
     for (int r = 0; r < 2; r++) big |= flex_row_big<SCORE_ID>(row_max[r], scale_log2);
