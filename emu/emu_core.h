@@ -1,7 +1,8 @@
 /* emu_core.h: the emulator's engine, compiled into every emulator module.
  *
- * Each CUDA thread of a block is a fiber (ucontext) with its own mmap'd
- * stack and a guard page. One OS thread runs one block at a time: it sweeps
+ * Each CUDA thread of a block is a fiber with its own mmap'd stack and a
+ * guard page (EmuCtx below: a register switch of our own on x86-64,
+ * ucontext elsewhere). One OS thread runs one block at a time: it sweeps
  * the block's fibers round-robin, each running until it blocks at
  * __syncthreads (a block barrier) or at a warp collective (shuffle, mma,
  * ldmatrix: a warp barrier), or exits. When every fiber is blocked the
@@ -150,9 +151,78 @@ struct EmuBulkRed {
   std::vector<unsigned char> snap;  /* the source bytes at issue */
 };
 
+/* ---- fiber contexts ------------------------------------------------------ */
+
+/* A fiber's saved registers. glibc's swapcontext saves and restores the
+ * signal mask with a system call on every switch, and a block switches
+ * fibers at every barrier and warp collective of every thread: that call
+ * was most of an emulated kernel's time. On x86-64 a switch is ours: push
+ * the callee-saved registers, MXCSR and the x87 control word (the SysV ABI
+ * keeps these across a call; everything else is the caller's), store the
+ * stack pointer, load the other one, pop. The signal mask never changes
+ * inside a block, so nothing else needs keeping. Elsewhere (or with
+ * -DFLEXC_EMU_UCONTEXT) ucontext does it. */
+#if defined(__x86_64__) && !defined(FLEXC_EMU_UCONTEXT)
+struct EmuCtx {
+  void *sp; /* the stack pointer, over the saved registers */
+};
+extern "C" __attribute__((visibility("hidden"))) void flex_emu_swap(EmuCtx *from, EmuCtx *to);
+extern "C" __attribute__((visibility("hidden"))) void flex_emu_start(void);
+/* flex_emu_swap(from, to): save into from, resume to. flex_emu_start: a
+ * new fiber's first return lands here, with its function in rbx. */
+asm(".text\n"
+    ".globl flex_emu_swap\n.hidden flex_emu_swap\n.type flex_emu_swap, @function\n"
+    ".p2align 4\n"
+    "flex_emu_swap:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq (%rsi), %rsp\n"
+    "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size flex_emu_swap, .-flex_emu_swap\n"
+    ".globl flex_emu_start\n.hidden flex_emu_start\n.type flex_emu_start, @function\n"
+    "flex_emu_start:\n"
+    "  callq *%rbx\n"
+    "  ud2\n" /* a fiber's function never returns */
+    ".size flex_emu_start, .-flex_emu_start\n");
+
+/* A fresh context that runs fn (which must never return) on
+ * [stack, stack + size): the frame flex_emu_swap pops, returning into
+ * flex_emu_start with the stack 16-byte aligned at its call. */
+EMU_NOSAN static void emu_ctx_make(EmuCtx *c, char *stack, size_t size, void (*fn)(void)) {
+  uintptr_t top = ((uintptr_t)stack + size) & ~(uintptr_t)15;
+  uint64_t *f = (uint64_t *)(top - 80); /* 8 words, 16 bytes spare above */
+  uint32_t csr;
+  uint16_t cw;
+  __asm__ volatile("stmxcsr %0" : "=m"(csr));
+  __asm__ volatile("fnstcw %0" : "=m"(cw));
+  f[0] = (uint64_t)csr | (uint64_t)cw << 32;
+  f[1] = f[2] = f[3] = f[4] = 0;     /* r15 r14 r13 r12 */
+  f[5] = (uint64_t)(uintptr_t)fn;    /* rbx: what flex_emu_start calls */
+  f[6] = 0;                          /* rbp: ends frame-pointer walks */
+  f[7] = (uint64_t)(uintptr_t)flex_emu_start;
+  c->sp = f;
+}
+static inline void emu_ctx_swap(EmuCtx *from, EmuCtx *to) { flex_emu_swap(from, to); }
+#else
+struct EmuCtx {
+  ucontext_t uc;
+};
+EMU_NOSAN static void emu_ctx_make(EmuCtx *c, char *stack, size_t size, void (*fn)(void)) {
+  getcontext(&c->uc);
+  c->uc.uc_stack.ss_sp = stack;
+  c->uc.uc_stack.ss_size = size;
+  c->uc.uc_link = NULL; /* fn never returns */
+  makecontext(&c->uc, fn, 0);
+}
+static inline void emu_ctx_swap(EmuCtx *from, EmuCtx *to) { swapcontext(&from->uc, &to->uc); }
+#endif
+
 /* One emulated CUDA thread. */
 struct EmuFiber {
-  ucontext_t ctx;               /* its saved registers */
+  EmuCtx ctx;                   /* its saved registers */
   int state;                    /* EMU_READY ... EMU_DONE */
   int tid;                      /* linear thread id in the block */
   EmuDim3 tidx;                 /* threadIdx */
@@ -178,7 +248,7 @@ struct EmuShadow {
 
 /* An OS thread running blocks one after another. */
 struct EmuWorker {
-  ucontext_t sched;        /* the scheduler's context */
+  EmuCtx sched;            /* the scheduler's context */
   EmuFiber *fibers;        /* one per thread of the block */
   int nthreads;            /* threads per block */
   char *stacks;            /* all fiber stacks, each behind a guard page */
@@ -244,7 +314,7 @@ EMU_API __attribute__((format(printf, 2, 3))) static void emu_fail_tid(int tid, 
   if (emu_cur) {
     EmuFiber *f = emu_cur;
     f->state = EMU_DONE;
-    swapcontext(&f->ctx, &emu_w->sched);
+    emu_ctx_swap(&f->ctx, &emu_w->sched);
     abort(); /* an abandoned fiber is never resumed */
   }
 }
@@ -326,7 +396,7 @@ EMU_API static void emu_shadow_access(int tid, size_t off, size_t n, bool write)
 EMU_API static void emu_block_wait(int state) {
   EmuFiber *f = emu_cur;
   f->state = state;
-  swapcontext(&f->ctx, &emu_w->sched);
+  emu_ctx_swap(&f->ctx, &emu_w->sched);
 }
 
 /* Post a warp collective and wait for its result (written into r). */
@@ -351,7 +421,10 @@ EMU_API static void emu_group_op(EmuReq *r) {
 
 EMU_NOSAN static void emu_fiber_main(void) {
   emu_L->entry(emu_L->params);
-  emu_cur->state = EMU_DONE; /* uc_link returns to the scheduler */
+  EmuFiber *f = emu_cur;
+  f->state = EMU_DONE;
+  emu_ctx_swap(&f->ctx, &emu_w->sched);
+  abort(); /* a finished fiber is never resumed */
 }
 
 /* Make every fiber fresh for the next block. */
@@ -372,11 +445,9 @@ EMU_NOSAN static void emu_block_reset(EmuWorker *w) {
     f->tidx.x = (unsigned)i % emu_block_dim.x;
     f->tidx.y = (unsigned)i / emu_block_dim.x % emu_block_dim.y;
     f->tidx.z = (unsigned)i / (emu_block_dim.x * emu_block_dim.y);
-    getcontext(&f->ctx);
-    f->ctx.uc_stack.ss_sp = w->stacks + (size_t)i * w->stack_span + (size_t)getpagesize();
-    f->ctx.uc_stack.ss_size = w->stack_span - (size_t)getpagesize();
-    f->ctx.uc_link = &w->sched;
-    makecontext(&f->ctx, emu_fiber_main, 0);
+    size_t page = (size_t)getpagesize();
+    emu_ctx_make(&f->ctx, w->stacks + (size_t)i * w->stack_span + page, w->stack_span - page,
+                 emu_fiber_main);
   }
   memset(w->smem, 0xFF, emu_L->smem_bytes);
   if (w->shadow) memset(w->shadow, 0, sizeof(EmuShadow) * emu_L->smem_bytes);
@@ -620,7 +691,7 @@ EMU_NOSAN static void emu_run_block(EmuWorker *w) {
       EmuFiber *f = &w->fibers[i];
       if (f->state != EMU_READY) continue;
       emu_cur = f;
-      swapcontext(&w->sched, &f->ctx);
+      emu_ctx_swap(&w->sched, &f->ctx);
       emu_cur = NULL;
       if (w->failed || __atomic_load_n(&emu_stop, __ATOMIC_RELAXED)) return;
     }
