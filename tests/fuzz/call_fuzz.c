@@ -102,55 +102,63 @@ static int length(uint64_t *rng, int max) {
   return r == 0 ? 0 : r == 1 ? 1 : 1 + rnd(rng, max);
 }
 
-void spec_draw(Spec *s, flex_backend be, bool mock, uint64_t *rng) {
+void spec_draw(Spec *s, flex_backend be, bool mock, uint64_t *rng, uint64_t *mrng) {
   memset(s, 0, sizeof *s);
   bool emu = be == FLEX_BACKEND_EMU, dev = emu || mock;
-  s->kern = rnd(rng, K_NKERNELS);
+  /* What makes a kernel module (on the emulator and the CUDA backend each
+   * combination is a compile) comes from mrng: kernel, dtypes, head dims,
+   * layout, dropout, determinism, splits, a BlockMask and its blocks,
+   * offsets, the arch, a backward, checked runs, which gradients. */
+  s->kern = rnd(mrng, K_NKERNELS);
   const Kern *k = &kernels[s->kern];
   /* float64 inputs: one call in four on the reference; elsewhere one in
    * twenty-five, which must be refused */
   bool ref = be == FLEX_BACKEND_REFERENCE;
-  s->dt = ref ? rnd(rng, 4) : coin(rng, 25) ? 3 : rnd(rng, 3);
+  s->dt = ref ? rnd(mrng, 4) : coin(mrng, 25) ? 3 : rnd(mrng, 3);
+  /* the emulator builds a module per head dim: a few of them */
+  static const int edims[3] = {8, 15, 16};
+  s->E = dev ? edims[rnd(mrng, 3)] : 1 + rnd(mrng, 40);
+  s->EV = coin(mrng, 2) ? s->E : dev ? edims[rnd(mrng, 3)] : 1 + rnd(mrng, 40);
+  int r = rnd(mrng, 10);
+  s->layout = r < 2 && !k->no_packed ? L_PACKED : r == 2 && !k->no_paged ? L_PAGED : L_PADDED;
+  s->out_dt = mock ? 0 : rnd(mrng, 3);
+  s->deterministic = coin(mrng, 3);
+  static const float drops[3] = {0.1f, 0.3f, 0.6f};
+  s->dropout = coin(mrng, 6) ? drops[rnd(mrng, 3)] : 0;
+  s->kv_splits = coin(mrng, 2) ? 0 : rnd(mrng, 6);
+  bool blockmask = coin(mrng, 4), offsets = coin(mrng, 4);
+  int bm_q = coin(mrng, 2) ? 64 : 128, bm_kv = coin(mrng, 2) ? 64 : 128; /* they pick tiles */
+  s->backward = !coin(mrng, 3); /* a forward alone needs no backward kernels */
+  s->check_bounds = coin(mrng, 5);
+  s->grads = (unsigned)tl_rand(mrng); /* a grad buffer without its gradient: a joint without adds */
+  s->sm90 = emu && coin(mrng, 2);
+
   s->HKV = 1 + rnd(rng, 3);
   s->H = s->HKV * (1 + rnd(rng, 3));
   s->B = 1 + rnd(rng, 3);
   s->QL = length(rng, dev ? 40 : 48);
   s->KL = length(rng, dev ? 72 : 90);
-  /* the emulator builds a module per head dim: a few of them */
-  static const int edims[3] = {8, 15, 16};
-  s->E = dev ? edims[rnd(rng, 3)] : 1 + rnd(rng, 40);
-  s->EV = coin(rng, 2) ? s->E : dev ? edims[rnd(rng, 3)] : 1 + rnd(rng, 40);
-  int r = rnd(rng, 10);
-  s->layout = r < 2 && !k->no_packed ? L_PACKED : r == 2 && !k->no_paged ? L_PAGED : L_PADDED;
   for (int b = 0; b < s->B; b++) {
     s->lens_q[b] = length(rng, 30), s->lens_kv[b] = length(rng, 50);
     if (s->layout == L_PAGED) s->lens_kv[b] = s->KL ? rnd(rng, s->KL + 1) : 0;
   }
   s->page_size = 16 + rnd(rng, 49);
   s->spare_pages = rnd(rng, 3);
-  s->out_dt = mock ? 0 : rnd(rng, 3);
   s->lse64 = be == FLEX_BACKEND_REFERENCE && coin(rng, 3);
   for (int t = 0; t < 10 + MAXBUF; t++) s->odd |= (unsigned)coin(rng, 3) << t;
   s->dlse = coin(rng, 2);
-  s->backward = s->layout != L_PAGED && !coin(rng, 3);
-  s->deterministic = coin(rng, 3);
-  s->check_bounds = coin(rng, 5);
+  s->backward &= s->layout != L_PAGED;
   s->trust_sorted = coin(rng, 5);
   s->set_params = coin(rng, 2);
-  s->grads = (unsigned)tl_rand(rng);
   s->grad64 = coin(rng, 3);
   s->scale = coin(rng, 3) ? (coin(rng, 2) ? -1 : 1) * (0.05 + 1.5 * tl_uniform(rng)) : 0;
-  static const float drops[3] = {0.1f, 0.3f, 0.6f};
-  s->dropout = coin(rng, 6) ? drops[rnd(rng, 3)] : 0;
-  s->kv_splits = coin(rng, 2) ? 0 : rnd(rng, 6);
   /* a caller's BlockMask (flex_block_mask_create wants sizes >= 1) */
-  if (s->layout == L_PADDED && s->QL && s->KL && coin(rng, 4)) {
-    s->bm_q = coin(rng, 2) ? 64 : 128, s->bm_kv = coin(rng, 2) ? 64 : 128;
+  if (s->layout == L_PADDED && s->QL && s->KL && blockmask) {
+    s->bm_q = bm_q, s->bm_kv = bm_kv;
     s->bm_full = coin(rng, 2);
   }
-  s->sm90 = emu && coin(rng, 2);
   /* a shard of a longer sequence: offsets and whole lengths (padded calls only) */
-  if (s->layout == L_PADDED && coin(rng, 4)) {
+  if (s->layout == L_PADDED && offsets) {
     s->q_total = s->QL + rnd(rng, 40), s->kv_total = s->KL + rnd(rng, 60);
     s->q_off = rnd(rng, s->q_total - s->QL + 1), s->kv_off = rnd(rng, s->kv_total - s->KL + 1);
     if (coin(rng, 4)) s->q_total = s->q_off = 0; /* one side only */

@@ -71,8 +71,10 @@ typedef struct Spec {
   int inject;             /* I_*: an error the call must get */
 } Spec;
 
-/* Draw a call for backend be (mock: cuda over the stand-in driver). */
-void spec_draw(Spec *s, flex_backend be, bool mock, uint64_t *rng);
+/* Draw a call for backend be (mock: cuda over the stand-in driver): what
+ * selects its kernel module from mrng, the rest from rng (the same
+ * generator but for a run that pools modules, check_call_fuzz.c). */
+void spec_draw(Spec *s, flex_backend be, bool mock, uint64_t *rng, uint64_t *mrng);
 /* Whether a valid call s on backend be must be refused with
  * FLEX_ERR_UNSUPPORTED (float64 inputs off the reference, a sink with
  * position offsets); *word: what the message must say. */

@@ -37,7 +37,15 @@
  * run; call i is drawn from FLEXC_SEED (printed) and i, so
  * FLEXC_CALL_FUZZ_ONLY=i replays one; a failing call is printed as a Spec
  * initializer for the regression table. scripts/fuzz.sh call-BACKEND
- * MINUTES runs it for longer. */
+ * MINUTES runs it for longer.
+ *
+ * FLEXC_CALL_FUZZ_MODULES=N pools kernel modules: the choices that make a
+ * module (spec_draw's mrng) of call i come from the seed and i mod N, the
+ * rest from the seed and i. On the emulator a new module is a host
+ * compile of about two seconds and a call on a compiled one about a
+ * thirtieth of that, so a long run there combines every optional part of
+ * a call over N modules per seed instead of compiling for nearly every
+ * call. */
 #include <check.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -58,6 +66,7 @@ static bool mock;        /* cuda over the stand-in driver: host path only */
 static uint64_t seed0;   /* the run's seed */
 static double seconds;   /* time bound */
 static long max_calls;   /* call bound (0: none) */
+static long pool;        /* module pool size (0: none) */
 static long only = -1;   /* replay one call */
 static void *mock_lib;   /* the stand-in driver (dlopen handle) */
 static char mock_stream_tag; /* its address is the caller's stream */
@@ -348,11 +357,11 @@ static void report(double t) {
           "call fuzzer, %s%s: %ld calls in %.1f s (%.1f/s): %ld forward ok, %ld backward ok, %ld matched "
           "the reference, %ld injected errors caught, %ld refused as documented, %ld unsupported, %ld fully "
           "masked rows exact, %ld outputs 0 but for rounding (not compared by a ratio), %ld "
-          "backwards matched given their own O\n",
+          "backwards matched given their own O%s\n",
           flex_backend_name(backend), mock ? " over the stand-in driver" : "", tally.calls, t,
           (double)tally.calls / (t > 0 ? t : 1), tally.ok, tally.backward, tally.compared,
           tally.injected, tally.refused, tally.unsupported, tally.n.masked_rows, tally.n.unmeasured,
-          tally.given_o);
+          tally.given_o, pool ? ", modules pooled" : "");
 }
 
 START_TEST(random_calls) {
@@ -361,10 +370,12 @@ START_TEST(random_calls) {
   for (;; i++) {
     if (now() - shown >= 300) report((shown = now()) - t0); /* progress of a long run */
     uint64_t rng = seed0 + 0x9e3779b97f4a7c15ull * (uint64_t)i;
+    uint64_t mrng = pool ? (seed0 ^ 0x5851f42d4c957f2dull) + 0x9e3779b97f4a7c15ull * (uint64_t)(i % pool) : 0;
     Spec s;
-    spec_draw(&s, backend, mock, &rng);
-    char label[96];
-    snprintf(label, sizeof label, "call %ld of FLEXC_SEED=%llu", i, (unsigned long long)seed0);
+    spec_draw(&s, backend, mock, &rng, pool ? &mrng : &rng);
+    char label[128], pooled[48] = "";
+    if (pool) snprintf(pooled, sizeof pooled, " FLEXC_CALL_FUZZ_MODULES=%ld", pool);
+    snprintf(label, sizeof label, "call %ld of FLEXC_SEED=%llu%s", i, (unsigned long long)seed0, pooled);
     one(&s, tl_rand(&rng), label);
     if (only >= 0) break;
     if ((max_calls && i + 1 >= max_calls) || (!max_calls && now() - t0 >= seconds)) break;
@@ -385,6 +396,9 @@ int main(int argc, char **argv) {
   seconds = env && *env ? atof(env) : 25.0;
   env = getenv("FLEXC_CALL_FUZZ_CALLS");
   max_calls = env && *env ? atol(env) : 0;
+  env = getenv("FLEXC_CALL_FUZZ_MODULES");
+  pool = env && *env ? atol(env) : 0;
+  if (pool < 0) pool = 0;
   env = getenv("FLEXC_CALL_FUZZ_ONLY");
   only = env && *env ? atol(env) : -1;
   if (backend == FLEX_BACKEND_CUDA) {
