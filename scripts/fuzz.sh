@@ -4,7 +4,8 @@
 #   call-reference, call-cpu, call-emu, call-cuda
 #       the call fuzzer (check_call_fuzz) on that backend (cuda: over the
 #       stand-in driver), in build/ (made by scripts/setup.sh if missing);
-#       FLEXC_SEED=N repeats a run, FLEXC_CALL_FUZZ_ONLY=I one call of it.
+#       FLEXC_SEED=N repeats a run, FLEXC_CALL_FUZZ_ONLY=I one call of it,
+#       FLEXC_CALL_FUZZ_MODULES=N shares N kernel modules among the calls.
 #   score, npy, blockmask, cli
 #       a libFuzzer target under ASan and UBSan, built with clang in
 #       build-fuzz/ (-DFLEXC_FUZZ=ON); the corpus grows in
@@ -16,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
 target=$1 minutes=$2
 shift 2
