@@ -116,6 +116,13 @@ int cg_bwd_sm90_consumers(const CgOptions *o) {
   return sm90_wide(o) ? 2 : 1;
 }
 
+/* Whether the sm_90a backward adds dQ with bulk reductions, a row of a
+ * panel each (flex_bwd_sm90's DQB): one consumer (two leave no shared
+ * memory for the staging at head dims 256) and E % 4 == 0 (16-byte rows). */
+static bool bwd_sm90_dq_bulk(const CgOptions *o) {
+  return cg_bwd_sm90_consumers(o) == 1 && o->head_dim % 4 == 0;
+}
+
 /* The sm_90a backward's padded head dim: whole 64-column panels per
  * consumer, so a consumer's dK / dV wgmma starts on a panel (an N-major
  * operand cannot start inside the 128-byte swizzle atom); with two
@@ -144,10 +151,11 @@ static size_t smem_fwd(const CgOptions *o) {
 
 static size_t smem_bwd(const CgOptions *o) {
   int EP = o->head_dim_pad, EVP = o->head_dim_v_pad, BM = o->bwd.block_m, BN = o->bwd.block_n;
-  if (o->bwd_sm90) { /* 1024 alignment slack, K, V, 2 stages of Q and dO, 2 dS, 6 mbarriers, 6 words */
+  if (o->bwd_sm90) { /* 1024 alignment slack, K, V, 2 stages of Q and dO, 2 dS, the dQ staging
+                       * (4 warps x 16 rows of 272 bytes), 6 mbarriers, 6 words */
     size_t EPT = (size_t)cg_bwd_sm90_dim(o, o->head_dim), EVPT = (size_t)cg_bwd_sm90_dim(o, o->head_dim_v);
     return 1024u + 2u * (size_t)BN * (EPT + EVPT) + 2u * 2u * (size_t)BM * (EPT + EVPT) +
-           2u * 2u * (size_t)BM * (size_t)BN + 6 * 8 + 6 * 4;
+           2u * 2u * (size_t)BM * (size_t)BN + (bwd_sm90_dq_bulk(o) ? 4u * 16u * 272u : 0u) + 6 * 8 + 6 * 4;
   }
   if (o->dtype != CG_FP32) /* flex_bwd_tc: K, V, Q, dO, P^T, dS^T padded by 8; LSE, D; the walk */
     return 2u * (size_t)(BN * (EP + 8) + BN * (EVP + 8) + BM * (EP + 8) + BM * (EVP + 8) +
@@ -478,10 +486,11 @@ static void entry_bwd_sm90(Buf *out, const CgOptions *o, const char *el, const c
                            const char *sid) {
   buf_printf(out, "extern \"C\" __global__ void __launch_bounds__(%d, 1) flex_bwd("
                   "const __grid_constant__ FlexBwdTma t) {\n"
-                  "  flex_bwd_sm90<%s, %d, %d, %d, %s, %s, %s>(t);\n}\n"
+                  "  flex_bwd_sm90<%s, %d, %d, %d, %s, %s, %s, %s>(t);\n}\n"
                   "FLEX_EMU_ENTRY(flex_bwd, FlexBwdTma)\n\n",
              o->bwd.threads, el, cg_bwd_sm90_dim(o, o->head_dim), cg_bwd_sm90_dim(o, o->head_dim_v),
-             cg_bwd_sm90_consumers(o), mm, sid, o->ds_is_dt ? "false" : "true");
+             cg_bwd_sm90_consumers(o), mm, sid, o->ds_is_dt ? "false" : "true",
+             bwd_sm90_dq_bulk(o) ? "true" : "false");
 }
 
 static void emit_entries(Buf *out, const CgOptions *o) {

@@ -422,6 +422,11 @@ EMU_API static void emu_group_op(EmuReq *r) {
 EMU_NOSAN static void emu_fiber_main(void) {
   emu_L->entry(emu_L->params);
   EmuFiber *f = emu_cur;
+  /* a GPU frees the block's shared memory at exit: a bulk reduction
+   * must have read its source by then */
+  if (!f->bulk_red.empty())
+    emu_fail("exited with %zu cp.reduce.async.bulk not waited for (cp.async.bulk.wait_group)",
+             f->bulk_red.size());
   f->state = EMU_DONE;
   emu_ctx_swap(&f->ctx, &emu_w->sched);
   abort(); /* a finished fiber is never resumed */

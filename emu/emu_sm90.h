@@ -388,6 +388,8 @@ EMU_API static void emu_bulk_wait(uint64_t pending) {
   f->bulk_red.resize(keep);
 }
 template <int N> static inline void flex_bulk_wait_read(void) { emu_bulk_wait((uint64_t)N); }
+/* cp.async.bulk.wait_group N: the same here (the adds were done at issue). */
+template <int N> static inline void flex_bulk_wait(void) { emu_bulk_wait((uint64_t)N); }
 
 /* ---- wgmma ------------------------------------------------------------------------ */
 

@@ -11,6 +11,7 @@
  *   flex_cp_async_16[_a|_ap] / commit / wait   16-byte cp.async (zero fill; _a: 32-bit address)
  *   flex_f2h flex_h2f flex_f2bf flex_bf2f flex_pack_h2 flex_pack_bf2
  *   flex_gload flex_gstore flex_atomic_add   every global-memory access
+ *   flex_sts_f32x2                           an 8-byte shared store (st.shared.v2.f32)
  *   flex_atomic_add_below                    fp32 add where an index is below a limit
  *   flex_atomic_cas                          32-bit compare-and-swap (checked runs)
  *   flex_atomic_max_u64                      64-bit unsigned max (the `sorted` check)
@@ -20,7 +21,7 @@
  * sm_90 (mbarrier, TMA, elect, proxy fence) and sm_90a (wgmma, setmaxnreg):
  *   flex_mbar_{init,arrive,arrive_expect_tx,expect_tx,try_wait,wait}
  *   flex_tma_load_{2,3,4}d      cp.async.bulk.tensor tile loads (FlexTensorMap)
- *   flex_bulk_reduce_add_f32 / flex_bulk_commit / flex_bulk_wait_read<N>   cp.reduce.async.bulk add
+ *   flex_bulk_reduce_add_f32 / flex_bulk_commit / flex_bulk_wait{,_read}<N>   cp.reduce.async.bulk add
  *   flex_elect_one flex_fence_proxy_async flex_setmaxnreg_{inc,dec}<N>
  *   flex_bar_{sync,arrive}<ID, N> flex_bar_{sync,arrive}_id<N> flex_bar_red_or_id<N>   named barriers 1..15
  *     (bar.sync / bar.arrive / bar.red.or.pred)
@@ -55,6 +56,11 @@ __device__ __forceinline__ uint32_t flex_smem_addr(const void *p) {
   asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
                : "=r"(a) : "l"(p));
   return a;
+}
+
+/* Two floats to 8-byte-aligned shared memory in one store (st.shared.v2). */
+__device__ __forceinline__ void flex_sts_f32x2(float *p, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" :: "r"(flex_smem_addr(p)), "f"(a), "f"(b) : "memory");
 }
 
 /* D = A * B + C, A 16x16 row-major, B 16x8 column-major, fp16 in, fp32 out. */
@@ -347,6 +353,10 @@ __device__ __forceinline__ void flex_bulk_commit(void) {
 }
 template <int N> __device__ __forceinline__ void flex_bulk_wait_read(void) {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+/* ... and until their writes to global memory are done (before exit). */
+template <int N> __device__ __forceinline__ void flex_bulk_wait(void) {
+  asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory");
 }
 
 /* A wgmma shared-memory matrix descriptor (see emu/emu_sm90.h for the bits). */

@@ -18,7 +18,9 @@
  *     dV += P^T dO, dK += dS^T Q      wgmma RS: P^T and dS^T from registers
  *     dQ += dS K                      dS^T written to shared memory as dS
  *       ([query][key]); once the tile's steps are done, wgmma SS per
- *       64-column panel of K, then fp32 atomics into dq_acc (scaled; a
+ *       64-column panel of K, then into dq_acc (scaled): with DQB (one
+ *       consumer, E % 4 == 0) each warp stages its 16 rows in shared memory
+ *       and adds them with a bulk reduction per row; else fp32 atomics (a
  *       compare of a constant and a predicated red each)
  *   A tile with an identity score and no buffer gradients, full under the
  *   mask and inside both sequences, runs its steps in a loop of their own
@@ -60,7 +62,8 @@
  * repeats every 1024): K [EPT/64 panels][64 keys][64 cols], V [EVPT/64]
  * [64][64], Q [2][EPT/64][64 rows][64], dO [2][EVPT/64][64][64], dS [2]
  * [64 queries][64 keys], every row of 128 bytes with the 128-byte swizzle;
- * then 6 mbarriers and 6 stage words. EPT, EVPT: E and EV padded to 64 NC
+ * with DQB the dQ staging (4 warps x 16 rows x FLEX_BWD_SM90_DQ_ROW
+ * bytes); then 6 mbarriers and 6 stage words. EPT, EVPT: E and EV padded to 64 NC
  * (TMA zero-fills columns past E and EV, whole panels included, and rows
  * past Q_LEN and KV_LEN). At EPT = EVPT = 256: 64 KB of K and V, 128 KB of
  * Q and dO stages, 16 KB of dS, with the slack 214088 bytes of the 227 KB.
@@ -90,6 +93,11 @@
  * classifier); the consumers need more than 200 (softcap, alibi and
  * relpos_bias spilled there) and fit 232 at E = 256 without spills. */
 #define FLEX_BWD_SM90_PRODUCER_REGS 48
+
+/* Bytes per staged dQ row (DQB): 64 floats and 16 bytes of padding, which
+ * spreads a warp's float2 stores over the banks; 16-byte aligned, as a
+ * bulk reduction's source must be. */
+#define FLEX_BWD_SM90_DQ_ROW 272
 #define FLEX_BWD_SM90_CONSUMER_REGS 232
 
 /* The A fragments of the k16 steps of a 64 x BM accumulator (rounded). */
@@ -105,7 +113,7 @@ __device__ __forceinline__ void flex_bwd_sm90_frag(uint32_t (*a)[4], const float
  * consumer warpgroups, consumer c owning columns [c KC, (c + 1) KC) of dK
  * and dQ and [c VC, (c + 1) VC) of dV, at most 128 each (dK and dV take
  * KC / 2 + VC / 2 accumulator registers). */
-template <class El, int EPT, int EVPT, int NC, int MASK_MODE, bool SCORE_ID, bool JOINT>
+template <class El, int EPT, int EVPT, int NC, int MASK_MODE, bool SCORE_ID, bool JOINT, bool DQB>
 __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
   const FlexParams &p = t.p;
   typedef typename El::T T;
@@ -114,6 +122,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
   constexpr int KC = EPT / NC, VC = EVPT / NC;   /* a consumer's dK / dQ and dV columns */
   constexpr int QH = KC + VC > 128 ? 32 : 64;    /* query rows per step of a tile */
   static_assert(NC == 1 || NC == 2, "one or two consumer warpgroups");
+  static_assert(!DQB || NC == 1, "dQ by bulk reductions: one consumer (the staging fits beside it)");
   static_assert(EPT % (64 * NC) == 0 && EVPT % (64 * NC) == 0 && KC <= 128 && VC <= 128,
                 "a consumer's head dims in one or two 64-column panels");
   constexpr uint32_t PANEL = 64 * 128; /* bytes of one 64-row, 64-column panel */
@@ -123,7 +132,9 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
   unsigned char *smem = flex_smem + ((1024u - (flex_smem_addr(flex_smem) & 1023u)) & 1023u);
   unsigned char *sK = smem, *sV = sK + KBYTES, *sQ = sV + VBYTES, *sO = sQ + 2 * KBYTES;
   unsigned char *sS = sO + 2 * VBYTES;
-  uint64_t *kvbar = (uint64_t *)(sS + 2 * SBYTES), *fullb = kvbar + 1, *emptyb = kvbar + 3,
+  float *sdq = (float *)(sS + 2 * SBYTES); /* DQB: each warp's 16 dQ rows of a panel */
+  uint64_t *kvbar = (uint64_t *)((unsigned char *)sdq + (DQB ? 4 * 16 * FLEX_BWD_SM90_DQ_ROW : 0)),
+           *fullb = kvbar + 1, *emptyb = kvbar + 3,
            *dsbar = kvbar + 5;
   int32_t *stage_m0 = (int32_t *)(kvbar + 6), *stage_full = stage_m0 + 2, *stage_h = stage_m0 + 4;
   const int tid = threadIdx.x;
@@ -381,6 +392,35 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
                               flex_wgmma_desc_at(nKc, ks * 2048), ks > 0);
       flex_wgmma_commit();
       flex_wgmma_wait<0>();
+      if (DQB) {
+        /* Warp w holds rows 16 w .. 16 w + 15 of the panel whole (element
+         * e at row g + 8 (e / 2 % 2), column 8 (e / 4) + 2 t4 + e % 2): it
+         * stages them, scaled, in its own 16 rows of shared memory, and
+         * lane l < 16 adds row l to dq_acc with one bulk reduction (256
+         * bytes, or the E - 64 c columns left; E % 4 == 0 keeps every row
+         * 16-byte aligned). Nothing crosses warps: __syncwarp orders a
+         * lane's wait for its previous reduction's read before the
+         * rewrite, and the rewrite (then fence.proxy.async: generic
+         * writes, async-proxy reads) before the next reduction. */
+        float *const rows_at = sdq + w * 16 * (FLEX_BWD_SM90_DQ_ROW / 4);
+        if (lane < 16) flex_bulk_wait_read<0>();
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+          for (int r = 0; r < 2; r++) {
+            flex_sts_f32x2(rows_at + (g + 8 * r) * (FLEX_BWD_SM90_DQ_ROW / 4) + 8 * j + 2 * t4,
+                           dq[4 * j + 2 * r] * p.scale, dq[4 * j + 2 * r + 1] * p.scale);
+          }
+        flex_fence_proxy_async();
+        __syncwarp();
+        const int row = m0 + 16 * w + lane, cols = p.E - 64 * c < 64 ? p.E - 64 * c : 64;
+        if (lane < 16 && row < p.q_len)
+          flex_bulk_reduce_add_f32(p.dq_acc + (rows + row) * p.E + 64 * c,
+                                   rows_at + lane * (FLEX_BWD_SM90_DQ_ROW / 4), 4u * (uint32_t)cols);
+        if (lane < 16) flex_bulk_commit();
+        continue;
+      }
       /* Element e is at column 64 c + 2 t4 + k, k = 8 (e / 4) + e % 2, of
        * row r = e / 2 % 2 (dq0, dq1); it exists when k < room[r] (columns
        * left in the row: 0 past Q_LEN): one compare of a constant and a
@@ -397,6 +437,9 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
       }
     }
   }
+
+  /* The last panels' reductions done before the block's shared memory goes. */
+  if (DQB && lane < 16) flex_bulk_wait<0>();
 
   /* dK (scaled) and dV of this thread's two keys, the consumer's columns. */
   T *dkp = (T *)p.dk + b * p.sdk.b + hk * p.sdk.h + cw * KC,

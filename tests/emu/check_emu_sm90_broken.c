@@ -111,6 +111,15 @@ static const Case bwd_cases[] = {
      TL_WRONG},
     {"S^T of every step from the first step's Q rows", "flex_wgmma_desc_at(kQ, s * KBYTES + qoff)",
      "flex_wgmma_desc_at(kQ, s * KBYTES)", TL_WRONG},
+    /* dQ through bulk reductions (E % 4 == 0, one consumer) */
+    {"dQ staging rewritten before the last panel's bulk reductions read it",
+     "        if (lane < 16) flex_bulk_wait_read<0>();\n", "", TL_FAILS},
+    /* (the other lanes' writes change a source already being reduced) */
+    {"dQ staged rows added before the whole warp wrote them",
+     "        flex_fence_proxy_async();\n        __syncwarp();\n", "        flex_fence_proxy_async();\n",
+     TL_FAILS},
+    {"dQ's 16th row of each warp never added", "if (lane < 16 && row < p.q_len)",
+     "if (lane < 15 && row < p.q_len)", TL_WRONG},
 };
 #define NBWD ((int)(sizeof bwd_cases / sizeof *bwd_cases))
 
