@@ -63,10 +63,11 @@
  * [64][64], Q [2][EPT/64][64 rows][64], dO [2][EVPT/64][64][64], dS [2]
  * [64 queries][64 keys], every row of 128 bytes with the 128-byte swizzle;
  * with DQB the dQ staging (4 warps x 16 rows x FLEX_BWD_SM90_DQ_ROW
- * bytes); then 6 mbarriers and 6 stage words. EPT, EVPT: E and EV padded to 64 NC
+ * bytes); the tile's LSE and D (64 floats each); then 6 mbarriers and 6
+ * stage words. EPT, EVPT: E and EV padded to 64 NC
  * (TMA zero-fills columns past E and EV, whole panels included, and rows
  * past Q_LEN and KV_LEN). At EPT = EVPT = 256: 64 KB of K and V, 128 KB of
- * Q and dO stages, 16 KB of dS, with the slack 214088 bytes of the 227 KB.
+ * Q and dO stages, 16 KB of dS, with the slack 214600 bytes of the 227 KB.
  *
  * Accumulator layout (see flex_fwd_sm90.cuh): thread (warp w, lane 4 g + t)
  * holds d[4 j + 2 r + c] at row 16 w + g + 8 r, column 8 j + 2 t + c: for
@@ -133,8 +134,9 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
   unsigned char *sK = smem, *sV = sK + KBYTES, *sQ = sV + VBYTES, *sO = sQ + 2 * KBYTES;
   unsigned char *sS = sO + 2 * VBYTES;
   float *sdq = (float *)(sS + 2 * SBYTES); /* DQB: each warp's 16 dQ rows of a panel */
-  uint64_t *kvbar = (uint64_t *)((unsigned char *)sdq + (DQB ? 4 * 16 * FLEX_BWD_SM90_DQ_ROW : 0)),
-           *fullb = kvbar + 1, *emptyb = kvbar + 3,
+  /* the tile's LSE (exp2 domain) and D, a float per query row each */
+  float *slse = (float *)((unsigned char *)sdq + (DQB ? 4 * 16 * FLEX_BWD_SM90_DQ_ROW : 0)), *sdl = slse + 64;
+  uint64_t *kvbar = (uint64_t *)(sdl + 64), *fullb = kvbar + 1, *emptyb = kvbar + 3,
            *dsbar = kvbar + 5;
   int32_t *stage_m0 = (int32_t *)(kvbar + 6), *stage_full = stage_m0 + 2, *stage_h = stage_m0 + 4;
   const int tid = threadIdx.x;
@@ -234,6 +236,24 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     const bool full = __shfl_sync(0xffffffffu, stage_full[s], 0) != 0;
     const int h = __shfl_sync(0xffffffffu, stage_h[s], 0);
     const int64_t rows = (int64_t)(b * p.H + h) * p.q_len;
+    /* The tile's LSE (exp2 domain; +inf for a row with no keys or past
+     * Q_LEN, so its P is 0) and D (0 past Q_LEN) into shared memory, a row
+     * per consumer thread of the first 128: every step reads its query
+     * columns' pairs with one 8-byte load each instead of two global loads
+     * and the LSE's conversion. Overwriting the last tile's is safe: this
+     * thread passed that tile's `dsbar` phase, which every consumer thread
+     * completed after its last step. */
+    if (ct < 128) {
+      const int r = ct % 64, qi = m0 + r;
+      const bool ok = qi < p.q_len;
+      if (ct < 64) {
+        const float lse = ok ? flex_gload(p.lse + b * p.lse_b + h * p.lse_h + qi) : -INFINITY;
+        slse[r] = lse == -INFINITY ? INFINITY : lse * FLEX_LOG2E;
+      } else {
+        sdl[r] = ok ? flex_gload(p.delta + rows + qi) : 0.0f;
+      }
+    }
+    flex_bar_sync<1, 128 * NC>();
 
     /* The tile in steps of QH query rows (QH = 32 when a consumer's dK and
      * dV take 128 registers: S^T and dP^T of 64 rows beside them made
@@ -281,18 +301,17 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
       flex_wgmma_wait<0>();
 
       /* P^T into st, dS^T into dpt (both 0 where masked or underflowed), per
-       * query column: its LSE (exp2 domain; +inf for a row with no keys or
-       * past Q_LEN, so its P is 0) and D read from global memory (L1) here,
+       * query column: its LSE and D from the tile's copy in shared memory,
        * not held in registers beside dK, dV, S^T and dP^T. */
 #pragma unroll
-      for (int j = 0; j < QH / 8; j++)
+      for (int j = 0; j < QH / 8; j++) {
+        float lse2s[2], dls[2];
+        flex_lds_f32x2(slse + QH * hf + 8 * j + 2 * t4, lse2s[0], lse2s[1]);
+        flex_lds_f32x2(sdl + QH * hf + 8 * j + 2 * t4, dls[0], dls[1]);
 #pragma unroll
         for (int c = 0; c < 2; c++) {
           const int qi = mh + 8 * j + 2 * t4 + c;
-          const bool ok = !GEN || qi < p.q_len;
-          const float lse = ok ? flex_gload(p.lse + b * p.lse_b + h * p.lse_h + qi) : -INFINITY;
-          const float lse2 = lse == -INFINITY ? INFINITY : lse * FLEX_LOG2E;
-          const float dl = ok ? flex_gload(p.delta + rows + qi) : 0.0f;
+          const float lse2 = lse2s[c], dl = dls[c];
 #pragma unroll
           for (int r = 0; r < 2; r++) {
             const int e = 4 * j + 2 * r + c, kj = n0 + 16 * w + g + 8 * r;
@@ -322,6 +341,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
             dpt[e] = ds;
           }
         }
+      }
       uint32_t ap[QH / 16][4], as[QH / 16][4]; /* P^T, dS^T: A fragments of the k16 steps */
       flex_bwd_sm90_frag<El, QH>(ap, st);
       flex_bwd_sm90_frag<El, QH>(as, dpt);
@@ -361,7 +381,13 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
       flex_wgmma_wait<0>();
     };
     /* Two loops of their own (the decision is the tile's, the same in
-     * every thread of the CTA). */
+     * every thread of the CTA). The steady body would be right at the
+     * sequence ends too (a query row past Q_LEN has LSE +inf and zeros
+     * for Q and dO, which TMA fills in; a key past KV_LEN zeros for K and
+     * V, so its P and dS reach only its own dK and dV, never stored, and
+     * dQ through a K row of zeros), but without the range test ptxas 13
+     * serializes the causal kernel's wgmma (C7514: accumulators read
+     * inside a pipeline stage), so those tiles take the general body. */
     if (SCORE_ID && !JOINT && n0 + BN <= p.kv_len && m0 + BM <= p.q_len &&
         (MASK_MODE == FLEX_MASK_NONE || full)) {
 #pragma unroll 1

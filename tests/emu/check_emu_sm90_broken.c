@@ -153,8 +153,13 @@ static const Case steady_cases[] = {
     {"steady dS without D", "xs * (dpt[e] - dl)", "xs * dpt[e]", TL_WRONG},
     {"steady P left out of dV (dS's place)", "      dpt[e] = xs != 0.0f ? xs * (dpt[e] - dl) : 0.0f;\n              st[e] = xs;",
      "      dpt[e] = xs != 0.0f ? xs * (dpt[e] - dl) : 0.0f;\n              st[e] = dpt[e];", TL_WRONG},
-    {"every tile steady, at the sequence ends too", "n0 + BN <= p.kv_len && m0 + BM <= p.q_len",
-     "true", TL_WRONG},
+    /* (sending every tile to the steady body is no longer a mutation to
+     * catch: with the tile's LSE staged, +inf past Q_LEN, it is right at
+     * the sequence ends too; flex_bwd_sm90.cuh says why it is not done) */
+    {"steady LSE of the first step's rows in every step", "flex_lds_f32x2(slse + QH * hf + 8 * j + 2 * t4",
+     "flex_lds_f32x2(slse + 8 * j + 2 * t4", TL_WRONG},
+    {"steady D of the first tile's rows in every tile", "sdl[r] = ok ? flex_gload(p.delta + rows + qi)",
+     "sdl[r] = ok ? flex_gload(p.delta + rows + r)", TL_WRONG},
 };
 #define NSTEADY ((int)(sizeof steady_cases / sizeof *steady_cases))
 
