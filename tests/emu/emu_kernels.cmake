@@ -49,3 +49,8 @@ set_tests_properties(check_emu_kernels_sm90_full PROPERTIES LABELS slow TIMEOUT 
 add_test(NAME check_emu_extreme_full COMMAND check_emu_extreme --full)
 set_tests_properties(check_emu_extreme_full PROPERTIES LABELS slow TIMEOUT 3600
   ENVIRONMENT "CK_DEFAULT_TIMEOUT=600;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+# The fiber switch's portable fallback (ucontext: machines other than
+# x86-64 run it): check_emu with every module built -DFLEXC_EMU_UCONTEXT.
+add_test(NAME check_emu_ucontext COMMAND check_emu)
+set_tests_properties(check_emu_ucontext PROPERTIES TIMEOUT 1200
+  ENVIRONMENT "FLEXC_EMU_CXX=c++ -DFLEXC_EMU_UCONTEXT;FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
