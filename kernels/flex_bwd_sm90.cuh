@@ -94,12 +94,12 @@
  * classifier); the consumers need more than 200 (softcap, alibi and
  * relpos_bias spilled there) and fit 232 at E = 256 without spills. */
 #define FLEX_BWD_SM90_PRODUCER_REGS 48
+#define FLEX_BWD_SM90_CONSUMER_REGS 232
 
 /* Bytes per staged dQ row (DQB): 64 floats and 16 bytes of padding, which
- * spreads a warp's float2 stores over the banks; 16-byte aligned, as a
+ * spreads a warp's 8-byte stores over the banks; 16-byte aligned, as a
  * bulk reduction's source must be. */
 #define FLEX_BWD_SM90_DQ_ROW 272
-#define FLEX_BWD_SM90_CONSUMER_REGS 232
 
 /* The A fragments of the k16 steps of a 64 x BM accumulator (rounded). */
 template <class El, int BM>
