@@ -4,8 +4,9 @@
 #   call-reference, call-cpu, call-emu, call-cuda
 #       the call fuzzer (check_call_fuzz) on that backend (cuda: over the
 #       stand-in driver), in build/ (made by scripts/setup.sh if missing);
-#       FLEXC_SEED=N repeats a run, FLEXC_CALL_FUZZ_ONLY=I one call of it,
-#       FLEXC_CALL_FUZZ_MODULES=N shares N kernel modules among the calls.
+#       FLEXC_SEED=N repeats a run, FLEXC_CALL_FUZZ_ONLY=I one call of it;
+#       FLEXC_CALL_FUZZ_MODULES=N shares N kernel modules among a run's
+#       calls, in runs of FLEXC_CALL_FUZZ_RUN calls (10000) with fresh seeds.
 #   score, npy, blockmask, cli
 #       a libFuzzer target under ASan and UBSan, built with clang in
 #       build-fuzz/ (-DFLEXC_FUZZ=ON); the corpus grows in
@@ -17,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
 target=$1 minutes=$2
 shift 2
@@ -28,8 +29,17 @@ case $target in
 call-reference | call-cpu | call-emu | call-cuda)
   [ -x build/tests/check_call_fuzz ] || scripts/setup.sh build
   cmake --build build --target check_call_fuzz >/dev/null
-  FLEXC_CALL_FUZZ_SECONDS=$seconds FLEXC_CACHE_DIR=${FLEXC_CACHE_DIR:-$PWD/build/test-cache} \
-    exec build/tests/check_call_fuzz --backend "${target#call-}"
+  export FLEXC_CACHE_DIR=${FLEXC_CACHE_DIR:-$PWD/build/test-cache}
+  if [ -n "${FLEXC_SEED:-}" ] || [ -z "${FLEXC_CALL_FUZZ_MODULES:-}" ]; then
+    FLEXC_CALL_FUZZ_SECONDS=$seconds exec build/tests/check_call_fuzz --backend "${target#call-}"
+  fi
+  # pooled modules: runs of FLEXC_CALL_FUZZ_RUN calls (default 10000), each
+  # with a fresh seed (so a fresh pool), until the time is up
+  end=$((SECONDS + seconds))
+  while left=$((end - SECONDS)) && [ "$left" -gt 0 ]; do
+    FLEXC_CALL_FUZZ_SECONDS=$left FLEXC_CALL_FUZZ_CALLS=${FLEXC_CALL_FUZZ_RUN:-10000} \
+      build/tests/check_call_fuzz --backend "${target#call-}"
+  done
   ;;
 score | npy | blockmask | cli)
   if ! command -v clang >/dev/null; then

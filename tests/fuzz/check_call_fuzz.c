@@ -33,8 +33,8 @@
  * checked: no crash, documented errors only, every launch's geometry and
  * shared memory legal and every operation on the caller's stream.
  *
- * FLEXC_CALL_FUZZ_SECONDS (default 25) and FLEXC_CALL_FUZZ_CALLS bound a
- * run; call i is drawn from FLEXC_SEED (printed) and i, so
+ * FLEXC_CALL_FUZZ_SECONDS and FLEXC_CALL_FUZZ_CALLS bound a run (either
+ * or both; 25 seconds when neither is set); call i is drawn from FLEXC_SEED (printed) and i, so
  * FLEXC_CALL_FUZZ_ONLY=i replays one; a failing call is printed as a Spec
  * initializer for the regression table. scripts/fuzz.sh call-BACKEND
  * MINUTES runs it for longer.
@@ -64,7 +64,7 @@
 static flex_backend backend = FLEX_BACKEND_REFERENCE;
 static bool mock;        /* cuda over the stand-in driver: host path only */
 static uint64_t seed0;   /* the run's seed */
-static double seconds;   /* time bound */
+static double seconds;   /* time bound (0: none) */
 static long max_calls;   /* call bound (0: none) */
 static long pool;        /* module pool size (0: none) */
 static long only = -1;   /* replay one call */
@@ -378,7 +378,7 @@ START_TEST(random_calls) {
     snprintf(label, sizeof label, "call %ld of FLEXC_SEED=%llu%s", i, (unsigned long long)seed0, pooled);
     one(&s, tl_rand(&rng), label);
     if (only >= 0) break;
-    if ((max_calls && i + 1 >= max_calls) || (!max_calls && now() - t0 >= seconds)) break;
+    if ((max_calls && i + 1 >= max_calls) || (seconds > 0 && now() - t0 >= seconds)) break;
   }
   report(now() - t0);
   for (int m = 0; m < tally.nmsgs; m++) fprintf(stderr, "  unsupported: %s\n", tally.unsupported_msgs[m]);
@@ -392,10 +392,11 @@ int main(int argc, char **argv) {
       return 2;
     }
   seed0 = tl_seed();
-  const char *env = getenv("FLEXC_CALL_FUZZ_SECONDS");
-  seconds = env && *env ? atof(env) : 25.0;
-  env = getenv("FLEXC_CALL_FUZZ_CALLS");
+  /* either bound or both; 25 seconds when neither is given */
+  const char *env = getenv("FLEXC_CALL_FUZZ_CALLS");
   max_calls = env && *env ? atol(env) : 0;
+  env = getenv("FLEXC_CALL_FUZZ_SECONDS");
+  seconds = env && *env ? atof(env) : max_calls > 0 ? 0.0 : 25.0;
   env = getenv("FLEXC_CALL_FUZZ_MODULES");
   pool = env && *env ? atol(env) : 0;
   if (pool < 0) pool = 0;
@@ -421,7 +422,7 @@ int main(int argc, char **argv) {
   int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGALRM};
   for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) signal(sigs[i], on_signal);
   tl_one_process();
-  int budget = (int)(seconds + 900);
+  int budget = seconds > 0 ? (int)(seconds + 900) : 7 * 86400; /* a call-bounded run: a week */
   return TL_MAIN("call_fuzz", budget, TL_LOOP(regression, only >= 0 ? 0 : NREGRESSIONS),
                  TL_TEST(random_calls));
 }
