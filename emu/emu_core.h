@@ -160,8 +160,11 @@ struct EmuBulkRed {
  * the callee-saved registers, MXCSR and the x87 control word (the SysV ABI
  * keeps these across a call; everything else is the caller's), store the
  * stack pointer, load the other one, pop. The signal mask never changes
- * inside a block, so nothing else needs keeping. Elsewhere (or with
- * -DFLEXC_EMU_UCONTEXT) ucontext does it. */
+ * inside a block, so nothing else needs keeping. A new fiber starts by a
+ * `ret` into flex_emu_start, which a CET shadow stack would refuse: a
+ * process that enforces one (none does by default on Debian or Ubuntu)
+ * needs modules built with -DFLEXC_EMU_UCONTEXT. Elsewhere (or with that
+ * define) ucontext does it. */
 #if defined(__x86_64__) && !defined(FLEXC_EMU_UCONTEXT)
 struct EmuCtx {
   void *sp; /* the stack pointer, over the saved registers */
