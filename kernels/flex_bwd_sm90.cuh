@@ -96,11 +96,6 @@
 #define FLEX_BWD_SM90_PRODUCER_REGS 48
 #define FLEX_BWD_SM90_CONSUMER_REGS 232
 
-/* Bytes per staged dQ row (DQB): 64 floats and 16 bytes of padding, which
- * spreads a warp's 8-byte stores over the banks; 16-byte aligned, as a
- * bulk reduction's source must be. */
-#define FLEX_BWD_SM90_DQ_ROW 272
-
 /* The A fragments of the k16 steps of a 64 x BM accumulator (rounded). */
 template <class El, int BM>
 __device__ __forceinline__ void flex_bwd_sm90_frag(uint32_t (*a)[4], const float *d) {
@@ -428,22 +423,22 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
          * lane's wait for its previous reduction's read before the
          * rewrite, and the rewrite (then fence.proxy.async: generic
          * writes, async-proxy reads) before the next reduction. */
-        float *const rows_at = sdq + w * 16 * (FLEX_BWD_SM90_DQ_ROW / 4);
+        constexpr int RF = FLEX_BWD_SM90_DQ_ROW / 4; /* floats per staged row */
+        float *const rows_at = sdq + w * 16 * RF;
         if (lane < 16) flex_bulk_wait_read<0>();
         __syncwarp();
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
-          for (int r = 0; r < 2; r++) {
-            flex_sts_f32x2(rows_at + (g + 8 * r) * (FLEX_BWD_SM90_DQ_ROW / 4) + 8 * j + 2 * t4,
-                           dq[4 * j + 2 * r] * p.scale, dq[4 * j + 2 * r + 1] * p.scale);
-          }
+          for (int r = 0; r < 2; r++)
+            flex_sts_f32x2(rows_at + (g + 8 * r) * RF + 8 * j + 2 * t4, dq[4 * j + 2 * r] * p.scale,
+                           dq[4 * j + 2 * r + 1] * p.scale);
         flex_fence_proxy_async();
         __syncwarp();
         const int row = m0 + 16 * w + lane, cols = p.E - 64 * c < 64 ? p.E - 64 * c : 64;
         if (lane < 16 && row < p.q_len)
-          flex_bulk_reduce_add_f32(p.dq_acc + (rows + row) * p.E + 64 * c,
-                                   rows_at + lane * (FLEX_BWD_SM90_DQ_ROW / 4), 4u * (uint32_t)cols);
+          flex_bulk_reduce_add_f32(p.dq_acc + (rows + row) * p.E + 64 * c, rows_at + lane * RF,
+                                   4u * (uint32_t)cols);
         if (lane < 16) flex_bulk_commit();
         continue;
       }

@@ -16,6 +16,10 @@
 #define FLEX_MAX_BUFFERS 16 /* buffers per kernel */
 #define FLEX_MAX_SIZES 24   /* B H HKV Q_LEN KV_LEN TOTAL_Q TOTAL_KV Q_START KV_START, then free symbols */
 #define FLEX_WALK_BYTES 256 /* shared memory of a tensor-core walk and its published runs */
+/* Bytes per staged dQ row of the sm_90a backward (flex_bwd_sm90's DQB): 64
+ * floats and 16 bytes of padding, which spreads a warp's 8-byte stores over
+ * the banks; 16-byte aligned, as a bulk reduction's source must be. */
+#define FLEX_BWD_SM90_DQ_ROW 272
 
 /* Element strides of a [B, heads, rows, cols] tensor (cols are unit-stride). */
 typedef struct FlexStrides {

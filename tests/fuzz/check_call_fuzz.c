@@ -34,8 +34,8 @@
  * shared memory legal and every operation on the caller's stream.
  *
  * FLEXC_CALL_FUZZ_SECONDS and FLEXC_CALL_FUZZ_CALLS bound a run (either
- * or both; 25 seconds when neither is set); call i is drawn from FLEXC_SEED (printed) and i, so
- * FLEXC_CALL_FUZZ_ONLY=i replays one; a failing call is printed as a Spec
+ * or both; 25 seconds when neither is set); call i is drawn from
+ * FLEXC_SEED (printed) and i, so FLEXC_CALL_FUZZ_ONLY=i replays one; a failing call is printed as a Spec
  * initializer for the regression table. scripts/fuzz.sh call-BACKEND
  * MINUTES runs it for longer.
  *
