@@ -12,6 +12,8 @@
  *   ldmatrix.sync.aligned.m8n8.{x1,x2,x4}[.trans].shared.b16
  *     lanes 8i..8i+7 give the row addresses of matrix i (16 bytes per row);
  *     r[i] of lane l = M_i[l/4][2(l%4)..2(l%4)+1] (.trans: M_i^T).
+ *   stmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: the inverse (lane 4g+t
+ *     holds M_i[g][2t..2t+1] in r[i]; .trans stores M_i^T).
  *   cp.async.cg.shared.global 16 bytes: source read at issue, destination
  *     poisoned until the copy's commit group is waited for; both addresses
  *     16-byte aligned, also for a zero fill (src-size 0).
@@ -277,9 +279,79 @@ static inline uint32_t flex_smem_addr(const void *p) {
   return (uint32_t)emu_smem_offset(p, 0, "shared address");
 }
 static inline unsigned char *emu_smem_at(uint32_t a) { return emu_w->smem + a; }
+/* st.shared.v2.f32 at a 32-bit shared address: in shared memory, 8-byte aligned. */
+EMU_API static void flex_sts_f32x2_a(uint32_t a, float x, float y) {
+  if ((uint64_t)a + 8 > emu_L->smem_bytes)
+    emu_fail("st.shared.v2.f32 of 8 bytes at shared offset %u is outside the block's %llu bytes of shared memory",
+             a, (unsigned long long)emu_L->smem_bytes);
+  else if (a % 8)
+    emu_fail("st.shared.v2.f32: shared offset %u is not 8-byte aligned", a);
+  else {
+    float v[2] = {x, y};
+    memcpy(emu_smem_at(a), v, 8);
+  }
+}
+
+/* ld.shared.v4.f32 at a 32-bit shared address: in shared memory, 16-byte aligned. */
+EMU_API static void flex_lds_f32x4(float v[4], uint32_t a) {
+  if ((uint64_t)a + 16 > emu_L->smem_bytes)
+    emu_fail("ld.shared.v4.f32 of 16 bytes at shared offset %u is outside the block's %llu bytes of shared memory",
+             a, (unsigned long long)emu_L->smem_bytes);
+  else if (a % 16)
+    emu_fail("ld.shared.v4.f32: shared offset %u is not 16-byte aligned", a);
+  else
+    memcpy(v, emu_smem_at(a), 16);
+}
 EMU_ALIGNED_OP void flex_ldsm_x4(uint32_t r[4], uint32_t a) { emu_ldmatrix(r, emu_smem_at(a), 4, 0); }
 EMU_ALIGNED_OP void flex_ldsm_x4_trans(uint32_t r[4], uint32_t a) {
   emu_ldmatrix(r, emu_smem_at(a), 4, 1);
+}
+
+/* ---- stmatrix (sm_90) --------------------------------------------------------- */
+
+/* stmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: ldmatrix's inverse.
+ * Lane 4 g + t holds M_i[g][2t..2t+1] in register i; lanes 8i..8i+7 give
+ * the row addresses of matrix i; .trans stores M_i^T. r->width: 1 for
+ * .trans. Every register is read before any row is written. */
+EMU_NOSAN static void emu_stmatrix_fn(EmuReq **lanes, int n) {
+  int trans = lanes[0]->width;
+  if (n != 32) {
+    emu_fail_tid(lanes[0]->tid, "stmatrix needs a full warp, this one has %d lanes", n);
+    return;
+  }
+  uint16_t M[4][8][8];
+  for (int l = 0; l < 32; l++) {
+    if (lanes[l]->width != trans) {
+      emu_fail_tid(lanes[l]->tid, "stmatrix variants differ across the warp");
+      return;
+    }
+    const uint32_t *r = (const uint32_t *)lanes[l]->a;
+    for (int m = 0; m < 4; m++)
+      for (int c = 0; c < 2; c++) M[m][l >> 2][2 * (l & 3) + c] = (uint16_t)(r[m] >> (16 * c));
+  }
+  for (int m = 0; m < 4; m++)
+    for (int row = 0; row < 8; row++) {
+      EmuReq *dst = lanes[8 * m + row];
+      uint32_t a = (uint32_t)(uintptr_t)dst->c;
+      if ((uint64_t)a + 16 > emu_L->smem_bytes || (a & 15)) {
+        emu_fail_tid(dst->tid, "stmatrix row address %u (matrix %d, row %d) is not a 16-byte aligned "
+                               "row inside the block's %llu bytes of shared memory",
+                     a, m, row, (unsigned long long)emu_L->smem_bytes);
+        return;
+      }
+      emu_shadow_access(dst->tid, a, 16, true);
+      uint16_t v[8];
+      for (int k = 0; k < 8; k++) v[k] = trans ? M[m][k][row] : M[m][row][k];
+      memcpy(emu_smem_at(a), v, 16);
+    }
+}
+
+EMU_ALIGNED_OP void flex_stsm_x4_trans(uint32_t a, const uint32_t r[4]) {
+  EmuReq q = {};
+  q.fn = emu_stmatrix_fn, q.name = "stmatrix.x4.trans", q.mask = 0xffffffffu;
+  q.width = 1, q.c = (const void *)(uintptr_t)a, q.a = r;
+  q.site = __builtin_return_address(0);
+  emu_warp_op(&q);
 }
 
 /* ---- cp.async ----------------------------------------------------------------- */

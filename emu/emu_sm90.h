@@ -408,6 +408,12 @@ static inline uint64_t flex_wgmma_desc_at(uint64_t d, uint32_t bytes) {
     emu_fail("wgmma descriptor: start field 0x%x moved by %u bytes leaves it", (unsigned)(d & 0x3FFF), bytes);
   return d + (bytes >> 4);
 }
+/* The same by a 32-bit add to the low word (the same result wherever the
+ * check above holds). */
+static inline uint64_t flex_wgmma_desc_lo(uint64_t d, uint32_t bytes) {
+  const uint64_t r = flex_wgmma_desc_at(d, bytes);
+  return (d & 0xFFFFFFFF00000000ull) | (uint32_t)r;
+}
 
 /* What each thread passes to a wgmma.mma_async. */
 struct EmuWgArgs {

@@ -183,6 +183,7 @@ struct FlexF16 {
   static __device__ __forceinline__ void store(T *p, float x) { flex_gstore(p, flex_f2h(x)); }
   /* x * f, rounded once (exact for f = -1, 0, NaN and +-inf) */
   static __device__ __forceinline__ T mul(T x, float f) { return flex_f2h(flex_h2f(x) * f); }
+  static __device__ __forceinline__ float f32(T x) { return flex_h2f(x); }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return flex_pack_h2(lo, hi); }
   static __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
     flex_mma_f16(d, a, b, d);
@@ -195,6 +196,7 @@ struct FlexBF16 {
   static __device__ __forceinline__ void store(T *p, float x) { flex_gstore(p, flex_f2bf(x)); }
   /* x * f, rounded once (exact for f = -1, 0, NaN and +-inf) */
   static __device__ __forceinline__ T mul(T x, float f) { return flex_f2bf(flex_bf2f(x) * f); }
+  static __device__ __forceinline__ float f32(T x) { return flex_bf2f(x); }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return flex_pack_bf2(lo, hi); }
   static __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
     flex_mma_bf16(d, a, b, d);

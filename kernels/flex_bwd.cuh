@@ -1,7 +1,7 @@
 /* flex_bwd.cuh: the backward kernel bodies.
  *
  * flex_bwd_pre: one thread per query row: D = rowsum(dO * O) - dLSE (O in
- *   the input dtype, or fp32 for an fp32 O), and
+ *   the input dtype, or fp32 for an fp32 O), sum |dO| where asked (dnorm), and
  *   zeroes the row of the fp32 dQ accumulator.
  * flex_bwd_tc (fp16/bf16) and flex_bwd_main (fp32): one CTA per (key tile
  *   of BN keys, kv head, batch). It walks every query head of its group (so
@@ -43,9 +43,14 @@ __device__ __forceinline__ void flex_bwd_pre(const FlexParams &p) {
   if (qi >= p.q_len) return;
   const typename OutEl::T *o = (const typename OutEl::T *)p.out + b * p.so.b + h * p.so.h + qi * p.so.row;
   const T *d = (const T *)p.dout + b * p.sdo.b + h * p.sdo.h + qi * p.sdo.row;
-  float acc = 0.0f;
-  for (int e = 0; e < p.EV; e++) acc = acc + OutEl::load(o + e) * El::load(d + e);
+  float acc = 0.0f, an = 0.0f;
+  for (int e = 0; e < p.EV; e++) {
+    const float x = El::load(d + e);
+    acc = acc + OutEl::load(o + e) * x;
+    an = an + fabsf(x);
+  }
   const int64_t row = (int64_t)(b * p.H + h) * p.q_len + qi;
+  if (p.dnorm) flex_gstore(p.dnorm + row, an);
   if (p.dlse) acc -= flex_gload(p.dlse + b * p.lse_b + h * p.lse_h + qi);
   flex_gstore(p.delta + row, acc);
 #ifdef FLEX_SINK

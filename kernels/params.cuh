@@ -16,10 +16,11 @@
 #define FLEX_MAX_BUFFERS 16 /* buffers per kernel */
 #define FLEX_MAX_SIZES 24   /* B H HKV Q_LEN KV_LEN TOTAL_Q TOTAL_KV Q_START KV_START, then free symbols */
 #define FLEX_WALK_BYTES 256 /* shared memory of a tensor-core walk and its published runs */
-/* Bytes per staged dQ row of the sm_90a backward (flex_bwd_sm90's DQB): 64
- * floats and 16 bytes of padding, which spreads a warp's 8-byte stores over
- * the banks; 16-byte aligned, as a bulk reduction's source must be. */
-#define FLEX_BWD_SM90_DQ_ROW 272
+/* Bytes per staged dQ row of the sm_90a backward (flex_bwd_sm90's DQB) at
+ * padded head dim EPT: EPT floats and 16 bytes of padding, which spreads a
+ * warp's 8-byte stores over the banks; 16-byte aligned, as a bulk
+ * reduction's source must be. */
+#define FLEX_BWD_SM90_DQ_ROW(EPT) (4 * (EPT) + 16)
 
 /* Element strides of a [B, heads, rows, cols] tensor (cols are unit-stride). */
 typedef struct FlexStrides {
@@ -45,6 +46,9 @@ typedef struct FlexParams {
   float *dq_acc;       /* backward: fp32 dQ accumulator [B, H, Q_LEN, E], contiguous; zeroed by
                           flex_bwd_pre (deterministic: dq_splits such slices) */
   float *delta;        /* backward: D [B, H, Q_LEN] fp32, contiguous; written by flex_bwd_pre */
+  float *dnorm;        /* backward, or NULL: sum |dO| per row [B, H, Q_LEN] fp32, contiguous; written
+                          by flex_bwd_pre (the sm_90a backward's bound on dP; without it no
+                          tile takes that kernel's steady body) */
   float *buf_grad[FLEX_MAX_BUFFERS]; /* backward: fp32 accumulators of `grad` buffers (dense row-major, zeroed by the caller) */
   /* ---- inputs ---- */
   const void *q, *k, *v;   /* Q [B,H,Q_LEN,E], K [B,HKV,KV_LEN,E], V [B,HKV,KV_LEN,EV] */

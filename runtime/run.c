@@ -479,12 +479,14 @@ static flex_status backward(RtRun *r, Work *w, FlexParams *p) {
   void *dq_acc, *delta;
   flex_status st = bind_dlse(r, p);
   if (!st) st = alloc(r, w, &dq_acc, (size_t)splits * rows * (size_t)c->E * 4);
-  if (!st) st = alloc(r, w, &delta, rows * 4);
+  /* the sm_90a backward also reads each row's sum |dO| (dnorm) after D */
+  if (!st) st = alloc(r, w, &delta, rows * (o->bwd_sm90 ? 8 : 4));
   if (st) return st;
   p->dq_acc = dq_acc;
   p->dq_splits = splits;
   p->dq_split_stride = (int64_t)(rows * (size_t)c->E);
   p->delta = delta;
+  p->dnorm = o->bwd_sm90 ? (float *)delta + rows : NULL;
   st = grad_targets(r, w, p);
   if (!st) st = exact_targets(r, w, p);
   if (!st) st = exact_out(r, w, p);

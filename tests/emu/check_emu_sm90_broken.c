@@ -86,37 +86,42 @@ static const Case cases[] = {
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
 /* Mutations of flex_bwd_sm90.cuh (the first is the control), at head dim
- * EB = 128: dK and dV fill two panels and a tile runs in two steps of 32
- * query rows. */
+ * EB = 128: dK and dV fill two panels, a tile is one step of 64 query rows
+ * and dQ goes through bulk reductions. */
 enum { EB = 128 };
 static const Case bwd_cases[] = {
     {"clean backward", NULL, NULL, TL_PASS},
     {"stage freed (and dS published) before the wait that retires dV and dK",
      "      flex_wgmma_wait<0>();\n    };", "    };", TL_WRONG},
-    {"dS written without the 128-byte swizzle", "(((2 * w + r) ^ (2 * t4 + c)) << 4)", "((2 * w + r) << 4)",
-     TL_WRONG},
-    {"dQ's K k16 step of 8 keys instead of 16", "flex_wgmma_desc_at(nKc, ks * 2048)",
-     "flex_wgmma_desc_at(nKc, ks * 1024)",
-     TL_WRONG},
+    {"dS written without the 128-byte swizzle", "(((2 * w + ((lane >> 3) & 1)) ^ (lane & 7)) << 4)",
+     "((2 * w + ((lane >> 3) & 1)) << 4)", TL_WRONG},
+    {"dS rows of a block's second 8 queries written over its first", "((lane >> 4) * 8 + (lane & 7)) * 128",
+     "(lane & 7) * 128", TL_WRONG},
+    {"dQ's K k16 step of 8 keys instead of 16", "flex_wgmma_desc_at(nK, ks * 2048)",
+     "flex_wgmma_desc_at(nK, ks * 1024)", TL_WRONG},
     {"P^T and dS^T fragment halves swapped",
      "El::pack(d[8 * ks + 2 * i], d[8 * ks + 2 * i + 1])",
      "El::pack(d[8 * ks + 2 * i + 1], d[8 * ks + 2 * i])", TL_WRONG},
-    {"mask keys of warp 0 for every warp", "(live, p, b, h, n0 + 16 * w + g, mh + 2 * t4, full)",
-     "(live, p, b, h, n0 + g, mh + 2 * t4, full)", TL_WRONG},
+    {"mask keys of warp 0 for every warp", "(live, p, b, h, n0 + 16 * w + g, m0 + 2 * t4, full)",
+     "(live, p, b, h, n0 + g, m0 + 2 * t4, full)", TL_WRONG},
     {"LSE left in the natural-log domain", ": lse * FLEX_LOG2E;", ": lse;", TL_WRONG},
-    {"no wgmma.fence before dV and dK", "      flex_wgmma_fence();\n#pragma unroll\n      for (int ks = 0; ks < QH / 16; ks++)\n        W::template rs<VC",
-     "#pragma unroll\n      for (int ks = 0; ks < QH / 16; ks++)\n        W::template rs<VC", TL_FAILS},
+    {"no wgmma.fence before dV and dK", "      flex_wgmma_fence();\n#pragma unroll\n      for (int ks = 0; ks < BM / 16; ks++)\n        W::template rs<VC",
+     "#pragma unroll\n      for (int ks = 0; ks < BM / 16; ks++)\n        W::template rs<VC", TL_FAILS},
     {"producer refills a stage without waiting for `empty`",
      "        if (i >= 2) flex_mbar_wait(emptyb + s,", "        if (i < 0) flex_mbar_wait(emptyb + s,",
      TL_WRONG},
-    {"S^T of every step from the first step's Q rows", "flex_wgmma_desc_at(kQ, s * KBYTES + qoff)",
-     "flex_wgmma_desc_at(kQ, s * KBYTES)", TL_WRONG},
+    /* the producer's 64 threads stage each tile's LSE and D */
+    {"`full` completes on the lead's arrival alone", "flex_mbar_init(fullb + s, 64);",
+     "flex_mbar_init(fullb + s, 1);", TL_FAILS},
+    {"every tile's LSE and D from stage 0's records", "flex_lds_f32x4(ld, ald + s * 512 + 64 * j);",
+     "flex_lds_f32x4(ld, ald + 64 * j);", TL_WRONG},
+    {"a row's D in its LSE's place", "        rec[2] = dls;", "        rec[0] = dls;", TL_WRONG},
     /* dQ through bulk reductions (E % 4 == 0, one consumer) */
-    {"dQ staging rewritten before the last panel's bulk reductions read it",
-     "        if (lane < 16) flex_bulk_wait_read<0>();\n", "", TL_FAILS},
+    {"dQ staging rewritten before the last tile's bulk reductions read it",
+     "      if (lane < 16) flex_bulk_wait_read<0>();\n", "", TL_FAILS},
     /* (the other lanes' writes change a source already being reduced) */
     {"dQ staged rows added before the whole warp wrote them",
-     "        flex_fence_proxy_async();\n        __syncwarp();\n", "        flex_fence_proxy_async();\n",
+     "      flex_fence_proxy_async();\n      __syncwarp();\n", "      flex_fence_proxy_async();\n",
      TL_FAILS},
     {"dQ's 16th row of each warp never added", "if (lane < 16 && row < p.q_len)",
      "if (lane < 15 && row < p.q_len)", TL_WRONG},
@@ -150,16 +155,16 @@ static const Case steady_cases[] = {
     {"clean steady backward", NULL, NULL, TL_PASS},
     {"steady P without the row's LSE", "flex_nonpos(fmaf(qk, scale_log2, -lse2))",
      "flex_nonpos(fmaf(qk, scale_log2, 0.0f))", TL_WRONG},
-    {"steady dS without D", "xs * (dpt[e] - dl)", "xs * dpt[e]", TL_WRONG},
-    {"steady P left out of dV (dS's place)", "      dpt[e] = xs != 0.0f ? xs * (dpt[e] - dl) : 0.0f;\n              st[e] = xs;",
-     "      dpt[e] = xs != 0.0f ? xs * (dpt[e] - dl) : 0.0f;\n              st[e] = dpt[e];", TL_WRONG},
-    /* (sending every tile to the steady body is no longer a mutation to
-     * catch: with the tile's LSE staged, +inf past Q_LEN, it is right at
-     * the sequence ends too; flex_bwd_sm90.cuh says why it is not done) */
-    {"steady LSE of the first step's rows in every step", "flex_lds_f32x2(slse + QH * hf + 8 * j + 2 * t4",
-     "flex_lds_f32x2(slse + 8 * j + 2 * t4", TL_WRONG},
-    {"steady D of the first tile's rows in every tile", "sdl[r] = ok ? flex_gload(p.delta + rows + qi)",
-     "sdl[r] = ok ? flex_gload(p.delta + rows + r)", TL_WRONG},
+    {"steady dS without D", "xs * fmaf(dpt[e], p.scale, -dl)", "xs * dpt[e] * p.scale", TL_WRONG},
+    {"steady P left out of dV (dS's place)", "              dpt[e] = xs * fmaf(dpt[e], p.scale, -dl);\n              st[e] = xs;",
+     "              dpt[e] = xs * fmaf(dpt[e], p.scale, -dl);\n              st[e] = dpt[e];", TL_WRONG},
+    /* (sending every tile to the steady body is not a mutation to catch:
+     * with the tile's LSE staged, +inf past Q_LEN, it is right at the
+     * sequence ends too; flex_bwd_sm90.cuh says why it is not done) */
+    {"steady LSE and D of query pair t4 for every thread", "flex_smem_addr(sld) + 16 * t4",
+     "flex_smem_addr(sld)", TL_WRONG},
+    {"steady D of the first tile's rows in every tile", "flex_gload(p.delta + row)",
+     "flex_gload(p.delta + row - m0)", TL_WRONG},
 };
 #define NSTEADY ((int)(sizeof steady_cases / sizeof *steady_cases))
 
@@ -271,12 +276,12 @@ static flex_status run_bwd_case(const void *ctx, bool race, char *msg, double *e
   CgOptions o;
   char *src = mutated_source(t.kern, c, true, eb, &o);
   EmuModule *m = tl_mutant_build(src, race, c->what);
-  int64_t sd[1] = {(int64_t)B * H * QB}, sa[1] = {(int64_t)B * H * QB * eb};
+  int64_t sd[1] = {2 * (int64_t)B * H * QB}, sa[1] = {(int64_t)B * H * QB * eb}; /* D, then sum |dO| */
   TlArr delta, acc;
   tl_arr_init(&delta, rt_dtype(kDLFloat, 32), 1, sd), tl_arr_init(&acc, rt_dtype(kDLFloat, 32), 1, sa);
   tl_arr_poison(&delta), tl_arr_poison(&acc);
   FlexParams p = params_of(&t);
-  p.delta = delta.t.data, p.dq_acc = acc.t.data;
+  p.delta = delta.t.data, p.dnorm = (float *)delta.t.data + (int64_t)B * H * QB, p.dq_acc = acc.t.data;
   FlexFwdTma tf;
   FlexBwdTma tb;
   ck_assert_msg(rt_launch_fwd_tma(&o, &p, emu_tmap, NULL, &tf) == FLEX_OK, "%s", flex_last_error());
@@ -286,7 +291,7 @@ static flex_status run_bwd_case(const void *ctx, bool race, char *msg, double *e
                     {(uintptr_t)p.v, nk * eb * 2, "v"},          {(uintptr_t)p.out, nq * eb * 4, "out"},
                     {(uintptr_t)p.lse, nq * 4, "lse"},          {(uintptr_t)p.dout, nq * eb * 2, "dout"},
                     {(uintptr_t)p.dq, nq * eb * 2, "dq"},        {(uintptr_t)p.dk, nk * eb * 2, "dk"},
-                    {(uintptr_t)p.dv, nk * eb * 2, "dv"},        {(uintptr_t)p.delta, nq * 4, "delta"},
+                    {(uintptr_t)p.dv, nk * eb * 2, "dv"},        {(uintptr_t)p.delta, nq * 8, "delta"},
                     {(uintptr_t)p.dq_acc, nq * eb * 4, "dq_acc"}};
   flex_status st = tl_mutant_launch(m, "flex_fwd", &tf, cg_launch_fwd(&o, B, H, QB), r, 11, msg);
   if (!st) st = tl_mutant_launch(m, "flex_bwd_pre", &p, cg_launch_bwd_pre(&o, B, H, QB), r, 11, msg);
