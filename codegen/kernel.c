@@ -152,11 +152,11 @@ static size_t smem_fwd(const CgOptions *o) {
 static size_t smem_bwd(const CgOptions *o) {
   int EP = o->head_dim_pad, EVP = o->head_dim_v_pad, BM = o->bwd.block_m, BN = o->bwd.block_n;
   if (o->bwd_sm90) { /* 1024 alignment slack, K, V, 2 stages of Q and dO, 2 dS, the dQ staging
-                       * (64 rows), 2 stages of LSE and D, 6 mbarriers, 10 words, 2 floats */
+                       * (2 x 64 rows), 2 stages of LSE and D, 10 mbarriers, 10 words, 2 floats */
     size_t EPT = (size_t)cg_bwd_sm90_dim(o, o->head_dim), EVPT = (size_t)cg_bwd_sm90_dim(o, o->head_dim_v);
     return 1024u + 2u * (size_t)BN * (EPT + EVPT) + 2u * 2u * (size_t)BM * (EPT + EVPT) +
-           2u * 2u * (size_t)BM * (size_t)BN + 2u * 2u * 4u * (size_t)BM + 6 * 8 + 12 * 4 +
-           (bwd_sm90_dq_bulk(o) ? 64u * (size_t)FLEX_BWD_SM90_DQ_ROW(EPT) : 0u);
+           2u * 2u * (size_t)BM * (size_t)BN + 2u * 2u * 4u * (size_t)BM + 10 * 8 + 12 * 4 +
+           (bwd_sm90_dq_bulk(o) ? 2u * 64u * (size_t)FLEX_BWD_SM90_DQ_ROW(EPT) : 0u);
   }
   if (o->dtype != CG_FP32) /* flex_bwd_tc: K, V, Q, dO, P^T, dS^T padded by 8; LSE, D; the walk */
     return 2u * (size_t)(BN * (EP + 8) + BN * (EVP + 8) + BM * (EP + 8) + BM * (EVP + 8) +

@@ -10,7 +10,8 @@
  *     lane of warp 0 (the lead) loads the K and V tile once (TMA) and each
  *     tile's Q and dO (TMA) through a 2-stage ring of full/empty
  *     mbarriers; each of the 64 threads stages its row of the tile's LSE
- *     and D and the rows' flags in the stage (below). Warps 2 and 3 exit.
+ *     and D and the rows' flags in the stage (below). With DQB warp 2 is
+ *     the dQ warp (flex_bwd_sm90_dq_warp); the rest exit.
  *   warpgroups 1..NC, the consumers, 16 keys per warp, one tile at a time
  *   (64 query rows), every product of it in the tile loop's body:
  *     S^T = K Q^T and dP^T = V dO^T   wgmma SS (M = 64 keys, N = 64 queries)
@@ -19,10 +20,11 @@
  *     dV += P^T dO, dK += dS^T Q      wgmma RS: P^T and dS^T from registers
  *     dQ += dS K                      dS^T written to shared memory as dS
  *       ([query][key], stmatrix .trans); wgmma SS, then into dq_acc: with
- *       DQB (one consumer, E % 4 == 0) all EPT columns in one chain, each
- *       warp staging its 16 rows in shared memory and adding each with a
- *       bulk reduction; else per 64-column panel of K with fp32 atomics
- *       (a compare of a constant and a predicated red each)
+ *       DQB (one consumer, E % 4 == 0) all EPT columns in one chain, the
+ *       consumer staging the tile's 64 rows in one of two buffers and the
+ *       dQ warp adding each row with a bulk reduction; else per 64-column
+ *       panel of K with fp32 atomics (a compare of a constant and a
+ *       predicated red each)
  *   dS leaves the element code times the scale (folded into the
  *   subtraction of D, which the producer stages scaled, or applied after
  *   the joint function), so neither dK nor dQ needs a multiply.
@@ -74,12 +76,12 @@
  * repeats every 1024): K [EPT/64 panels][64 keys][64 cols], V [EVPT/64]
  * [64][64], Q [2][EPT/64][64 rows][64], dO [2][EVPT/64][64][64], dS [2]
  * [64 queries][64 keys], every row of 128 bytes with the 128-byte swizzle;
- * with DQB the dQ staging (64 rows x FLEX_BWD_SM90_DQ_ROW(EPT) bytes); two
- * stages of LSE and D records (512 bytes each); then 6 mbarriers, 10
- * stage words and the producer warps' two max |V|. EPT, EVPT: E and EV
+ * with DQB two dQ staging buffers (64 rows x FLEX_BWD_SM90_DQ_ROW(EPT)
+ * bytes each); two stages of LSE and D records (512 bytes each); then 10
+ * mbarriers, 10 stage words and the producer warps' two max |V|. EPT, EVPT: E and EV
  * padded to 64 NC (TMA zero-fills columns past E and EV, whole panels
  * included, and rows past Q_LEN and KV_LEN). At EPT = EVPT = 256: 64 KB of
- * K and V, 128 KB of Q and dO stages, 16 KB of dS, with the rest 215136
+ * K and V, 128 KB of Q and dO stages, 16 KB of dS, with the rest 215168
  * bytes of the 227 KB.
  *
  * Accumulator layout (see flex_fwd_sm90.cuh): thread (warp w, lane 4 g + t)
@@ -146,6 +148,40 @@ __device__ __forceinline__ float flex_bwd_sm90_vmax(const unsigned char *sV, uin
   return fmaxf(svmax[0], svmax[1]);
 }
 
+/* The dQ warp (DQB: warp 2 of the producer warpgroup): it walks the tiles
+ * as the producer does and, per tile i, once every consumer thread has
+ * staged its dQ rows in buffer i % 2 (`dqfull`), adds each of the 64 rows
+ * in range to dq_acc with one bulk reduction (4 E bytes; E % 4 == 0 keeps
+ * every row 16-byte aligned), two rows a lane, then frees the buffer
+ * (`dqempty`) once the reductions have read it; before exit it waits for
+ * their writes. */
+template <int EPT, int MASK_MODE>
+__device__ __forceinline__ void flex_bwd_sm90_dq_warp(const FlexParams &p, const float *sdq, uint64_t *dqfull,
+                                                      uint64_t *dqempty, int b, int hk, int n0, int l) {
+  constexpr int RF = FLEX_BWD_SM90_DQ_ROW(EPT) / 4;
+  int i = 0;
+  for (int h = hk * p.G; h < (hk + 1) * p.G; h++) {
+    FlexWalk walk;
+    walk.init(p, true, MASK_MODE == FLEX_MASK_LISTS, b, h, n0, 64);
+    int m0;
+    bool full;
+#pragma unroll 1
+    for (; walk.next(p, m0, full); i++) {
+      const int s = i & 1;
+      const int64_t rows = (int64_t)(b * p.H + h) * p.q_len;
+      flex_mbar_wait(dqfull + s, (uint32_t)(i >> 1) & 1);
+#pragma unroll
+      for (int r = l; r < 64; r += 32)
+        if (m0 + r < p.q_len)
+          flex_bulk_reduce_add_f32(p.dq_acc + (rows + m0 + r) * p.E, sdq + (s * 64 + r) * RF, 4u * (uint32_t)p.E);
+      flex_bulk_commit();
+      flex_bulk_wait_read<0>();
+      flex_mbar_arrive(dqempty + s);
+    }
+  }
+  flex_bulk_wait<0>(); /* the last writes done before the block's shared memory goes */
+}
+
 /* The A fragments of the k16 steps of a 64 x BM accumulator (rounded). */
 template <class El, int BM>
 __device__ __forceinline__ void flex_bwd_sm90_frag(uint32_t (*a)[4], const float *d) {
@@ -178,11 +214,13 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
   unsigned char *smem = flex_smem + ((1024u - (flex_smem_addr(flex_smem) & 1023u)) & 1023u);
   unsigned char *sK = smem, *sV = sK + KBYTES, *sQ = sV + VBYTES, *sO = sQ + 2 * KBYTES;
   unsigned char *sS = sO + 2 * VBYTES;
-  float *sdq = (float *)(sS + 2 * SBYTES); /* DQB: each warp's 16 dQ rows */
+  constexpr int RF = FLEX_BWD_SM90_DQ_ROW(EPT) / 4; /* DQB: floats per staged dQ row */
+  float *sdq = (float *)(sS + 2 * SBYTES);         /* DQB: two buffers of the tile's 64 dQ rows */
   /* per stage, the tile's LSE (exp2 domain) and D: 32 entries of a query pair each */
-  float *sld = (float *)((unsigned char *)sdq + (DQB ? 64 * FLEX_BWD_SM90_DQ_ROW(EPT) : 0));
-  uint64_t *kvbar = (uint64_t *)(sld + 2 * 128), *fullb = kvbar + 1, *emptyb = kvbar + 3, *dsbar = kvbar + 5;
-  int32_t *stage_m0 = (int32_t *)(kvbar + 6), *stage_full = stage_m0 + 2, *stage_h = stage_m0 + 4,
+  float *sld = sdq + (DQB ? 2 * 64 * RF : 0);
+  uint64_t *kvbar = (uint64_t *)(sld + 2 * 128), *fullb = kvbar + 1, *emptyb = kvbar + 3, *dsbar = kvbar + 5,
+           *dqfull = kvbar + 6, *dqempty = kvbar + 8;
+  int32_t *stage_m0 = (int32_t *)(kvbar + 10), *stage_full = stage_m0 + 2, *stage_h = stage_m0 + 4,
           *stage_flags = stage_m0 + 6;
   float *svmax = (float *)(stage_m0 + 10); /* the producer warps' max |V| */
   const int tid = threadIdx.x;
@@ -197,6 +235,10 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
       flex_mbar_init(emptyb + s, 128 * NC); /* every consumer thread */
     }
     flex_mbar_init(dsbar, 128 * NC);
+    for (int s = 0; s < 2; s++) {
+      flex_mbar_init(dqfull + s, 128);  /* DQB: every consumer thread staged its dQ */
+      flex_mbar_init(dqempty + s, 32);  /* DQB: the dQ warp's reductions read the buffer */
+    }
     /* The initialisations are generic-proxy writes the TMA unit (async
      * proxy) will update: make them visible to it before any copy. */
     flex_fence_proxy_async();
@@ -210,6 +252,10 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
    * other changes of that step). */
   if (__shfl_sync(0xffffffffu, tid / 128, 0) == 0) { /* ---- producer ---- */
     if (NC > 1) flex_setmaxnreg_dec<FLEX_BWD_SM90_PRODUCER_REGS>();
+    if (DQB && tid / 32 == 2) { /* the dQ warp */
+      flex_bwd_sm90_dq_warp<EPT, MASK_MODE>(p, sdq, dqfull, dqempty, b, hk, n0, tid % 32);
+      return;
+    }
     if (tid >= 64) return;
     /* Warps 0 and 1 walk the tiles together; one elected lane of warp 0
      * (lead) issues the copies, and every one of the 64 threads stages its
@@ -467,13 +513,8 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     if (DQB) {
       /* All EPT columns in one chain; warp w then holds rows 16 w .. 16 w
        * + 15 whole (element e at row g + 8 (e / 2 % 2), column 8 (e / 4)
-       * + 2 t4 + e % 2): it stages them in its own 16 rows of shared
-       * memory, and lane l < 16 adds row l to dq_acc with one bulk
-       * reduction (4 E bytes; E % 4 == 0 keeps every row 16-byte
-       * aligned). Nothing crosses warps: __syncwarp orders a lane's wait
-       * for its previous reduction's read before the rewrite, and the
-       * rewrite (then fence.proxy.async: generic writes, async-proxy
-       * reads) before the next reduction. */
+       * + 2 t4 + e % 2) and stages them in buffer s (tile parity), which
+       * the dQ warp adds to dq_acc (flex_bwd_sm90_dq_warp). */
       float dq[EPT / 2];
       flex_wgmma_fence();
 #pragma unroll
@@ -481,22 +522,16 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
         W::template ss<EPT, 1>(dq, flex_wgmma_desc_at(kSs, ks * 32), flex_wgmma_desc_at(nK, ks * 2048), ks > 0);
       flex_wgmma_commit();
       flex_wgmma_wait<0>();
-      constexpr int RF = FLEX_BWD_SM90_DQ_ROW(EPT) / 4; /* floats per staged row */
-      float *const rows_at = sdq + w * 16 * RF;
-      const uint32_t at = flex_smem_addr(rows_at + g * RF + 2 * t4);
-      if (lane < 16) flex_bulk_wait_read<0>();
-      __syncwarp();
+      /* Buffer s is free once the dQ warp's reductions of tile i - 2 read it. */
+      if (i >= 2) flex_mbar_wait(dqempty + s, (uint32_t)((i >> 1) - 1) & 1);
+      const uint32_t at = flex_smem_addr(sdq + s * 64 * RF + (16 * w + g) * RF + 2 * t4);
 #pragma unroll
       for (int j = 0; j < EPT / 8; j++)
 #pragma unroll
         for (int r = 0; r < 2; r++)
           flex_sts_f32x2_a(at + 4 * (8 * r * RF + 8 * j), dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-      flex_fence_proxy_async();
-      __syncwarp();
-      const int row = m0 + 16 * w + lane;
-      if (lane < 16 && row < p.q_len)
-        flex_bulk_reduce_add_f32(p.dq_acc + (rows + row) * p.E, rows_at + lane * RF, 4u * (uint32_t)p.E);
-      if (lane < 16) flex_bulk_commit();
+      flex_fence_proxy_async(); /* generic writes, then the reductions' async-proxy reads */
+      flex_mbar_arrive(dqfull + s);
       continue;
     }
     /* Else per 64-column panel of K (32 registers) into dq_acc by atomics.
@@ -528,9 +563,6 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
       }
     }
   }
-
-  /* The last tiles' reductions done before the block's shared memory goes. */
-  if (DQB && lane < 16) flex_bulk_wait<0>();
 
   /* dK (scaled with dS) and dV of this thread's two keys, the consumer's columns. */
   T *dkp = (T *)p.dk + b * p.sdk.b + hk * p.sdk.h + cw * KC,

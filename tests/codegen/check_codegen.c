@@ -257,22 +257,22 @@ END_TEST
  * dims 128; two (384 threads) above, with E and EV padded to whole panels
  * per consumer (128 columns a pair), and shared memory that fits sm_90a.
  * With one consumer and E % 4 == 0, dQ goes through bulk reductions from
- * a staging of 64 rows of 4 EPT + 16 bytes (33792 at EPT = 128); every
- * variant keeps two stages of a tile's LSE and D (1024 bytes), 6
- * mbarriers, 10 stage words and 2 floats (96 bytes). */
+ * two staging buffers of 64 rows of 4 EPT + 16 bytes (33792 each at EPT =
+ * 128); every variant keeps two stages of a tile's LSE and D (1024
+ * bytes), 10 mbarriers, 10 stage words and 2 floats (128 bytes). */
 START_TEST(sm90_backward_consumers) {
   static const struct {
     int E, EV, nc, ept, evpt;
     size_t smem;
     bool dqb;
   } cases[] = {
-      {128, 128, 1, 128, 128, 115712 + 33792 + 1024 + 96, true},
-      {72, 40, 1, 128, 64, 1024 + 384 * 192 + 16384 + 33792 + 1024 + 96, true},
-      {70, 40, 1, 128, 64, 1024 + 384 * 192 + 16384 + 1024 + 96, false},
-      {256, 256, 2, 256, 256, 215136, false}, {160, 136, 2, 256, 256, 215136, false},
-      {200, 200, 2, 256, 256, 215136, false},
-      {256, 64, 2, 256, 128, 1024 + 384 * 384 + 16384 + 1024 + 96, false},
-      {64, 200, 2, 128, 256, 1024 + 384 * 384 + 16384 + 1024 + 96, false},
+      {128, 128, 1, 128, 128, 115712 + 2 * 33792 + 1024 + 128, true},
+      {72, 40, 1, 128, 64, 1024 + 384 * 192 + 16384 + 2 * 33792 + 1024 + 128, true},
+      {70, 40, 1, 128, 64, 1024 + 384 * 192 + 16384 + 1024 + 128, false},
+      {256, 256, 2, 256, 256, 215168, false}, {160, 136, 2, 256, 256, 215168, false},
+      {200, 200, 2, 256, 256, 215168, false},
+      {256, 64, 2, 256, 128, 1024 + 384 * 384 + 16384 + 1024 + 128, false},
+      {64, 200, 2, 128, 256, 1024 + 384 * 384 + 16384 + 1024 + 128, false},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     flex_kernel *k;

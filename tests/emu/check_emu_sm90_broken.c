@@ -18,7 +18,11 @@
  * copies land), so every copy has landed before they read it. In the
  * backward, a consumer that skips the `dsbar` wait before the dQ wgmma:
  * the wgmma needs all 128 threads at the same instruction, so in the
- * emulator every warp has written its dS by then.
+ * emulator every warp has written its dS by then. A consumer that skips
+ * its wait for `dqempty` before restaging dQ: the dQ warp becomes runnable
+ * at the consumers' `dqfull` arrival and reduces (and reads) the buffer
+ * before they can stage into it again two tiles later, so no emulated
+ * schedule restages a buffer under a pending reduction.
  */
 #include <check.h>
 #include <math.h>
@@ -116,15 +120,14 @@ static const Case bwd_cases[] = {
     {"every tile's LSE and D from stage 0's records", "flex_lds_f32x4(ld, ald + s * 512 + 64 * j);",
      "flex_lds_f32x4(ld, ald + 64 * j);", TL_WRONG},
     {"a row's D in its LSE's place", "        rec[2] = dls;", "        rec[0] = dls;", TL_WRONG},
-    /* dQ through bulk reductions (E % 4 == 0, one consumer) */
-    {"dQ staging rewritten before the last tile's bulk reductions read it",
-     "      if (lane < 16) flex_bulk_wait_read<0>();\n", "", TL_FAILS},
-    /* (the other lanes' writes change a source already being reduced) */
-    {"dQ staged rows added before the whole warp wrote them",
-     "      flex_fence_proxy_async();\n      __syncwarp();\n", "      flex_fence_proxy_async();\n",
-     TL_FAILS},
-    {"dQ's 16th row of each warp never added", "if (lane < 16 && row < p.q_len)",
-     "if (lane < 15 && row < p.q_len)", TL_WRONG},
+    /* dQ through bulk reductions (E % 4 == 0, one consumer): the consumers
+     * stage, the dQ warp reduces */
+    {"dQ rows reduced once the first consumer thread staged its own",
+     "flex_mbar_init(dqfull + s, 128);", "flex_mbar_init(dqfull + s, 1);", TL_FAILS},
+    {"dQ's last row of a tile never added", "for (int r = l; r < 64; r += 32)",
+     "for (int r = l; r < 63; r += 32)", TL_WRONG},
+    {"dQ warp reading the other buffer", "sdq + (s * 64 + r) * RF", "sdq + ((1 - s) * 64 + r) * RF",
+     TL_WRONG},
 };
 #define NBWD ((int)(sizeof bwd_cases / sizeof *bwd_cases))
 

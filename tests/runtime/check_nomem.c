@@ -253,7 +253,10 @@ END_TEST
 
 /* The emulator's stand-in compiler in `dir`: a shell script that runs the
  * real one (`real`) the first time it sees a source (or object) and keeps
- * the output, and copies it afterwards. Returns its command line. */
+ * the output, and copies it afterwards. A source is known by its text and
+ * the headers beside it (the emulator writes the kernel headers it
+ * includes there), so a kept object never outlives a change to them.
+ * Returns its command line. */
 static void stand_in_cxx(const char *dir, const char *real, char *cmd, size_t cap) {
   char path[1100];
   snprintf(path, sizeof path, "%s/cxx.sh", dir);
@@ -268,7 +271,8 @@ static void stand_in_cxx(const char *dir, const char *real, char *cmd, size_t ca
           "  if [ \"$prev\" = -o ]; then out=$a; else case $a in *.cu|*.o) in=$a;; esac; fi\n"
           "  prev=$a\n"
           "done\n"
-          "kept=%s/$(cksum <\"$in\" | cut -d' ' -f1).${out##*.}\n"
+          "d=$(dirname \"$in\")\n"
+          "kept=%s/$(cat \"$in\" \"$d\"/*.h \"$d\"/*.cuh 2>/dev/null | cksum | cut -d' ' -f1).${out##*.}\n"
           "[ -f \"$kept\" ] && exec cp \"$kept\" \"$out\"\n"
           "%s \"$@\" && cp \"$out\" \"$kept.$$\" && mv \"$kept.$$\" \"$kept\"\n",
           real, dir, real);
