@@ -108,27 +108,56 @@ bool cg_bwd_sm90_ok(const CgOptions *o) {
          cg_fwd_sm90_dim(o->head_dim_v) <= 256 && !(sm90_wide(o) && o->mask_divisions > 2);
 }
 
-/* Consumer warpgroups of the sm_90a backward: one up to head dims 128
- * (dK and dV of 64 keys in EPT / 2 + EVPT / 2 <= 128 accumulator registers
- * per thread); above, two, each holding the dK, dV and dQ of half the
- * columns (FlashAttention-3's split) and both computing S^T and dP^T. */
-int cg_bwd_sm90_consumers(const CgOptions *o) {
-  return sm90_wide(o) ? 2 : 1;
+/* Whether the sm_90a backward's two consumers split the keys (flex_bwd_sm90's
+ * KS, FlashAttention-3's layout): 128 keys per CTA, consumer c owning keys
+ * 64 c .. 64 c + 63 with every column of dK and dV (EPT / 2 + EVPT / 2 <=
+ * 128 accumulator registers per thread), so each Q and dO tile loaded
+ * serves 128 keys. At E padded to 128 (65..128), EV up to 128, unless the
+ * mask's tile classifier has more than two integer divisions (the
+ * producer's walk in the 48 registers setmaxnreg leaves it spilled, see
+ * cg_bwd_sm90_ok) or a caller's BlockMask has blocks of 64 keys: then one
+ * consumer of 64 keys. Decided once by the tiles (o->bwd.block_n). */
+static bool bwd_sm90_keys_split_fits(const CgOptions *o) {
+  return !sm90_wide(o) && cg_fwd_sm90_dim(o->head_dim) == 128 && o->mask_divisions <= 2;
+}
+static bool bwd_sm90_keys_split(const CgOptions *o) {
+  return o->bwd_sm90 && !sm90_wide(o) && o->bwd.block_n == 128;
 }
 
-/* Whether the sm_90a backward adds dQ with bulk reductions, a row of a
- * panel each (flex_bwd_sm90's DQB): one consumer (two leave no shared
- * memory for the staging at head dims 256) and E % 4 == 0 (16-byte rows). */
+/* Consumer warpgroups of the sm_90a backward: two splitting the keys
+ * (above), or one up to head dims 128 (dK and dV of 64 keys in EPT / 2 +
+ * EVPT / 2 <= 128 accumulator registers per thread); above 128, two, each
+ * holding the dK, dV and dQ of half the columns (FlashAttention-3's split)
+ * and both computing S^T and dP^T. */
+int cg_bwd_sm90_consumers(const CgOptions *o) {
+  return sm90_wide(o) || bwd_sm90_keys_split(o) ? 2 : 1;
+}
+
+/* Whether the sm_90a backward adds dQ with bulk reductions, a row each, by
+ * its dQ warp (flex_bwd_sm90's DQB): one consumer, or two splitting the
+ * keys (two consumers of 64 keys leave no shared memory for the staging at
+ * head dims 256), and E % 4 == 0 (16-byte rows). */
 static bool bwd_sm90_dq_bulk(const CgOptions *o) {
-  return cg_bwd_sm90_consumers(o) == 1 && o->head_dim % 4 == 0;
+  return (cg_bwd_sm90_consumers(o) == 1 || bwd_sm90_keys_split(o)) && o->head_dim % 4 == 0;
+}
+
+/* Registers the sm_90a backward's producer warpgroup keeps with two
+ * consumers (flex_bwd_sm90's PREGS; the consumers get the rest): 32 (they
+ * get 240) with the keys split or a mask without integer divisions, else
+ * 48 (232): at 32 the walker's tile classifier spilled at E = 256 for
+ * dilated (two divisions, 12 bytes); at 232 the consumers spilled for
+ * alibi, gemma2, dilated, softcap and document with the keys split, and
+ * for alibi at E = 256. */
+static int bwd_sm90_producer_regs(const CgOptions *o) {
+  return bwd_sm90_keys_split(o) || o->mask_divisions == 0 ? 32 : 48;
 }
 
 /* The sm_90a backward's padded head dim: whole 64-column panels per
  * consumer, so a consumer's dK / dV wgmma starts on a panel (an N-major
  * operand cannot start inside the 128-byte swizzle atom); with two
- * consumers 129..192 pads to 256 like 193..256. */
+ * consumers splitting the columns 129..192 pads to 256 like 193..256. */
 int cg_bwd_sm90_dim(const CgOptions *o, int head_dim) {
-  return round_up(head_dim, 64 * cg_bwd_sm90_consumers(o));
+  return round_up(head_dim, sm90_wide(o) ? 128 : 64);
 }
 
 /* Dynamic shared memory of each body (must match the templates' carving). */
@@ -151,12 +180,14 @@ static size_t smem_fwd(const CgOptions *o) {
 
 static size_t smem_bwd(const CgOptions *o) {
   int EP = o->head_dim_pad, EVP = o->head_dim_v_pad, BM = o->bwd.block_m, BN = o->bwd.block_n;
-  if (o->bwd_sm90) { /* 1024 alignment slack, K, V, 2 stages of Q and dO, 2 dS, the dQ staging
-                       * (2 x 64 rows), 2 stages of LSE and D, 10 mbarriers, 10 words, 2 floats */
+  if (o->bwd_sm90) { /* 1024 alignment slack, K, V (BN keys), 2 stages of Q and dO, 2 dS, the dQ
+                       * staging (2 x 64 rows, 1 x with the keys split), 2 stages of LSE and D,
+                       * 12 mbarriers, 12 words */
     size_t EPT = (size_t)cg_bwd_sm90_dim(o, o->head_dim), EVPT = (size_t)cg_bwd_sm90_dim(o, o->head_dim_v);
     return 1024u + 2u * (size_t)BN * (EPT + EVPT) + 2u * 2u * (size_t)BM * (EPT + EVPT) +
-           2u * 2u * (size_t)BM * (size_t)BN + 2u * 2u * 4u * (size_t)BM + 10 * 8 + 12 * 4 +
-           (bwd_sm90_dq_bulk(o) ? 2u * 64u * (size_t)FLEX_BWD_SM90_DQ_ROW(EPT) : 0u);
+           2u * 2u * (size_t)BM * (size_t)BN + 2u * 2u * 4u * (size_t)BM + 12 * 8 + 12 * 4 +
+           (bwd_sm90_dq_bulk(o) ? (bwd_sm90_keys_split(o) ? 1u : 2u) * 64u * (size_t)FLEX_BWD_SM90_DQ_ROW(EPT)
+                                : 0u);
   }
   if (o->dtype != CG_FP32) /* flex_bwd_tc: K, V, Q, dO, P^T, dS^T padded by 8; LSE, D; the walk */
     return 2u * (size_t)(BN * (EP + 8) + BN * (EVP + 8) + BM * (EP + 8) + BM * (EVP + 8) +
@@ -228,10 +259,14 @@ static void pick_tiles(CgOptions *o) {
     int nc = sm90_consumers(o);
     o->fwd = (CgTiles){64 * nc, sm90_wide(o) ? 64 : 128, 128 * (1 + nc)};
   }
-  /* sm_90a backward: a producer warpgroup and one or two consumer
-   * warpgroups of the same 64 keys (16 per warp), query tiles of 64 rows. */
+  /* sm_90a backward: a producer warpgroup and two consumer warpgroups of
+   * 64 keys each (128 keys per CTA), or one or two consumers of the same 64
+   * keys (16 per warp); query tiles of 64 rows. */
   o->bwd_sm90 = cg_bwd_sm90_ok(o);
-  if (o->bwd_sm90) o->bwd = (CgTiles){64, 64, 128 * (1 + cg_bwd_sm90_consumers(o))};
+  if (o->bwd_sm90) {
+    const bool ks = bwd_sm90_keys_split_fits(o);
+    o->bwd = (CgTiles){64, ks ? 128 : 64, ks || sm90_wide(o) ? 384 : 256};
+  }
   /* A head dim above 128 on an arch with less shared memory: narrower K/V tiles. */
   size_t limit = cg_arch_smem_limit(o->arch);
   while (o->dtype != CG_FP32 && !o->fwd_sm90 && o->fwd.block_n > 16 && smem_fwd(o) > limit)
@@ -487,11 +522,12 @@ static void entry_bwd_sm90(Buf *out, const CgOptions *o, const char *el, const c
                            const char *sid) {
   buf_printf(out, "extern \"C\" __global__ void __launch_bounds__(%d, 1) flex_bwd("
                   "const __grid_constant__ FlexBwdTma t) {\n"
-                  "  flex_bwd_sm90<%s, %d, %d, %d, %s, %s, %s, %s>(t);\n}\n"
+                  "  flex_bwd_sm90<%s, %d, %d, %d, %s, %s, %s, %s, %s, %d>(t);\n}\n"
                   "FLEX_EMU_ENTRY(flex_bwd, FlexBwdTma)\n\n",
              o->bwd.threads, el, cg_bwd_sm90_dim(o, o->head_dim), cg_bwd_sm90_dim(o, o->head_dim_v),
              cg_bwd_sm90_consumers(o), mm, sid, o->ds_is_dt ? "false" : "true",
-             bwd_sm90_dq_bulk(o) ? "true" : "false");
+             bwd_sm90_dq_bulk(o) ? "true" : "false", bwd_sm90_keys_split(o) ? "true" : "false",
+             bwd_sm90_producer_regs(o));
 }
 
 static void emit_entries(Buf *out, const CgOptions *o) {

@@ -253,26 +253,29 @@ START_TEST(launch_geometry) {
 }
 END_TEST
 
-/* The sm_90a backward's consumer warpgroups: one (256 threads) up to head
- * dims 128; two (384 threads) above, with E and EV padded to whole panels
- * per consumer (128 columns a pair), and shared memory that fits sm_90a.
- * With one consumer and E % 4 == 0, dQ goes through bulk reductions from
- * two staging buffers of 64 rows of 4 EPT + 16 bytes (33792 each at EPT =
- * 128); every variant keeps two stages of a tile's LSE and D (1024
- * bytes), 10 mbarriers, 10 stage words and 2 floats (128 bytes). */
+/* The sm_90a backward's consumer warpgroups: two splitting 128 keys (KS,
+ * 384 threads) at E padded to 128; one of 64 keys (256 threads) at E <= 64;
+ * two splitting the columns of 64 keys (384 threads) above 128, with E and
+ * EV padded to whole panels per consumer (128 columns a pair); shared
+ * memory that fits sm_90a. With E % 4 == 0 and one consumer or KS, dQ goes
+ * through bulk reductions from staging buffers of 64 rows of 4 EPT + 16
+ * bytes (33792 at EPT = 128; two with one consumer, one with KS); every
+ * variant keeps two stages of a tile's LSE and D (1024 bytes), 12
+ * mbarriers and 12 stage words (144 bytes). */
 START_TEST(sm90_backward_consumers) {
   static const struct {
-    int E, EV, nc, ept, evpt;
+    int E, EV, nc, ept, evpt, keys;
     size_t smem;
-    bool dqb;
+    bool dqb, ks;
   } cases[] = {
-      {128, 128, 1, 128, 128, 115712 + 2 * 33792 + 1024 + 128, true},
-      {72, 40, 1, 128, 64, 1024 + 384 * 192 + 16384 + 2 * 33792 + 1024 + 128, true},
-      {70, 40, 1, 128, 64, 1024 + 384 * 192 + 16384 + 1024 + 128, false},
-      {256, 256, 2, 256, 256, 215168, false}, {160, 136, 2, 256, 256, 215168, false},
-      {200, 200, 2, 256, 256, 215168, false},
-      {256, 64, 2, 256, 128, 1024 + 384 * 384 + 16384 + 1024 + 128, false},
-      {64, 200, 2, 128, 256, 1024 + 384 * 384 + 16384 + 1024 + 128, false},
+      {128, 128, 2, 128, 128, 128, 1024 + 2 * 128 * 256 + 4 * 64 * 256 + 32768 + 33792 + 1024 + 144, true, true},
+      {72, 40, 2, 128, 64, 128, 1024 + 2 * 128 * 192 + 4 * 64 * 192 + 32768 + 33792 + 1024 + 144, true, true},
+      {70, 40, 2, 128, 64, 128, 1024 + 2 * 128 * 192 + 4 * 64 * 192 + 32768 + 1024 + 144, false, true},
+      {64, 64, 1, 64, 64, 64, 1024 + 384 * 128 + 16384 + 2 * 17408 + 1024 + 144, true, false},
+      {256, 256, 2, 256, 256, 64, 215184, false, false}, {160, 136, 2, 256, 256, 64, 215184, false, false},
+      {200, 200, 2, 256, 256, 64, 215184, false, false},
+      {256, 64, 2, 256, 128, 64, 1024 + 384 * 384 + 16384 + 1024 + 144, false, false},
+      {64, 200, 2, 128, 256, 64, 1024 + 384 * 384 + 16384 + 1024 + 144, false, false},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     flex_kernel *k;
@@ -283,6 +286,7 @@ START_TEST(sm90_backward_consumers) {
                                   sizeof err), "%s", err);
     ck_assert_msg(o.bwd_sm90, "E %d EV %d: not the sm_90a backward", cases[i].E, cases[i].EV);
     ck_assert_int_eq(cg_bwd_sm90_consumers(&o), cases[i].nc);
+    ck_assert_int_eq(o.bwd.block_n, cases[i].keys);
     ck_assert_int_eq(o.bwd.threads, 128 * (1 + cases[i].nc));
     ck_assert_int_eq(cg_bwd_sm90_dim(&o, cases[i].E), cases[i].ept);
     ck_assert_int_eq(cg_bwd_sm90_dim(&o, cases[i].EV), cases[i].evpt);
@@ -295,7 +299,8 @@ START_TEST(sm90_backward_consumers) {
     snprintf(want, sizeof want, "flex_bwd_sm90<FlexBF16, %d, %d, %d, ", cases[i].ept, cases[i].evpt,
              cases[i].nc);
     ck_assert_msg(strstr(b.data, want) != NULL, "E %d EV %d: no '%s'", cases[i].E, cases[i].EV, want);
-    snprintf(want, sizeof want, ", %s>(t);\n}\nFLEX_EMU_ENTRY(flex_bwd,", cases[i].dqb ? "true" : "false");
+    snprintf(want, sizeof want, ", %s, %s, 32>(t);\n}\nFLEX_EMU_ENTRY(flex_bwd,", cases[i].dqb ? "true" : "false",
+             cases[i].ks ? "true" : "false");
     ck_assert_msg(strstr(b.data, want) != NULL, "E %d EV %d: no '%s'", cases[i].E, cases[i].EV, want);
     snprintf(want, sizeof want, "__launch_bounds__(%d, 1) flex_bwd(", o.bwd.threads);
     ck_assert_msg(strstr(b.data, want) != NULL, "E %d EV %d: no '%s'", cases[i].E, cases[i].EV, want);

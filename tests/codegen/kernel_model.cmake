@@ -43,9 +43,10 @@ if(FLEXC_PYTHON3)
   # for each wgmma before issuing the next). Measured on causal, bf16,
   # E=128: forward 1.84 ins/4kF (2.70 before its steady loop, 2.41 before
   # its descriptors and barrier ids went to uniform registers); the
-  # backward 1.60 over all its inner MMA loops (ins4kf_all: one, the tile
+  # backward 1.58 over all its inner MMA loops (ins4kf_all: one, the tile
   # loop, whose steady and general bodies each issue the tile's S^T, dP^T,
-  # dV and dK wgmma, then dQ, which a dedicated warp adds to dq_acc; 1.69
+  # dV and dK wgmma, then dQ, which a dedicated warp adds to dq_acc; two
+  # consumers splitting 128 keys; 1.60 with one consumer of 64 keys, 1.69
   # with each consumer warp reducing its own dQ rows; 2.86 with 32-row
   # steps in two step loops and a dQ panel loop, 3.57 with dQ added by
   # per-element atomics, 7.14 with one step loop and its descriptors in
@@ -55,7 +56,7 @@ if(FLEXC_PYTHON3)
     --flexc $<TARGET_FILE:flexc>
     --max flex_fwd:spill=0 --max flex_bwd:spill=0 --max flex_fwd:stack=0 --max flex_bwd:stack=0
     --max flex_fwd:serial=0 --max flex_bwd:serial=0 --max flex_fwd:ins4kf=1.88
-    --max flex_bwd:ins4kf_all=1.63
+    --max flex_bwd:ins4kf_all=1.61
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(kernel_model_sm90 PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
     ENVIRONMENT "FLEXC_CACHE_DIR=off")

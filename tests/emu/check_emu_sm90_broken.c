@@ -90,8 +90,9 @@ static const Case cases[] = {
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
 /* Mutations of flex_bwd_sm90.cuh (the first is the control), at head dim
- * EB = 128: dK and dV fill two panels, a tile is one step of 64 query rows
- * and dQ goes through bulk reductions. */
+ * EB = 128: two consumers split 128 keys (KS), dK and dV fill two panels,
+ * a tile is one step of 64 query rows and dQ goes through bulk reductions
+ * by the dQ warp. */
 enum { EB = 128 };
 static const Case bwd_cases[] = {
     {"clean backward", NULL, NULL, TL_PASS},
@@ -101,29 +102,41 @@ static const Case bwd_cases[] = {
      "((2 * w + ((lane >> 3) & 1)) << 4)", TL_WRONG},
     {"dS rows of a block's second 8 queries written over its first", "((lane >> 4) * 8 + (lane & 7)) * 128",
      "(lane & 7) * 128", TL_WRONG},
-    {"dQ's K k16 step of 8 keys instead of 16", "flex_wgmma_desc_at(nK, ks * 2048)",
-     "flex_wgmma_desc_at(nK, ks * 1024)", TL_WRONG},
+    {"dQ's K k16 step of 8 keys instead of 16", "flex_wgmma_desc_at(nKq, ks * 2048)",
+     "flex_wgmma_desc_at(nKq, ks * 1024)", TL_WRONG},
     {"P^T and dS^T fragment halves swapped",
      "El::pack(d[8 * ks + 2 * i], d[8 * ks + 2 * i + 1])",
      "El::pack(d[8 * ks + 2 * i + 1], d[8 * ks + 2 * i])", TL_WRONG},
-    {"mask keys of warp 0 for every warp", "(live, p, b, h, n0 + 16 * w + g, m0 + 2 * t4, full)",
-     "(live, p, b, h, n0 + g, m0 + 2 * t4, full)", TL_WRONG},
+    {"mask keys of warp 0 for every warp", "(live, p, b, h, n0 + kc + 16 * w + g, m0 + 2 * t4, full)",
+     "(live, p, b, h, n0 + kc + g, m0 + 2 * t4, full)", TL_WRONG},
     {"LSE left in the natural-log domain", ": lse * FLEX_LOG2E;", ": lse;", TL_WRONG},
     {"no wgmma.fence before dV and dK", "      flex_wgmma_fence();\n#pragma unroll\n      for (int ks = 0; ks < BM / 16; ks++)\n        W::template rs<VC",
      "#pragma unroll\n      for (int ks = 0; ks < BM / 16; ks++)\n        W::template rs<VC", TL_FAILS},
     {"producer refills a stage without waiting for `empty`",
      "        if (i >= 2) flex_mbar_wait(emptyb + s,", "        if (i < 0) flex_mbar_wait(emptyb + s,",
      TL_WRONG},
-    /* the producer's 64 threads stage each tile's LSE and D */
-    {"`full` completes on the lead's arrival alone", "flex_mbar_init(fullb + s, 64);",
+    /* the loader warp stages each tile's LSE and D */
+    {"`full` completes on the walker's arrival alone", "flex_mbar_init(fullb + s, 33);",
      "flex_mbar_init(fullb + s, 1);", TL_FAILS},
+    {"the loader warp stages a tile before the walker published it",
+     "    flex_mbar_wait(wordsb + s, (uint32_t)(i >> 1) & 1);\n", "", TL_WRONG},
     {"every tile's LSE and D from stage 0's records", "flex_lds_f32x4(ld, ald + s * 512 + 64 * j);",
      "flex_lds_f32x4(ld, ald + 64 * j);", TL_WRONG},
-    {"a row's D in its LSE's place", "        rec[2] = dls;", "        rec[0] = dls;", TL_WRONG},
+    {"a row's D in its LSE's place", "      rec[2] = dls;", "      rec[0] = dls;", TL_WRONG},
     /* dQ through bulk reductions (E % 4 == 0, one consumer): the consumers
      * stage, the dQ warp reduces */
     {"dQ rows reduced once the first consumer thread staged its own",
-     "flex_mbar_init(dqfull + s, 128);", "flex_mbar_init(dqfull + s, 1);", TL_FAILS},
+     "flex_mbar_init(dqfull + s, 128 * NC);", "flex_mbar_init(dqfull + s, 1);", TL_FAILS},
+    /* two consumers splitting the keys */
+    {"second consumer's keys start at the first one's", "const int kc = KS ? 64 * cw : 0;",
+     "const int kc = 0;", TL_WRONG},
+    {"second consumer's dS written over the first one's panel", "(KS ? cw * PANEL : 0) + ((lane",
+     "0 + ((lane", TL_WRONG},
+    {"second consumer's dQ from the first one's panel of K", "flex_wgmma_desc_at(nK, KS ? cw * PANELKV : 0)",
+     "flex_wgmma_desc_at(nK, 0)", TL_WRONG},
+    {"second consumer's dQ staged over the first one's columns", "(KS ? DQN * cw : 0)", "0", TL_WRONG},
+    {"`dsbar` expects one consumer warpgroup (keys split)", "flex_mbar_init(dsbar, 128 * NC);",
+     "flex_mbar_init(dsbar, 128);", TL_FAILS},
     {"dQ's last row of a tile never added", "for (int r = l; r < 64; r += 32)",
      "for (int r = l; r < 63; r += 32)", TL_WRONG},
     {"dQ warp reading the other buffer", "sdq + (s * 64 + r) * RF", "sdq + ((1 - s) * 64 + r) * RF",
@@ -137,14 +150,14 @@ static const Case bwd_cases[] = {
 enum { EW = 256 };
 static const Case bwd2_cases[] = {
     {"clean two-consumer backward", NULL, NULL, TL_PASS},
-    {"second consumer's dK from the first one's Q panels", "qcol = cw * (KC / 64) * PANEL,",
+    {"second consumer's dK from the first one's Q panels", "qcol = KS ? 0 : cw * (KC / 64) * PANEL,",
      "qcol = 0,", TL_WRONG},
-    {"second consumer's dV from the first one's dO panels", "ocol = cw * (VC / 64) * PANEL;",
+    {"second consumer's dV from the first one's dO panels", "ocol = KS ? 0 : cw * (VC / 64) * PANEL;",
      "ocol = 0;", TL_WRONG},
     {"second consumer's dQ columns skipped", "c < (cw + 1) * (KP / NC)", "c < KP / NC", TL_WRONG},
     {"second consumer's dK and dV stored at the first one's columns",
-     "hk * p.sdk.h + cw * KC,\n    *dvp = (T *)p.dv + b * p.sdv.b + hk * p.sdv.h + cw * VC;",
-     "hk * p.sdk.h,\n    *dvp = (T *)p.dv + b * p.sdv.b + hk * p.sdv.h;", TL_WRONG},
+     "const int kcol = KS ? 0 : cw * KC, vcol = KS ? 0 : cw * VC;", "const int kcol = 0, vcol = 0;",
+     TL_WRONG},
     {"`empty` expects one consumer warpgroup", "flex_mbar_init(emptyb + s, 128 * NC);",
      "flex_mbar_init(emptyb + s, 128);", TL_FAILS},
     {"`dsbar` expects one consumer warpgroup", "flex_mbar_init(dsbar, 128 * NC);",

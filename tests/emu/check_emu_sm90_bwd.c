@@ -196,30 +196,35 @@ END_TEST
 
 /* The steady body's flags (kernels/flex_bwd_sm90.cuh): an identity score
  * without a mask at Q_LEN = KV_LEN = 128, bf16, where every tile is full
- * and inside both sequences. Query row 5 puts all its weight on key 0
- * (its other scores lie about 500 below, so their P underflows to 0 in
- * fp32), and its dO and key 1's V are 2^66 in every column, so dP of (5,
- * 1) passes fp32 (2^138) where P is 0. dS must be 0 there
- * (docs/language.md), which the steady body, with no test on P, would
- * make NaN (0 x inf) in dQ of row 5 and dK of key 1; the producer's bound
- * (sum |dO| max |V| |scale| past 2^120) sends that tile to the general
- * body, while the other query tile (ordinary dO) takes the steady one.
- * The reference's P there is exp(-500), not 0, and its dS about 1e-178:
+ * and inside both sequences, at E = 64 (one consumer of 64 keys) and 128
+ * (two consumers splitting 128 keys). Query row 5 puts all its weight on
+ * key 0 (its other scores lie hundreds below, so their P underflows to 0
+ * in fp32), and its dO and key 70's V are 2^66 in every column, so dP of
+ * (5, 70) passes fp32 (2^138 and more) where P is 0. dS must be 0 there
+ * (docs/language.md), which the steady body, with no test on P, would make
+ * NaN (0 x inf) in dQ of row 5 and dK of key 70; the producer's bound (sum
+ * |dO| max |V| |scale| past 2^120) sends that tile to the general body,
+ * while the other query tile (ordinary dO) takes the steady one. The
+ * reference's P there is exp(-500) or less, not 0, and its dS negligible:
  * the gradients agree within the tolerance and none is NaN. */
 START_TEST(steady_flags) {
   static const char src[] = "score identity(s, b, h, q, kv) {\n    return s;\n}\n";
-  TlCase tc = {.name = "identity.score", .src = src, .s = {1, 1, 1, 128, 128, 64, 64},
-               .dt = &tl_dtypes[2], .backend = FLEX_BACKEND_EMU, .arch = "sm_90a"};
-  TlCall c;
-  tl_call_init(&c, &tc, &rng);
-  const int E = 64, row = 5;
-  for (int e = 0; e < E; e++) {
-    rt_array_set(&c.k.a, 0 * E + e, 8.0);       /* key 0: q . k = 4096 for row 5, scale 1/8 */
-    rt_array_set(&c.q.a, row * E + e, 8.0);
-    rt_array_set(&c.v.a, 1 * E + e, 0x1p66);    /* key 1's V */
-    rt_array_set(&c.dout.a, row * E + e, 0x1p66); /* row 5's dO */
+  for (int E = 64; E <= 128; E *= 2) {
+    TlCase tc = {.name = "identity.score", .src = src, .s = {1, 1, 1, 128, 128, E, E},
+                 .dt = &tl_dtypes[2], .backend = FLEX_BACKEND_EMU, .arch = "sm_90a"};
+    TlCall c;
+    tl_call_init(&c, &tc, &rng);
+    const int row = 5, key = 70;
+    for (int e = 0; e < E; e++) {
+      rt_array_set(&c.k.a, 0 * E + e, 8.0); /* key 0 takes row 5's weight */
+      rt_array_set(&c.q.a, row * E + e, 8.0);
+      rt_array_set(&c.v.a, key * E + e, 0x1p66);
+      rt_array_set(&c.dout.a, row * E + e, 0x1p66);
+    }
+    char label[64];
+    snprintf(label, sizeof label, "identity E%d, dP past fp32 where P underflows", E);
+    ck_assert_msg(run_checked(&c, label), "the sm_80 body ran");
   }
-  ck_assert_msg(run_checked(&c, "identity, dP past fp32 where P underflows"), "the sm_80 body ran");
 }
 END_TEST
 
