@@ -431,7 +431,6 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
     const int64_t rows = (int64_t)(b * p.H + h) * p.q_len;
     /* FLEX_BWD_SM90_ODD, FLEX_BWD_SM90_UNSAFE of any row of the tile */
     const int flags = stage_flags[s];
-    unsigned char *ds_buf = sS + s * SBYTES;
     /* stage s's Q and dO: K-major for S^T and dP^T, N-major from the
      * consumer's first panel for dK and dV */
     const uint64_t kQs = flex_wgmma_desc_at(kQ, s * QBYTES), kOs = flex_wgmma_desc_at(kO, s * OBYTES),
