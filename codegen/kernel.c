@@ -264,8 +264,8 @@ static void pick_tiles(CgOptions *o) {
    * keys (16 per warp); query tiles of 64 rows. */
   o->bwd_sm90 = cg_bwd_sm90_ok(o);
   if (o->bwd_sm90) {
-    const bool ks = bwd_sm90_keys_split_fits(o);
-    o->bwd = (CgTiles){64, ks ? 128 : 64, ks || sm90_wide(o) ? 384 : 256};
+    o->bwd = (CgTiles){64, bwd_sm90_keys_split_fits(o) ? 128 : 64, 0};
+    o->bwd.threads = 128 * (1 + cg_bwd_sm90_consumers(o));
   }
   /* A head dim above 128 on an arch with less shared memory: narrower K/V tiles. */
   size_t limit = cg_arch_smem_limit(o->arch);

@@ -143,20 +143,6 @@ EMU_API static void flex_atomic_add(float *p, float v) {
   } while (!__atomic_compare_exchange_n(u, &old, nw, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
 }
 
-/* st.shared.v2.f32: in shared memory, 8-byte aligned. */
-EMU_API static void flex_sts_f32x2(float *p, float a, float b) {
-  size_t off = emu_smem_offset(p, 8, "st.shared.v2.f32");
-  if (off % 8) emu_fail("st.shared.v2.f32: shared offset %zu is not 8-byte aligned", off);
-  p[0] = a, p[1] = b;
-}
-
-/* ld.shared.v2.f32: the same rules. */
-EMU_API static void flex_lds_f32x2(const float *p, float &a, float &b) {
-  size_t off = emu_smem_offset(p, 8, "ld.shared.v2.f32");
-  if (off % 8) emu_fail("ld.shared.v2.f32: shared offset %zu is not 8-byte aligned", off);
-  a = p[0], b = p[1];
-}
-
 static inline void flex_atomic_add_below(float *p, float v, int i, int lim) {
   if (i < lim) flex_atomic_add(p, v);
 }

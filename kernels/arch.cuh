@@ -11,8 +11,7 @@
  *   flex_cp_async_16[_a|_ap] / commit / wait   16-byte cp.async (zero fill; _a: 32-bit address)
  *   flex_f2h flex_h2f flex_f2bf flex_bf2f flex_pack_h2 flex_pack_bf2
  *   flex_gload flex_gstore flex_atomic_add   every global-memory access
- *   flex_sts_f32x2 flex_lds_f32x2            8-byte shared store and load (st/ld.shared.v2.f32)
- *   flex_sts_f32x2_a flex_lds_f32x4          the same store, and a 16-byte load, at a 32-bit shared address
+ *   flex_sts_f32x2_a flex_lds_f32x4          8-byte shared store, 16-byte load, 32-bit shared address
  *   flex_atomic_add_below                    fp32 add where an index is below a limit
  *   flex_atomic_cas                          32-bit compare-and-swap (checked runs)
  *   flex_atomic_max_u64                      64-bit unsigned max (the `sorted` check)
@@ -60,18 +59,10 @@ __device__ __forceinline__ uint32_t flex_smem_addr(const void *p) {
   return a;
 }
 
-/* Two floats to 8-byte-aligned shared memory in one store (st.shared.v2). */
-__device__ __forceinline__ void flex_sts_f32x2(float *p, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" :: "r"(flex_smem_addr(p)), "f"(a), "f"(b) : "memory");
-}
-
-/* Two floats from 8-byte-aligned shared memory in one load (ld.shared.v2). */
-__device__ __forceinline__ void flex_lds_f32x2(const float *p, float &a, float &b) {
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(a), "=f"(b) : "r"(flex_smem_addr(p)) : "memory");
-}
-
-/* The same store at a 32-bit shared address: ptxas adds a constant offset
- * to one register where a generic pointer's conversion takes one each. */
+/* Two floats to 8-byte-aligned shared memory in one store
+ * (st.shared.v2.f32) at a 32-bit shared address: ptxas adds a constant
+ * offset to one register where a generic pointer's conversion takes one
+ * each. */
 __device__ __forceinline__ void flex_sts_f32x2_a(uint32_t a, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" :: "r"(a), "f"(x), "f"(y) : "memory");
 }

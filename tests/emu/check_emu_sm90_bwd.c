@@ -161,6 +161,11 @@ static void packed_case(int E) {
 START_TEST(packed_batch) { packed_case(64); }
 END_TEST
 
+/* The same at E = 128: two consumers splitting 128 keys, whose dQ warp must
+ * end on the consumers' marker also in a CTA that visits no tile. */
+START_TEST(packed_batch_ks) { packed_case(128); }
+END_TEST
+
 /* The same at E = 256: the two-consumer backward per sequence. */
 START_TEST(packed_batch_wide) { packed_case(256); }
 END_TEST
@@ -236,7 +241,8 @@ int main(int argc, char **argv) {
     return TL_MAIN("emu_sm90_bwd", 0, TL_CASE("backward", 600), TL_LOOP(sample_full, NSAMPLES * 2 * NSHAPES),
                  TL_CASE("wide", 1200), TL_LOOP(wide_full, NWSAMPLES * 2 * NWIDE));
   return TL_MAIN("emu_sm90_bwd", 0, TL_CASE("backward", 600), TL_LOOP(sample_default, NSAMPLES * 2),
-                 TL_TEST(padded_dims), TL_TEST(fallbacks), TL_TEST(packed_batch), TL_TEST(user_block_mask),
+                 TL_TEST(padded_dims), TL_TEST(fallbacks), TL_TEST(packed_batch), TL_TEST(packed_batch_ks),
+                 TL_TEST(user_block_mask),
                  TL_TEST(steady_flags),
                  TL_CASE("wide", 1200), TL_LOOP(wide_default, NWSAMPLES), TL_TEST(user_block_mask_wide),
                  TL_TEST(packed_batch_wide));
