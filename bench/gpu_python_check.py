@@ -97,8 +97,12 @@ def run_torch(score_mod, block_mask, q, k, v, dout):
 
 def fill():
     """The flexc calls of check() on host tensors named CUDA (see the module's doc)."""
-    from flexc import _capi, _tensor
+    from flexc import _capi, _mods, _tensor
     _tensor.device_of = lambda x: (_capi.kDLCUDA, 0)
+    # the agreement of alibi's own mask with the BlockMask is checked on the
+    # host (the reference backend; no CUDA kernel), which this patch would
+    # send host tensors named CUDA: the real run checks it
+    _mods._check_agree = lambda *args: None
     g = torch.Generator().manual_seed(0)
     for name, kern, params, bufs, _, mask_mod in mods("cpu"):
         for dtype in (torch.bfloat16, torch.float16) if name == "softcap" else (torch.bfloat16,):

@@ -384,8 +384,10 @@ def _check_agree(check, kernel, block_mask, query, params, buffers):
           tuple((n, t.data_ptr(), t._version) for n, t in sorted(buffers.items())))
     if vk in _agreed:
         return
+    # the reference backend builds the mask on the host: device buffers are
+    # copied there (once per buffer version, cached in _agreed)
     bm = check.block_mask(B, H, QL, KL, block_size=(bq, bkv), params=params,
-                          buffers={n: t.detach() for n, t in buffers.items()})
+                          buffers={n: t.detach().cpu() for n, t in buffers.items()})
     differ = bm.stats["full"] + bm.stats["partial"]
     if differ:
         raise FlexError(ERR_INVALID, (
