@@ -142,14 +142,13 @@ static bool bwd_sm90_dq_bulk(const CgOptions *o) {
 }
 
 /* Registers the sm_90a backward's producer warpgroup keeps with two
- * consumers (flex_bwd_sm90's PREGS; the consumers get the rest): 32 (they
- * get 240) with the keys split or a mask without integer divisions, else
- * 48 (232): at 32 the walker's tile classifier spilled at E = 256 for
- * dilated (two divisions, 12 bytes); at 232 the consumers spilled for
- * alibi, gemma2, dilated, softcap and document with the keys split, and
- * for alibi at E = 256. */
+ * consumers (flex_bwd_sm90's PREGS; the consumers get FlexSm90Regs's
+ * rest of the CTA's 384 x 168): 24 (they get 240) with the keys split or a
+ * mask without integer divisions, else 40 (232). At 232 the consumers
+ * spilled for alibi, gemma2, dilated, softcap and document with the keys
+ * split, and for alibi at E = 256. */
 static int bwd_sm90_producer_regs(const CgOptions *o) {
-  return bwd_sm90_keys_split(o) || o->mask_divisions == 0 ? 32 : 48;
+  return bwd_sm90_keys_split(o) || o->mask_divisions == 0 ? 24 : 40;
 }
 
 /* The sm_90a backward's padded head dim: whole 64-column panels per

@@ -87,6 +87,7 @@ struct EmuReq {
   const void *site;     /* the calling instruction of a .aligned op (mma, ldmatrix); NULL: any */
   bool late;            /* an asynchronous completion (wgmma.wait_group): released only when
                            nothing else in the block can run, so work it would hide runs first */
+  int regs;             /* setmaxnreg: 1 .dec, 2 .inc (to `arg` registers a thread) */
 };
 
 /* A cp.async in flight: its data is read at issue, lands at wait. */
@@ -268,8 +269,19 @@ struct EmuWorker {
   std::vector<EmuBulk> *bulk;    /* its bulk tensor copies in flight */
   uint16_t *wg_reads;            /* per 16-byte shared chunk: in-flight wgmmas reading it */
   EmuNbar nbar[EMU_NBARS];       /* named barriers */
+  int wg_regs[32];         /* setmaxnreg: each warpgroup's registers a thread */
+  int reg_pool;            /* the CTA's pool of registers given back by .dec, which .inc draws */
   bool failed;             /* the running block hit an error */
 };
+
+/* The registers a thread of a kernel using setmaxnreg starts with: ptxas
+ * honours setmaxnreg only under __launch_bounds__(threads, 1) and then
+ * gives every thread the register file's share, 65536 / threads rounded
+ * down to 8 (168 for 384 threads), at most 256. */
+static inline int emu_launch_regs(int nthreads) {
+  int r = 65536 / nthreads / 8 * 8;
+  return r > 256 ? 256 : r;
+}
 
 static EmuLaunch *emu_L;                      /* the launch in progress */
 static EmuDim3 emu_block_dim, emu_grid_dim;   /* blockDim, gridDim */
@@ -460,6 +472,8 @@ EMU_NOSAN static void emu_block_reset(EmuWorker *w) {
   memset(w->smem, 0xFF, emu_L->smem_bytes);
   if (w->shadow) memset(w->shadow, 0, sizeof(EmuShadow) * emu_L->smem_bytes);
   w->mbars->clear();
+  for (int g = 0; g < 32; g++) w->wg_regs[g] = emu_launch_regs(w->nthreads);
+  w->reg_pool = 0;
   memset(w->wg_reads, 0, sizeof(uint16_t) * (emu_L->smem_bytes / 16 + 1));
   w->bulk->clear();
   memset(w->nbar, 0, sizeof w->nbar);
@@ -589,6 +603,12 @@ EMU_NOSAN static bool emu_release_groups(EmuWorker *w, bool late) {
         return false;
       }
     }
+    if (r0->regs) { /* setmaxnreg: .dec gives to the CTA's pool, .inc waits until it can take */
+      int *cur = &w->wg_regs[base / 128], need = (r0->arg - *cur) * 128;
+      if (r0->regs == 2 && need > w->reg_pool) continue; /* a deadlock reports it if nobody gives */
+      if (r0->regs == 2 && need > 0) w->reg_pool -= need, *cur = r0->arg;
+      if (r0->regs == 1 && need < 0) w->reg_pool -= need, *cur = r0->arg;
+    }
     r0->fn(lanes, n);
     if (w->failed) return false;
     for (int l = 0; l < n; l++) w->fibers[base + l].state = EMU_READY;
@@ -670,11 +690,16 @@ EMU_NOSAN static void emu_deadlock(EmuWorker *w) {
     if (s == EMU_AT_NBAR && nnbar++ == 0) fnbar = i;
     ndone += s == EMU_DONE;
   }
-  char more[256] = "", named[224] = "";
+  char more[384] = "", named[224] = "", regs[128] = "";
+  if (fgroup >= 0 && w->fibers[fgroup].req.regs == 2)
+    snprintf(regs, sizeof regs, "; the CTA's register pool holds %d registers, %d short (%d a thread "
+                                "at launch)", w->reg_pool,
+             (w->fibers[fgroup].req.arg - w->wg_regs[fgroup / 128]) * 128 - w->reg_pool,
+             emu_launch_regs(w->nthreads));
   if (ngroup || nmbar)
-    snprintf(more, sizeof more, ", %d at a warpgroup collective (first %d: %s), %d waiting on an "
+    snprintf(more, sizeof more, ", %d at a warpgroup collective (first %d: %s%s), %d waiting on an "
                                 "mbarrier (first %d: offset %u, parity %u)",
-             ngroup, fgroup, fgroup >= 0 ? w->fibers[fgroup].req.name : "-", nmbar, fmbar,
+             ngroup, fgroup, fgroup >= 0 ? w->fibers[fgroup].req.name : "-", regs, nmbar, fmbar,
              fmbar >= 0 ? w->fibers[fmbar].mbar_off : 0, fmbar >= 0 ? w->fibers[fmbar].mbar_parity : 0);
   if (nnbar) {
     const EmuNbar *b = &w->nbar[w->fibers[fnbar].nbar_id];

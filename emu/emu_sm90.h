@@ -224,8 +224,10 @@ EMU_API static bool flex_elect_one(void) {
  * this is a no-op; a missing fence is not detected. */
 static inline void flex_fence_proxy_async(void) {}
 
-/* setmaxnreg.{inc,dec}.sync.aligned.u32 N: a no-op here, with its rules:
- * the whole warpgroup, one instruction, N in 24..256 and a multiple of 8. */
+/* setmaxnreg.{inc,dec}.sync.aligned.u32 N: the whole warpgroup, one
+ * instruction, N in 24..256 and a multiple of 8; the registers move
+ * through the CTA's pool (emu_release_groups: an .inc waits until the
+ * pool holds what it asks for, and a deadlock names it). */
 EMU_NOSAN static void emu_setmaxnreg_fn(EmuReq **lanes, int n) {
   (void)n;
   int regs = lanes[0]->arg;
@@ -250,7 +252,7 @@ static inline const void *emu_site(const char *file, int line) {
 EMU_API static void emu_setmaxnreg(int regs, int inc, const void *site) {
   EmuReq r = {};
   r.fn = emu_setmaxnreg_fn, r.name = inc ? "setmaxnreg.inc" : "setmaxnreg.dec";
-  r.arg = regs, r.width = inc, r.site = site;
+  r.arg = regs, r.width = inc, r.site = site, r.regs = inc ? 2 : 1;
   emu_group_op(&r);
 }
 template <int N> EMU_GROUP_OP void flex_setmaxnreg_inc(EMU_SITE_ARGS) {

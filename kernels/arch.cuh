@@ -438,7 +438,8 @@ template <int N> __device__ __forceinline__ void flex_wgmma_wait(void) {
 }
 /* setmaxnreg: ptxas honours it only when the kernel's register count at
  * entry is known (__launch_bounds__(threads, 1)); otherwise it ignores it
- * with an info message (C7508). */
+ * with an info message (C7508). .inc waits until the CTA's register pool
+ * can serve it (FlexSm90Regs in flex_fwd_sm90.cuh sizes the requests). */
 template <int N> __device__ __forceinline__ void flex_setmaxnreg_inc(void) {
   static_assert(N >= 24 && N <= 256 && N % 8 == 0, "setmaxnreg: N in 24..256, a multiple of 8");
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N));

@@ -117,19 +117,6 @@
 #include "flex_fwd_sm90.cuh" /* FlexWgmma */
 #include "flex_bwd.cuh"
 
-/* setmaxnreg with two consumer warpgroups (384 threads, 168 registers each
- * at launch): the producer gives registers to the consumers, whose dK and
- * dV (128) sit beside S^T, dP^T and the A fragments. PREGS, the producer's
- * (codegen's bwd_sm90_producer_regs): 32, the consumers then 240, or 48
- * with 232 (128 x 32 + 256 x 240 = 128 x 48 + 256 x 232 = 65536, the whole
- * register file). At 232 the consumers spilled (at E = 128 with the keys
- * split: alibi 68 bytes, gemma2 64, dilated 48, softcap 8, document 4; at
- * E = 256: alibi 8); at 32 the producer fits when only the walker walks,
- * except for a mask whose classifier divides at E = 256 (dilated 12). */
-template <int PREGS> struct FlexBwdSm90Regs {
-  static_assert(PREGS == 32 || PREGS == 48, "the producer keeps 32 or 48 registers");
-  static constexpr int consumer = (65536 - 128 * PREGS) / 256;
-};
 
 /* A tile's flags (stage_flags): a row in range has an LSE that is not
  * finite; a row's dP scale - D may not be finite (its sum |dO| times the
@@ -377,7 +364,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
   }
 
   /* ---- consumer cw: keys n0 + kc + 16 w .. + 15 in warp w, its columns ---- */
-  if (NC > 1) flex_setmaxnreg_inc<FlexBwdSm90Regs<PREGS>::consumer>();
+  if (NC > 1) flex_setmaxnreg_inc<FlexSm90Regs<PREGS>::consumer>();
   /* cw from lane 0, the stage words read at uniform addresses: ptxas
    * keeps the descriptors in uniform registers (flex_fwd_sm90's cw). */
   const int ct = tid - 128, cw = NC > 1 ? __shfl_sync(0xffffffffu, ct / 128, 0) : 0, w = ct / 32 % 4,

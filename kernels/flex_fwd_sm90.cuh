@@ -11,8 +11,8 @@
  *     fp16/bf16 in registers), then each frees the stage (`empty` counts
  *     all 128 NC consumer threads). Tile i's S wgmma is issued ahead of
  *     tile i - 1's P V, so the softmax runs under the P V.
- * With NC = 2, setmaxnreg moves registers from the producer (48) to the
- * consumers (232): 384 threads would otherwise get 168 each. The two
+ * With NC = 2, setmaxnreg moves registers from the producer (40) to the
+ * consumers (232; FlexSm90Regs): 384 threads would otherwise get 168 each. The two
  * consumers also take turns at issuing their wgmma (ping-pong): consumer
  * c waits at named barrier 1 + c for its turn, issues tile i's S (and tile
  * i - 1's P V), and hands the turn to the other at barrier 2 - c. So one
@@ -48,6 +48,22 @@
 #endif
 
 /* The wgmma of an element type. */
+/* setmaxnreg's budget with two consumer warpgroups. The registers a
+ * warpgroup gains with .inc come from the CTA's pool, which holds only
+ * what other warpgroups gave back with .dec: a CTA of 384 threads under
+ * __launch_bounds__(384, 1) is launched with 168 registers a thread
+ * (65536 / 384 rounded down to 8), 64512 in all, not the register file's
+ * 65536, and an .inc the pool cannot serve waits forever. With the
+ * producer warpgroup keeping P, the two consumers can take C =
+ * FlexSm90Regs<P>::consumer: 128 P + 256 C <= 384 x 168 (P 24: 240,
+ * P 40: 232). */
+#define FLEX_SM90_LAUNCH_REGS 168
+#define FLEX_FWD_SM90_PREGS 40 /* the forward's producer: the walk and an elected lane's TMA */
+template <int P> struct FlexSm90Regs {
+  static_assert(P >= 24 && P < FLEX_SM90_LAUNCH_REGS && P % 8 == 0, "setmaxnreg: a multiple of 8 from 24");
+  static constexpr int consumer = (384 * FLEX_SM90_LAUNCH_REGS - 128 * P) / 256 / 8 * 8;
+};
+
 template <class El> struct FlexWgmma;
 template <> struct FlexWgmma<FlexF16> {
   template <int N, int TB>
@@ -347,7 +363,7 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
 
   /* the warpgroup from lane 0, as flex_bwd_sm90 (uniform registers) */
   if (__shfl_sync(0xffffffffu, tid / 128, 0) == 0) { /* ---- producer ---- */
-    if (NC > 1) flex_setmaxnreg_dec<48>();
+    if (NC > 1) flex_setmaxnreg_dec<FLEX_FWD_SM90_PREGS>();
     if (tid >= 32 || !flex_elect_one()) return;
     flex_mbar_arrive_expect_tx(qbar, NC * QBYTES);
 #pragma unroll
@@ -382,7 +398,7 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
   }
 
   /* ---- consumer cw: query rows r0 .. r0 + 63, warp w owns 16 w .. 16 w + 15 of them ---- */
-  if (NC > 1) flex_setmaxnreg_inc<232>();
+  if (NC > 1) flex_setmaxnreg_inc<FlexSm90Regs<FLEX_FWD_SM90_PREGS>::consumer>();
   FlexFwdSm90Consumer<El, OutEl, EPT, EVPT, BN, NC, OVERLAP, MASK_MODE, SCORE_ID> c(p);
   const int ct = tid - 128;
   /* cw from lane 0 (__shfl_sync): ptxas then knows it warp-uniform, and

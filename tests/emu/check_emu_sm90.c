@@ -543,6 +543,24 @@ START_TEST(elect_and_setmaxnreg) {
 }
 END_TEST
 
+/* setmaxnreg.inc draws on what .dec gave back to the CTA's pool: 384 x 168
+ * registers at launch, so a producer at 40 lets two consumers reach 232,
+ * one at 48 does not (the .inc waits forever: a deadlock). */
+START_TEST(setmaxnreg_pool) {
+  float out[384];
+  char msg[EMU_ERR_LEN];
+  EmuTestParams p = {.out = out};
+  Alloc a[] = {{"out", out, sizeof out}};
+  ck_assert_msg(run("emu_t_regs", &p, 384, 0, a, 1, msg) == FLEX_OK, "%s", msg);
+  for (int t = 0; t < 384; t++) ck_assert_msg(out[t] == 1.0f, "thread %d: %g", t, out[t]);
+  p.mode = 1;
+  ck_assert(run("emu_t_regs", &p, 384, 0, a, 1, msg) != FLEX_OK);
+  ck_assert_msg(strstr(msg, "deadlock") && strstr(msg, "setmaxnreg.inc") &&
+                    strstr(msg, "pool holds 7168 registers, 1024 short (168 a thread"),
+                "%s", msg);
+}
+END_TEST
+
 /* Each test starts on the plain module (the loop tests pick theirs). */
 static void use_plain(void) { mod = plain; }
 
@@ -581,5 +599,5 @@ int main(void) {
                  TL_TEST(wgmma_tma_small_swizzles), TL_TEST(wgmma_tma_bf16_n256), TL_LOOP(wgmma_tma_pv, 2),
                  TL_TEST(wgmma_layouts), TL_LOOP(fa3_skeleton, 2), TL_TEST(wgmma_early_read_is_poison),
                  TL_TEST(wgmma_rules), TL_TEST(wgmma_stage_overwrite), TL_TEST(bulk_reduce_add),
-                 TL_TEST(elect_and_setmaxnreg));
+                 TL_TEST(elect_and_setmaxnreg), TL_TEST(setmaxnreg_pool));
 }

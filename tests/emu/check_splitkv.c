@@ -250,7 +250,8 @@ START_TEST(gqa_packing) {
   }
   unsetenv("FLEXC_PACK_GQA");
   const uint64_t G = (uint64_t)(c->H / c->HKV);
-  if (c->src == head_window) ck_assert(tiles[1] >= tiles[0] && tiles[0] > 0);
+  if (dev != FLEX_BACKEND_EMU) { /* the GPU backend counts no tiles (RtRunStats.fwd_tiles) */
+  } else if (c->src == head_window) ck_assert(tiles[1] >= tiles[0] && tiles[0] > 0);
   else ck_assert_msg(tiles[1] == G * tiles[0], "unpacked %llu tiles, packed %llu, G %llu",
                      (unsigned long long)tiles[1], (unsigned long long)tiles[0], (unsigned long long)G);
   tl_call_free(&u);

@@ -235,6 +235,19 @@ extern "C" __global__ void emu_t_elect(const EmuTestParams p) {
 }
 FLEX_EMU_ENTRY(emu_t_elect, EmuTestParams)
 
+/* setmaxnreg's pool in a CTA of 384 threads (168 registers a thread at
+ * launch): warpgroup 0 gives back to 40 (mode 0) or 48 (mode 1), the
+ * other two ask for 232. Mode 1 asks 1024 registers more than the pool
+ * holds and waits forever. out[t] = 1 for every thread past it. */
+extern "C" __global__ void emu_t_regs(const EmuTestParams p) {
+  int t = threadIdx.x;
+  if (t >= 128) flex_setmaxnreg_inc<232>();
+  else if (p.mode == 1) flex_setmaxnreg_dec<48>();
+  else flex_setmaxnreg_dec<40>();
+  flex_gstore((float *)p.out + t, 1.0f);
+}
+FLEX_EMU_ENTRY(emu_t_regs, EmuTestParams)
+
 /* TMA + wgmma as a FlashAttention-3 PV: P (64 x 32, p.in row-major 16-bit)
  * from registers in the A fragment layout, V (32 x 128, map p.in2 over the
  * [kv][d] tensor) loaded with the 128-byte swizzle as two boxes of 64
