@@ -69,10 +69,12 @@ now() { echo $(( $(date +%s) - start )); }
 # Every external command the run uses (pre-flight checks each one), and
 # those it uses only when present. Nothing here is built or installed.
 tools="bash env true date timeout dirname basename mktemp touch sha256sum cat cut sort uniq head tail wc tr tee mkdir rm ls find xargs nproc grep sed awk ldd python3"
-optional_tools="nvidia-smi compute-sanitizer"
-# compute-sanitizer: on PATH, else in the CUDA toolkit (which may not be on
-# PATH); the PATH itself is left as given.
+optional_tools="nvidia-smi compute-sanitizer cuda-gdb pkill"
+# compute-sanitizer and cuda-gdb: on PATH, else in the CUDA toolkit (which
+# may not be on PATH); the PATH itself is left as given.
 sanitizer=$(command -v compute-sanitizer || { [ -x /usr/local/cuda/bin/compute-sanitizer ] && echo /usr/local/cuda/bin/compute-sanitizer; })
+cudagdb=$(command -v cuda-gdb || { [ -x /usr/local/cuda/bin/cuda-gdb ] && echo /usr/local/cuda/bin/cuda-gdb; })
+PROBE_S=${PROBE_S:-30}
 
 fail_preflight() {
   echo "preflight: FAILED: $*" >&2
@@ -129,7 +131,7 @@ with tarfile.open("cache.tar.xz") as t:
     fail_preflight "the Python package does not load lib/libflexc.so.0 or compile a sample"
   echo "preflight: ok: the Python package loads lib/libflexc.so.0"
   local cmds
-  cmds=$(grep -v '^#' "$bundle/bench/gpu_checks.txt" | awk 'NF >= 4 { print $4 == "@memcheck" || $4 == "@python" ? $5 : $4 }')
+  cmds=$(grep -v '^#' "$bundle/bench/gpu_checks.txt" | awk 'NF >= 4 { print $4 ~ /^@/ ? $5 : $4 }')
   [ -n "$cmds" ] || fail_preflight "bench/gpu_checks.txt lists nothing"
   for t in $cmds; do [ -f "$bundle/$t" ] || fail_preflight "bench/gpu_checks.txt runs $t, not in the bundle"; done
   echo "preflight: ok: bench/gpu_checks.txt's $(echo "$cmds" | wc -l) lines name files of the bundle"
@@ -153,7 +155,11 @@ line_env() { # BODIES LOG
   echo "FLEXC_CACHE_DIR=$bundle/cache FLEXC_CACHE_LOG=$2 PYTHONPATH=$bundle/python FLEXC_LIBRARY=$bundle/lib/libflexc.so.0 PYTHONDONTWRITEBYTECODE=1"
   local seed=${FLEXC_SEED:-$(sed -n 's/^seed=//p' "$bundle/BUNDLE")}
   [ -n "$seed" ] && echo "FLEXC_SEED=$seed"
-  [ "$1" = sm90 ] && echo "FLEXC_CUDA_SM90_FWD=1 FLEXC_CUDA_SM90_BWD=1"
+  case $1 in
+  sm90) echo "FLEXC_CUDA_SM90_FWD=1 FLEXC_CUDA_SM90_BWD=1" ;;
+  sm90f) echo "FLEXC_CUDA_SM90_FWD=1" ;; # the probe's forward alone
+  sm90b) echo "FLEXC_CUDA_SM90_BWD=1" ;; # and backward alone
+  esac
 }
 
 # The command of a line, its prefixes expanded for the GPU run.
@@ -161,6 +167,7 @@ gpu_command() { # COMMAND...
   case $1 in
   @memcheck) shift; echo "${sanitizer:-compute-sanitizer} --tool memcheck --error-exitcode 1 --print-limit 20 $*" ;;
   @python) shift; echo "python3 $*" ;;
+  @probe) shift; echo "$*" ;;
   *) echo "$*" ;;
   esac
 }
@@ -172,6 +179,15 @@ fill_line() { # PASS STAGE NAME BODIES COMMAND...
   local cmd="$*" py=${py_fill:-python3}
   case $1 in
   @memcheck) shift; cmd="$*" ;;
+  @probe) # the probe's command, and the forward and the backward alone (hang_report)
+    shift
+    local b
+    for b in sm90f sm90b; do
+      # shellcheck disable=SC2046
+      (cd "$bundle" && env $(line_env "$b" "$logs/cache.$pass.log") FLEXC_LIBCUDA="$bundle/lib/mockcuda.so" \
+        MOCKCUDA_CC="${mock_cc:-9.0}" MOCKCUDA_SMS="${mock_sms:-132}" "$@") >"$logs/$name-$b.$pass.log" 2>&1
+    done
+    cmd="$*" ;;
   @python)
     shift
     "$py" -c 'import torch' 2>/dev/null || { echo "no Python with torch: $name not filled" >"$logs/$name.$pass.log"; return 0; }
@@ -250,6 +266,12 @@ run_line() { # FILE LIMIT STAGE NAME BODIES COMMAND...
     # shellcheck disable=SC2046
     echo "dry run: (cd $bundle && env $(line_env "$bodies" "$log" | tr '\n' ' ') timeout $limit $cmd)" >>"$file"
     line_rc=0
+  elif [ "$1" = @probe ]; then
+    shift
+    # shellcheck disable=SC2046
+    (cd "$bundle" && env $(line_env "$bodies" "$log") timeout "$limit" "$@") >>"$file" 2>&1
+    line_rc=$?
+    [ $line_rc -eq 124 ] && hang_report "$limit" "$@" >>"$file" 2>&1
   elif [ "$1" = @memcheck ] && [ -z "$sanitizer" ]; then
     echo "not run: no compute-sanitizer on this machine" >>"$file"
     line_rc=127
@@ -270,6 +292,43 @@ run_line() { # FILE LIMIT STAGE NAME BODIES COMMAND...
   esac
   echo "==== [$(now) s] $name: $result, $(( $(date +%s) - t0 )) s; cache: $(( ${h1:-0} - ${h0:-0} )) hits, $(( ${m1:-0} - ${m0:-0} )) misses" >>"$file"
   record "$stage" "$name" "$bodies" "$result" "$(( $(date +%s) - t0 ))" "$(( ${h1:-0} - ${h0:-0} ))" "$(( ${m1:-0} - ${m0:-0} ))"
+}
+
+# The sm_90a probe hung (the bodies' first launch): which body hangs, and
+# where, into 5-hang.txt. The forward alone and the backward alone (each
+# under $1 / 2 s), then, with cuda-gdb, the first that hung stopped by
+# SIGINT after 15 s: the running kernels, every warp's PC and the
+# instructions there (the cubins carry line info). Sets sm90_hung.
+hang_report() { # LIMIT COMMAND...
+  local limit=$1 f=$out/5-hang.txt b rc hung=""
+  shift
+  sm90_hung=yes
+  echo "# The sm_90a probe hung: $* (FLEXC_CUDA_SM90_FWD=1 FLEXC_CUDA_SM90_BWD=1)" >"$f"
+  for b in sm90f sm90b; do
+    # shellcheck disable=SC2046
+    (cd "$bundle" && env $(line_env "$b" "$work/cache.log") timeout $((limit / 2)) "$@") >"$work/probe-$b.log" 2>&1
+    rc=$?
+    echo "[$(now) s] $(line_env "$b" /dev/null | tail -1) alone: $([ $rc -eq 124 ] && echo HUNG || echo "exit $rc")" >>"$f"
+    tail -3 "$work/probe-$b.log" | sed 's/^/    /' >>"$f"
+    [ $rc -eq 124 ] && [ -z "$hung" ] && hung=$b
+  done
+  [ -n "$hung" ] || hung=sm90
+  if [ -z "$cudagdb" ] || ! command -v pkill >/dev/null; then
+    echo "[$(now) s] no cuda-gdb or pkill here: no PCs" >>"$f"
+  else
+    echo "[$(now) s] cuda-gdb on the $hung bodies, interrupted after 15 s:" >>"$f"
+    local w ex=()
+    for w in 0 1 2 3 4 5 6 7 8 9 10 11; do ex+=(-ex "cuda warp $w" -ex 'info line *$pc' -ex 'x/3i $pc'); done
+    (sleep 15; pkill -INT -f "^[^ ]*$1 $2") &
+    # shellcheck disable=SC2046
+    (cd "$bundle" && env $(line_env "$hung" "$work/cache.log") timeout -s KILL 45 "$cudagdb" -q -batch \
+      -ex 'set pagination off' -ex 'set confirm off' -ex 'handle SIGINT stop print nopass' -ex run \
+      -ex 'info cuda kernels' -ex 'cuda kernel 0 block (0,0,0) thread (0,0,0)' -ex 'info cuda warps' \
+      "${ex[@]}" -ex kill --args "$@") >>"$f" 2>&1
+    wait
+  fi
+  echo "[$(now) s] hang report in 5-hang.txt"
+  cat "$f"
 }
 
 # Seconds left of a stage that began at $1 with budget $2 (at least 1).
@@ -329,7 +388,7 @@ stage2() {
   local f=$out/2-correctness.log t0 line n later limit
   t0=$(date +%s)
   : >"$f"
-  sm90_ok=yes checks_ok=yes
+  sm90_ok=yes checks_ok=yes sm90_hung=no
   n=$(lines_of 2 | wc -l) later=$n
   while read -r line; do
     # shellcheck disable=SC2086
@@ -337,6 +396,11 @@ stage2() {
     later=$((later - 1))
     # the stage's time left, less 5 s for each line after this one
     limit=$(( $(left "$t0" "$STAGE2_S") - 5 * later ))
+    if [ "$3" = sm90 ] && [ $sm90_hung = yes ]; then
+      echo "==== [$(now) s] $2 not run: the sm_90a probe hung (5-hang.txt)" >>"$f"
+      record 2 "$2" "$3" "not run: the sm_90a probe hung" 0 0 0
+      continue
+    fi
     if [ $limit -lt 5 ]; then
       echo "==== [$(now) s] stage 2 time spent: $2 not run" >>"$f"
       record 2 "$2" "$3" "not run: stage 2's ${STAGE2_S} s spent" 0 0 0
@@ -344,6 +408,7 @@ stage2() {
       checks_ok=no
       continue
     fi
+    [ "$4" = @probe ] && [ $limit -gt "$PROBE_S" ] && limit=$PROBE_S
     run_line "$f" "$limit" "$@"
     if [ $line_rc -ne 0 ]; then
       [ "$3" = sm90 ] && sm90_ok=no
@@ -430,8 +495,10 @@ stage4() {
       grep -v '^|' "$work/sweep-one" >>"$f"
     done < <(grep -v '^#' "$bundle/bench/tile_sweep.txt" | grep -v '^$')
   done
-  # Best shape per head dim and direction: the highest TFLOP/s summed over
-  # noop and causal, in the tile table's override format.
+  # Best shape per head dim and direction: the highest mean TFLOP/s over
+  # its rows (noop and causal; a shape of one direction appears beside
+  # several of the other, so a sum would favour the shape listed most),
+  # in the tile table's override format.
   {
     echo
     echo "## Best shapes (FLEXC_TILES format)"
@@ -441,13 +508,13 @@ stage4() {
       NF >= 10 && trim($9) + 0 > 0 {
         spec = trim($2); E = trim($7); f = trim($9) + 0; b = trim($10) + 0
         split(spec, parts, ",")
-        fs[E, parts[1]] += f; bs[E, parts[2]] += b; es[E] = 1
+        fs[E, parts[1]] += f; fn[E, parts[1]]++; bs[E, parts[2]] += b; bn[E, parts[2]]++; es[E] = 1
       }
       END {
         for (E in es) {
           bf = -1; bb = -1
-          for (k in fs) { split(k, kk, SUBSEP); if (kk[1] == E && fs[k] > bf) { bf = fs[k]; fsp = kk[2] } }
-          for (k in bs) { split(k, kk, SUBSEP); if (kk[1] == E && bs[k] > bb) { bb = bs[k]; bsp = kk[2] } }
+          for (k in fs) { split(k, kk, SUBSEP); if (kk[1] == E && fs[k] / fn[k] > bf) { bf = fs[k] / fn[k]; fsp = kk[2] } }
+          for (k in bs) { split(k, kk, SUBSEP); if (kk[1] == E && bs[k] / bn[k] > bb) { bb = bs[k] / bn[k]; bsp = kk[2] } }
           printf "E=%s %s,%s\n", E, fsp, bsp
         }
       }' "$rows" | sort

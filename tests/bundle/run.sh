@@ -13,7 +13,7 @@ t0=$(date +%s)
 # The tools the GPU machine's image has that a run may use (docs/cuda.md);
 # flex, bison, pkg-config, LLVM, Check and a package registry it lacks, and
 # the run must not need CMake, a compiler or git either.
-gpu_tools="bash sh env true date timeout dirname basename mktemp touch sha256sum cat cut sort uniq head tail wc tr tee mkdir rm cp mv ls find xargs nproc grep sed awk ldd python3 nvidia-smi compute-sanitizer"
+gpu_tools="bash sh env true date timeout dirname basename mktemp touch sha256sum cat cut sort uniq head tail wc tr tee mkdir rm cp mv ls find xargs nproc grep sed awk ldd python3 nvidia-smi compute-sanitizer cuda-gdb"
 absent="flex bison pkg-config llvm-config cmake ninja make cc gcc c++ g++ clang nvcc git"
 
 # 1. The bundle: one line's kernels in its cache (the full fill is
