@@ -72,15 +72,16 @@ static int mask_divisions(const IrModule *m) {
   return n;
 }
 
-/* Consumer warpgroups of the sm_90a forward: two (setmaxnreg 48 / 232),
- * except under an implicit mask whose tile classifier has more than two
- * integer divisions: with two consumers the producer runs the walk in the
- * 48 registers setmaxnreg leaves it, and ptxas spilled there (natten_gym
- * and natten_tiled: 6 and 15 divisions, 52 and 500 bytes of spill stores
- * at E = 128; natten's 4 spilled at E = 256; dilated's 2 never). One
- * consumer keeps 255 registers for everyone. */
+/* Consumer warpgroups of the sm_90a forward: two (setmaxnreg 40 / 232,
+ * FlexSm90Regs), except under an implicit mask whose tile classifier has
+ * more than two integer divisions, or more than one above head dim 128:
+ * with two consumers the producer runs the walk in the 40 registers
+ * setmaxnreg leaves it, and ptxas spilled there (at 48: natten_gym and
+ * natten_tiled, 6 and 15 divisions, 52 and 500 bytes of spill stores at E
+ * = 128, natten's 4 at E = 256; at 40: dilated's 2 at E = 256, 24 bytes).
+ * One consumer keeps 255 registers for everyone. */
 static int sm90_consumers(const CgOptions *o) {
-  return o->mask_divisions <= 2 ? 2 : 1;
+  return o->mask_divisions <= (sm90_wide(o) ? 1 : 2) ? 2 : 1;
 }
 
 /* The S / P V overlap of the sm_90a forward (S, P and O live at once):
@@ -99,9 +100,9 @@ bool cg_fwd_sm90_ok(const CgOptions *o) {
  * it supports, flex_bwd_tc / flex_bwd_main for the rest. Dropout, paged
  * K/V and the deterministic variant are not in the sm_90a body, nor head
  * dims above 128 under an implicit mask with more than two integer
- * divisions: the two consumers leave the producer 48 registers for the
- * walk, and ptxas spilled there (natten_gym 88, natten_tiled 492 bytes of
- * spill stores at E = 256), as in the forward (sm90_consumers). */
+ * divisions: the two consumers leave the producer 40 registers for the
+ * walk, and ptxas spilled there (at 48 already: natten_gym 88, natten_tiled
+ * 492 bytes of spill stores at E = 256), as in the forward (sm90_consumers). */
 bool cg_bwd_sm90_ok(const CgOptions *o) {
   return o->arch == CG_SM90A && o->backward && o->dtype != CG_FP32 && !o->paged && !o->dropout &&
          !o->no_tma && !o->deterministic && cg_fwd_sm90_dim(o->head_dim) <= 256 &&
@@ -113,12 +114,12 @@ bool cg_bwd_sm90_ok(const CgOptions *o) {
  * 64 c .. 64 c + 63 with every column of dK and dV (EPT / 2 + EVPT / 2 <=
  * 128 accumulator registers per thread), so each Q and dO tile loaded
  * serves 128 keys. At E padded to 128 (65..128), EV up to 128, unless the
- * mask's tile classifier has more than two integer divisions (the
- * producer's walk in the 48 registers setmaxnreg leaves it spilled, see
- * cg_bwd_sm90_ok) or a caller's BlockMask has blocks of 64 keys: then one
+ * mask's tile classifier has an integer division (the producer's walk in
+ * the 24 registers setmaxnreg leaves it spilled: dilated, two divisions,
+ * 28 bytes) or a caller's BlockMask has blocks of 64 keys: then one
  * consumer of 64 keys. Decided once by the tiles (o->bwd.block_n). */
 static bool bwd_sm90_keys_split_fits(const CgOptions *o) {
-  return !sm90_wide(o) && cg_fwd_sm90_dim(o->head_dim) == 128 && o->mask_divisions <= 2;
+  return !sm90_wide(o) && cg_fwd_sm90_dim(o->head_dim) == 128 && o->mask_divisions == 0;
 }
 static bool bwd_sm90_keys_split(const CgOptions *o) {
   return o->bwd_sm90 && !sm90_wide(o) && o->bwd.block_n == 128;
@@ -143,12 +144,14 @@ static bool bwd_sm90_dq_bulk(const CgOptions *o) {
 
 /* Registers the sm_90a backward's producer warpgroup keeps with two
  * consumers (flex_bwd_sm90's PREGS; the consumers get FlexSm90Regs's
- * rest of the CTA's 384 x 168): 24 (they get 240) with the keys split or a
- * mask without integer divisions, else 40 (232). At 232 the consumers
- * spilled for alibi, gemma2, dilated, softcap and document with the keys
- * split, and for alibi at E = 256. */
+ * rest of the CTA's 384 x 168): 24 (they get 240) under a mask without
+ * integer divisions, else 40 (232). At 232 the consumers spilled for
+ * alibi, gemma2, dilated, softcap and document with the keys split, and
+ * for alibi above head dim 128; in 24 the walker of a dividing mask
+ * spilled (dilated, 28 bytes at E = 128), which is why the keys split
+ * only under masks without divisions (bwd_sm90_keys_split_fits). */
 static int bwd_sm90_producer_regs(const CgOptions *o) {
-  return bwd_sm90_keys_split(o) || o->mask_divisions == 0 ? 24 : 40;
+  return o->mask_divisions == 0 ? 24 : 40;
 }
 
 /* The sm_90a backward's padded head dim: whole 64-column panels per

@@ -41,11 +41,13 @@
  *     serves 128 keys; both write their keys' dS (panel c of a buffer) and
  *     each computes dQ for its 64 columns over all 128 keys, the two halves
  *     of a dQ row staged side by side for one reduction. setmaxnreg leaves
- *     the producer 32 registers (the walker alone walks; the loader and dQ
- *     warps only follow words) and gives the consumers 240.
- *   NC = 1, 64 keys: E <= 64, or a mask whose tile classifier has more than
- *     two integer divisions (its walk needs more than 32 registers), or a
- *     caller's BlockMask of 64-key blocks.
+ *     the producer 24 registers (the walker alone walks; the loader and dQ
+ *     warps only follow words) and gives the consumers 240 (FlexSm90Regs).
+ *     Only under a mask without integer divisions (a dividing walk spilled
+ *     in 24).
+ *   NC = 1, 64 keys: E <= 64, or a mask whose tile classifier divides (its
+ *     walk needs more than 24 registers), or a caller's BlockMask of
+ *     64-key blocks.
  *   Above head dims 128, 64 keys: dK and dV of 64 keys would take 256
  *     accumulator registers per thread, so NC = 2 consumers split the
  *     columns: consumer c holds dK and computes dQ for columns [c KC, (c +
@@ -57,8 +59,8 @@
  *     tensor-core work at E = EV) is what keeps dK and dV in registers.
  *     Consumer 0 alone writes dS to shared memory and alone adds the joint
  *     function's buffer gradients (flex_joint's flex_accum). setmaxnreg
- *     moves registers from the producer (48) to the consumers (232), as
- *     the forward does.
+ *     moves registers from the producer (24, or 40 under a dividing mask)
+ *     to the consumers (240, or 232).
  * The walker tells everyone which tile a stage holds (its first query row,
  * the walk's `full` flag and the query head) in three shared words per
  * stage, then arrives on `wordsb`; the loader warp, after waiting for it,
@@ -179,7 +181,8 @@ __device__ __forceinline__ void flex_bwd_sm90_loader(const FlexParams &p, const 
     const int h = __shfl_sync(0xffffffffu, stage_h[s], 0);
     if (STEADY && i == 0) vmax = flex_bwd_sm90_vmax<El, VP, BNC>(sV, kvbar, l) * fabsf(p.scale);
     int flags = 0;
-#pragma unroll
+    /* one row at a time: the producer lives in 24 registers */
+#pragma unroll 1
     for (int k = 0; k < 2; k++) {
       const int r = l + 32 * k, qi = m0 + r;
       const bool ok = qi < p.q_len;
@@ -313,7 +316,10 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
    * other changes of that step). */
   if (__shfl_sync(0xffffffffu, tid / 128, 0) == 0) { /* ---- producer ---- */
     if (NC > 1) flex_setmaxnreg_dec<PREGS>();
-    const int pw = tid / 32, pl = tid % 32;
+    /* the warp from lane 0 too: its shared-memory addresses then stay in
+     * uniform registers, which the producer's 24 could not hold beside
+     * the loader's and the dQ warp's own */
+    const int pw = __shfl_sync(0xffffffffu, tid / 32, 0), pl = tid % 32;
     if (pw == 1) {
       flex_bwd_sm90_loader<El, VP, BNC, JOINT, STEADY>(p, sV, sld, kvbar, fullb, wordsb, stage_m0, stage_h,
                                                        stage_flags, b, pl);

@@ -299,7 +299,7 @@ START_TEST(sm90_backward_consumers) {
     snprintf(want, sizeof want, "flex_bwd_sm90<FlexBF16, %d, %d, %d, ", cases[i].ept, cases[i].evpt,
              cases[i].nc);
     ck_assert_msg(strstr(b.data, want) != NULL, "E %d EV %d: no '%s'", cases[i].E, cases[i].EV, want);
-    snprintf(want, sizeof want, ", %s, %s, 32>(t);\n}\nFLEX_EMU_ENTRY(flex_bwd,", cases[i].dqb ? "true" : "false",
+    snprintf(want, sizeof want, ", %s, %s, 24>(t);\n}\nFLEX_EMU_ENTRY(flex_bwd,", cases[i].dqb ? "true" : "false",
              cases[i].ks ? "true" : "false");
     ck_assert_msg(strstr(b.data, want) != NULL, "E %d EV %d: no '%s'", cases[i].E, cases[i].EV, want);
     snprintf(want, sizeof want, "__launch_bounds__(%d, 1) flex_bwd(", o.bwd.threads);

@@ -89,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(128) flex_bwd_pre(const FlexParams 
 FLEX_EMU_ENTRY(flex_bwd_pre, FlexParams)
 
 extern "C" __global__ void __launch_bounds__(384, 1) flex_bwd(const __grid_constant__ FlexBwdTma t) {
-  flex_bwd_sm90<FlexF16, 128, 128, 2, FLEX_MASK_DENSE, true, false, true, true, 32>(t);
+  flex_bwd_sm90<FlexF16, 128, 128, 2, FLEX_MASK_DENSE, true, false, true, true, 24>(t);
 }
 FLEX_EMU_ENTRY(flex_bwd, FlexBwdTma)
 
