@@ -119,7 +119,6 @@
 #include "flex_fwd_sm90.cuh" /* FlexWgmma */
 #include "flex_bwd.cuh"
 
-
 /* A tile's flags (stage_flags): a row in range has an LSE that is not
  * finite; a row's dP scale - D may not be finite (its sum |dO| times the
  * CTA's max |V| and |scale|, or its D scale, reaches 2^120). */
