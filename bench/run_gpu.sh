@@ -157,8 +157,6 @@ line_env() { # BODIES LOG
   [ -n "$seed" ] && echo "FLEXC_SEED=$seed"
   case $1 in
   sm90) echo "FLEXC_CUDA_SM90_FWD=1 FLEXC_CUDA_SM90_BWD=1" ;;
-  sm90f) echo "FLEXC_CUDA_SM90_FWD=1" ;; # the probe's forward alone
-  sm90b) echo "FLEXC_CUDA_SM90_BWD=1" ;; # and backward alone
   esac
 }
 
@@ -179,15 +177,7 @@ fill_line() { # PASS STAGE NAME BODIES COMMAND...
   local cmd="$*" py=${py_fill:-python3}
   case $1 in
   @memcheck) shift; cmd="$*" ;;
-  @probe) # the probe's command, and the forward and the backward alone (hang_report)
-    shift
-    local b
-    for b in sm90f sm90b; do
-      # shellcheck disable=SC2046
-      (cd "$bundle" && env $(line_env "$b" "$logs/cache.$pass.log") FLEXC_LIBCUDA="$bundle/lib/mockcuda.so" \
-        MOCKCUDA_CC="${mock_cc:-9.0}" MOCKCUDA_SMS="${mock_sms:-132}" "$@") >"$logs/$name-$b.$pass.log" 2>&1
-    done
-    cmd="$*" ;;
+  @probe) shift; cmd="$*" ;; # hang_report's forward alone is the fwd90 line's kernels
   @python)
     shift
     "$py" -c 'import torch' 2>/dev/null || { echo "no Python with torch: $name not filled" >"$logs/$name.$pass.log"; return 0; }
@@ -294,34 +284,34 @@ run_line() { # FILE LIMIT STAGE NAME BODIES COMMAND...
   record "$stage" "$name" "$bodies" "$result" "$(( $(date +%s) - t0 ))" "$(( ${h1:-0} - ${h0:-0} ))" "$(( ${m1:-0} - ${m0:-0} ))"
 }
 
-# The sm_90a probe hung (the bodies' first launch): which body hangs, and
-# where, into 5-hang.txt. The forward alone and the backward alone (each
-# under $1 / 2 s), then, with cuda-gdb, the first that hung stopped by
-# SIGINT after 15 s: the running kernels, every warp's PC and the
-# instructions there (the cubins carry line info). Sets sm90_hung.
+# The sm_90a probe hung (the bodies' first launch): which kernel hangs, and
+# where, into 5-hang.txt. The forward alone first (check_emu_sm90_fwd
+# --cuda: forward-only kernels, under $1 / 2 s; a kernel with a backward
+# takes both sm_90a bodies or neither, cuda.c's tensor_maps), then, with
+# cuda-gdb, the probe's own command stopped by SIGINT after 15 s: the
+# running kernels (their names say forward or backward), every warp's PC,
+# and for warps 0-11 the source line and instructions there (the cubins
+# carry line info). Sets sm90_hung.
 hang_report() { # LIMIT COMMAND...
-  local limit=$1 f=$out/5-hang.txt b rc hung=""
+  local limit=$1 f=$out/5-hang.txt rc
   shift
   sm90_hung=yes
   echo "# The sm_90a probe hung: $* (FLEXC_CUDA_SM90_FWD=1 FLEXC_CUDA_SM90_BWD=1)" >"$f"
-  for b in sm90f sm90b; do
-    # shellcheck disable=SC2046
-    (cd "$bundle" && env $(line_env "$b" "$work/cache.log") timeout $((limit / 2)) "$@") >"$work/probe-$b.log" 2>&1
-    rc=$?
-    echo "[$(now) s] $(line_env "$b" /dev/null | tail -1) alone: $([ $rc -eq 124 ] && echo HUNG || echo "exit $rc")" >>"$f"
-    tail -3 "$work/probe-$b.log" | sed 's/^/    /' >>"$f"
-    [ $rc -eq 124 ] && [ -z "$hung" ] && hung=$b
-  done
-  [ -n "$hung" ] || hung=sm90
+  # shellcheck disable=SC2046
+  (cd "$bundle" && env $(line_env sm90 "$work/cache.log") timeout $((limit / 2)) bin/check_emu_sm90_fwd --cuda) \
+    >"$work/probe-fwd.log" 2>&1
+  rc=$?
+  echo "[$(now) s] the forward alone (bin/check_emu_sm90_fwd --cuda): $([ $rc -eq 124 ] && echo HUNG || echo "exit $rc")" >>"$f"
+  tail -4 "$work/probe-fwd.log" | sed 's/^/    /' >>"$f"
   if [ -z "$cudagdb" ] || ! command -v pkill >/dev/null; then
     echo "[$(now) s] no cuda-gdb or pkill here: no PCs" >>"$f"
   else
-    echo "[$(now) s] cuda-gdb on the $hung bodies, interrupted after 15 s:" >>"$f"
+    echo "[$(now) s] cuda-gdb on the probe, interrupted after 15 s:" >>"$f"
     local w ex=()
     for w in 0 1 2 3 4 5 6 7 8 9 10 11; do ex+=(-ex "cuda warp $w" -ex 'info line *$pc' -ex 'x/3i $pc'); done
     (sleep 15; pkill -INT -f "^[^ ]*$1 $2") &
     # shellcheck disable=SC2046
-    (cd "$bundle" && env $(line_env "$hung" "$work/cache.log") timeout -s KILL 45 "$cudagdb" -q -batch \
+    (cd "$bundle" && env $(line_env sm90 "$work/cache.log") timeout -s KILL 45 "$cudagdb" -q -batch \
       -ex 'set pagination off' -ex 'set confirm off' -ex 'handle SIGINT stop print nopass' -ex run \
       -ex 'info cuda kernels' -ex 'cuda kernel 0 block (0,0,0) thread (0,0,0)' -ex 'info cuda warps' \
       "${ex[@]}" -ex kill --args "$@") >>"$f" 2>&1

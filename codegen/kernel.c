@@ -225,6 +225,13 @@ static const CgTileRow tile_table[] = {
      * (ptxas, bench/RESULTS.md), so those get 64-key ones. Backward: 64
      * query rows, BN keys by (EP + EVP) * BN / 128 dK/dV accumulators per
      * thread. */
+    /* The sm_80-style forward on a Hopper device (sm_90 / sm_90a without
+     * the TMA body), head dims up to 64, plain: 4 warps of 32 rows and
+     * 64-key tiles ran at 293 / 152 TFLOP/s (noop / causal) against 212 /
+     * 119 for 128 x 128 x 8 on an H200, side by side in one run
+     * (bench/RESULTS.md, 2026-11-28); no spill. At 128 it spilled 64 bytes
+     * (ptxas, sm_90), so 128 keeps the shape below. */
+    {CG_SM90, CG_SM90A, -1, 64, true, {128, 64, 128}, {64, 128, 256}},
     {CG_SM80, CG_SM90A, -1, 64, false, {128, 128, 256}, {64, 128, 256}},
     {CG_SM80, CG_SM90A, -1, 128, true, {128, 128, 256}, {64, 128, 256}},
     {CG_SM80, CG_SM90A, -1, 128, false, {128, 64, 256}, {64, 128, 256}},
