@@ -24,6 +24,8 @@
   X(PACK_GQA, pack_gqa, STR, "\"0\": never pack the query heads of a group into one tile")        \
   X(CUDA_SM90_FWD, cuda_sm90_fwd, FLAG, "cuda on compute capability 9.0: the sm_90a forward")     \
   X(CUDA_SM90_BWD, cuda_sm90_bwd, FLAG, "cuda on compute capability 9.0: the sm_90a backward")    \
+  X(CUDA_WATCHDOG, cuda_watchdog, FLAG, "cuda: an mbarrier wait of the sm_90a kernels that lasts "  \
+                                        "2^33 cycles prints where and traps (a hang found)")      \
   X(LIBCUDA, libcuda, STR, "the driver library to dlopen (default libcuda.so.1)")                 \
   X(EMU_CXX, emu_cxx, STR, "the emulator's host C++ compiler (default c++)")                      \
   X(EMU_RACECHECK, emu_racecheck, FLAG, "emulator modules that check shared-memory races")        \

@@ -177,7 +177,13 @@ fill_line() { # PASS STAGE NAME BODIES COMMAND...
   local cmd="$*" py=${py_fill:-python3}
   case $1 in
   @memcheck) shift; cmd="$*" ;;
-  @probe) shift; cmd="$*" ;; # hang_report's forward alone is the fwd90 line's kernels
+  @probe) # and its watchdog build (hang_report; the forward alone is the fwd90 line's kernels)
+    shift
+    # shellcheck disable=SC2046
+    (cd "$bundle" && env $(line_env "$bodies" "$logs/cache.$pass.log") FLEXC_CUDA_WATCHDOG=1 \
+      FLEXC_LIBCUDA="$bundle/lib/mockcuda.so" MOCKCUDA_CC="${mock_cc:-9.0}" MOCKCUDA_SMS="${mock_sms:-132}" \
+      "$@") >"$logs/$name-watchdog.$pass.log" 2>&1
+    cmd="$*" ;;
   @python)
     shift
     "$py" -c 'import torch' 2>/dev/null || { echo "no Python with torch: $name not filled" >"$logs/$name.$pass.log"; return 0; }
@@ -285,7 +291,10 @@ run_line() { # FILE LIMIT STAGE NAME BODIES COMMAND...
 }
 
 # The sm_90a probe hung (the bodies' first launch): which kernel hangs, and
-# where, into 5-hang.txt. The forward alone first (check_emu_sm90_fwd
+# where, into 5-hang.txt. First the probe again with its kernels' watchdog
+# (FLEXC_CUDA_WATCHDOG=1, cached by the fill: an mbarrier wait of 2^33
+# cycles prints its block, thread, barrier and parity and traps). Then the
+# forward alone (check_emu_sm90_fwd
 # --cuda: forward-only kernels, under $1 / 2 s; a kernel with a backward
 # takes both sm_90a bodies or neither, cuda.c's tensor_maps), then, with
 # cuda-gdb, the probe's own command stopped by SIGINT after 15 s: the
@@ -297,6 +306,12 @@ hang_report() { # LIMIT COMMAND...
   shift
   sm90_hung=yes
   echo "# The sm_90a probe hung: $* (FLEXC_CUDA_SM90_FWD=1 FLEXC_CUDA_SM90_BWD=1)" >"$f"
+  # shellcheck disable=SC2046
+  (cd "$bundle" && env $(line_env sm90 "$work/cache.log") FLEXC_CUDA_WATCHDOG=1 timeout "$limit" "$@") \
+    >"$work/probe-watchdog.log" 2>&1
+  rc=$?
+  echo "[$(now) s] with the watchdog (FLEXC_CUDA_WATCHDOG=1): $([ $rc -eq 124 ] && echo "HUNG still (not at an mbarrier wait)" || echo "exit $rc")" >>"$f"
+  { grep -m 20 'flexc watchdog' "$work/probe-watchdog.log"; tail -6 "$work/probe-watchdog.log"; } | sed 's/^/    /' >>"$f"
   # shellcheck disable=SC2046
   (cd "$bundle" && env $(line_env sm90 "$work/cache.log") timeout $((limit / 2)) bin/check_emu_sm90_fwd --cuda) \
     >"$work/probe-fwd.log" 2>&1

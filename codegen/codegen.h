@@ -59,6 +59,7 @@ typedef struct CgOptions {
   bool ds_is_dt;       /* d score/d s == 1 and no ACCUMs: skip the joint call */
   bool check_bounds;   /* checked run: buffer accesses tested, first failure recorded in p.bounds */
   bool fast_math;      /* opt-in: hardware approximations for exp, log, tanh, sigmoid, sin, cos, pow */
+  bool watchdog;       /* FLEX_WATCHDOG defined: an mbarrier wait of 2^33 cycles prints and traps */
   bool paged;          /* forward reads K/V through a page table (FlexParams.pages); false: the
                           kernels are exactly the unpaged ones */
   bool out_f32;        /* O is fp32 whatever the input dtype: flex_fwd writes it, flex_bwd_pre reads it */
@@ -201,6 +202,7 @@ typedef struct CgDevice {
   CgTiles host_fwd, host_bwd; /* a host backend's block granularity: the BlockMasks it
                          accepts (multiples of these) and builds (cg_mask_blocks) */
   bool tensor_maps;   /* it builds the sm_90a bodies' tensor maps for this call */
+  bool watchdog;      /* mbarrier waits trap after 2^33 cycles with a message (FLEX_WATCHDOG) */
   int sms;            /* multiprocessors split-KV fills (0: unknown, CG_SPLIT_DEFAULT_SMS) */
 } CgDevice;
 

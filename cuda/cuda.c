@@ -88,6 +88,7 @@ static flex_status cuda_open(RtRun *r) {
   const BaseConfig *cfg = base_config();
   r->dev.tensor_maps = (r->c->backward ? cfg->cuda_sm90_bwd : cfg->cuda_sm90_fwd) &&
                        rt_drv_has_tensor_maps();
+  r->dev.watchdog = cfg->cuda_watchdog; /* a hang's location (docs/config.md) */
   return st;
 }
 

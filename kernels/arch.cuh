@@ -289,9 +289,23 @@ __device__ __forceinline__ bool flex_mbar_try_wait(uint64_t *bar, uint32_t parit
                : "=r"(done) : "r"(flex_smem_addr(bar)), "r"(parity) : "memory");
   return done != 0;
 }
+/* FLEX_WATCHDOG (FLEXC_CUDA_WATCHDOG=1): a wait that lasts 2^33 cycles
+ * (about 4 s) prints its block, thread, barrier and parity and traps, so a
+ * hang on a GPU becomes an error that says where. */
 __device__ __forceinline__ void flex_mbar_wait(uint64_t *bar, uint32_t parity) {
+#ifdef FLEX_WATCHDOG
+  const long long t0 = clock64();
+  while (!flex_mbar_try_wait(bar, parity))
+    if (clock64() - t0 > (1ll << 33)) {
+      printf("flexc watchdog: block (%d, %d, %d) thread %d: the mbarrier at shared 0x%x never "
+             "completed phase parity %u\n", (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z,
+             (int)threadIdx.x, flex_smem_addr(bar), parity);
+      __trap();
+    }
+#else
   while (!flex_mbar_try_wait(bar, parity)) {
   }
+#endif
 }
 
 /* Named barrier ID (1..15; 0 is __syncthreads') of N threads, a multiple

@@ -563,6 +563,7 @@ static flex_status plan(RtRun *r, Work *w, int *splits) {
   r->opts.source = c->kernel->src.path;
   r->opts.check_bounds = a->check_bounds;
   r->opts.fast_math = a->fast_math;
+  r->opts.watchdog = r->dev.watchdog;
   last_stats.mode = r->opts.mask_mode;
   last_stats.fwd_sm90 = r->opts.fwd_sm90;
   last_stats.bwd_sm90 = r->opts.bwd_sm90 && c->backward;

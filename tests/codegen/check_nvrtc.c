@@ -276,6 +276,37 @@ START_TEST(paged_forward_compiles) {
 }
 END_TEST
 
+/* FLEXC_CUDA_WATCHDOG (CgOptions.watchdog): the sm_90a kernels' mbarrier
+ * waits print and trap after 2^33 cycles. The generated source says so in
+ * its header (a key of its own in the kernel cache), compiles with NVRTC,
+ * and its PTX holds the printf and the trap; without it, neither. */
+START_TEST(watchdog_compiles) {
+  flex_kernel *k;
+  ck_assert_msg(flex_kernel_load(&k, tl_src_path("samples/causal.score"), NULL) == FLEX_OK, "%s",
+                flex_last_error());
+  for (int on = 0; on < 2; on++) {
+    CgOptions o;
+    char err[256];
+    ck_assert_msg(cg_options_init(&o, k->mod, CG_BF16, 128, 128, CG_SM90A, true, err, sizeof err), "%s", err);
+    o.watchdog = on;
+    Buf src = {0};
+    cg_emit_cuda(&src, k->mod, &o);
+    ck_assert_int_eq(strstr(src.data, "#define FLEX_WATCHDOG 1\n") != NULL, on);
+    ck_assert_int_eq(strstr(src.data, ", watchdog (") != NULL, on);
+    RtNvrtcResult r;
+    ck_assert_msg(rt_nvrtc_compile(&r, src.data, "sm_90a", RT_NVRTC_PTX, false) == FLEX_OK, "%s",
+                  flex_last_error());
+    const char *ptx = r.image.data;
+    ck_assert_msg(ptx && (strstr(ptx, "vprintf") != NULL) == on && (strstr(ptx, "trap;") != NULL) == on,
+                  "watchdog %d: vprintf %d, trap %d", on, ptx && strstr(ptx, "vprintf"),
+                  ptx && strstr(ptx, "trap;"));
+    rt_nvrtc_free(&r);
+    buf_free(&src);
+  }
+  flex_kernel_free(k);
+}
+END_TEST
+
 /* Grouped-query packing (CgOptions.pack_gqa, docs/decoding.md): the user's
  * functions under their flex_user_ names with the mapping wrappers, ALiBi
  * and a head-dependent implicit window, paged or not, compile at E = 128
@@ -539,7 +570,7 @@ int main(void) {
   int rc = TL_MAIN("nvrtc", 0, TL_CASE("parse", 0), TL_TEST(ptxas_parser),
                    TL_CASE("compile", getenv("FLEXC_NVRTC_FULL") ? 7200 : 600), TL_LOOP(fast_math_opt_in, n),
                    TL_LOOP(paged_forward_compiles, 3 * n), TL_LOOP(packed_forward_compiles, 3 * n),
-                   TL_LOOP(sampled_matrix, MAXSAMPLES * n), TL_CASE("sm90", 300), TL_LOOP(sm90_wrappers, n),
+                   TL_LOOP(sampled_matrix, MAXSAMPLES * n), TL_CASE("sm90", 300), TL_LOOP(sm90_wrappers, n), TL_LOOP(watchdog_compiles, n),
                    TL_LOOP(sm90_forward_ptx, 14 * n), TL_LOOP(sm90_backward_ptx, 10 * n),
                    TL_LOOP(sm90_wgmma_pipelined, 12 * n));
   if (rc || have) return rc;
