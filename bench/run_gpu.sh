@@ -155,9 +155,7 @@ line_env() { # BODIES LOG
   echo "FLEXC_CACHE_DIR=$bundle/cache FLEXC_CACHE_LOG=$2 PYTHONPATH=$bundle/python FLEXC_LIBRARY=$bundle/lib/libflexc.so.0 PYTHONDONTWRITEBYTECODE=1"
   local seed=${FLEXC_SEED:-$(sed -n 's/^seed=//p' "$bundle/BUNDLE")}
   [ -n "$seed" ] && echo "FLEXC_SEED=$seed"
-  case $1 in
-  sm90) echo "FLEXC_CUDA_SM90_FWD=1 FLEXC_CUDA_SM90_BWD=1" ;;
-  esac
+  [ "$1" = sm90 ] && echo "FLEXC_CUDA_SM90_FWD=1 FLEXC_CUDA_SM90_BWD=1"
 }
 
 # The command of a line, its prefixes expanded for the GPU run.
@@ -294,9 +292,9 @@ run_line() { # FILE LIMIT STAGE NAME BODIES COMMAND...
 # where, into 5-hang.txt. First the probe again with its kernels' watchdog
 # (FLEXC_CUDA_WATCHDOG=1, cached by the fill: an mbarrier wait of 2^33
 # cycles prints its block, thread, barrier and parity and traps). Then the
-# forward alone (check_emu_sm90_fwd
-# --cuda: forward-only kernels, under $1 / 2 s; a kernel with a backward
-# takes both sm_90a bodies or neither, cuda.c's tensor_maps), then, with
+# forward alone (check_emu_sm90_fwd --cuda: forward-only kernels, under
+# $1 / 2 s; a kernel with a backward takes both sm_90a bodies or neither,
+# cuda.c's tensor_maps), then, with
 # cuda-gdb, the probe's own command stopped by SIGINT after 15 s: the
 # running kernels (their names say forward or backward), every warp's PC,
 # and for warps 0-11 the source line and instructions there (the cubins
