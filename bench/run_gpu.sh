@@ -172,24 +172,22 @@ gpu_command() { # COMMAND...
 fill_line() { # PASS STAGE NAME BODIES COMMAND...
   local pass=$1 name=$3 bodies=$4
   shift 4
-  local cmd="$*" py=${py_fill:-python3}
+  local cmd="$*" py=${py_fill:-python3} variants=("") v
   case $1 in
   @memcheck) shift; cmd="$*" ;;
   @probe) # and its watchdog build (hang_report; the forward alone is the fwd90 line's kernels)
-    shift
-    # shellcheck disable=SC2046
-    (cd "$bundle" && env $(line_env "$bodies" "$logs/cache.$pass.log") FLEXC_CUDA_WATCHDOG=1 \
-      FLEXC_LIBCUDA="$bundle/lib/mockcuda.so" MOCKCUDA_CC="${mock_cc:-9.0}" MOCKCUDA_SMS="${mock_sms:-132}" \
-      "$@") >"$logs/$name-watchdog.$pass.log" 2>&1
-    cmd="$*" ;;
+    shift; cmd="$*" variants=("" FLEXC_CUDA_WATCHDOG=1) ;;
   @python)
     shift
     "$py" -c 'import torch' 2>/dev/null || { echo "no Python with torch: $name not filled" >"$logs/$name.$pass.log"; return 0; }
     cmd="$py $* --fill" ;;
   esac
-  # shellcheck disable=SC2046
-  (cd "$bundle" && env $(line_env "$bodies" "$logs/cache.$pass.log") FLEXC_LIBCUDA="$bundle/lib/mockcuda.so" \
-    MOCKCUDA_CC="${mock_cc:-9.0}" MOCKCUDA_SMS="${mock_sms:-132}" CK_DEFAULT_TIMEOUT=1200 $cmd) >"$logs/$name.$pass.log" 2>&1
+  for v in "${variants[@]}"; do
+    # shellcheck disable=SC2046,SC2086
+    (cd "$bundle" && env $(line_env "$bodies" "$logs/cache.$pass.log") $v FLEXC_LIBCUDA="$bundle/lib/mockcuda.so" \
+      MOCKCUDA_CC="${mock_cc:-9.0}" MOCKCUDA_SMS="${mock_sms:-132}" CK_DEFAULT_TIMEOUT=1200 $cmd) \
+      >"$logs/$name${v:+-watchdog}.$pass.log" 2>&1
+  done
   return 0
 }
 
@@ -246,6 +244,14 @@ record() { # STAGE NAME BODIES RESULT SECONDS HITS MISSES
   summary
 }
 
+# COMMAND... from the bundle's root with the environment of BODIES' lines.
+in_bundle() { # BODIES COMMAND...
+  local bodies=$1
+  shift
+  # shellcheck disable=SC2046
+  (cd "$bundle" && env $(line_env "$bodies" "$work/cache.log") "$@")
+}
+
 # Run one line with a time limit; its output appended to FILE. Sets
 # line_rc (the command's exit status, 124 when the clock stopped it).
 run_line() { # FILE LIMIT STAGE NAME BODIES COMMAND...
@@ -262,16 +268,15 @@ run_line() { # FILE LIMIT STAGE NAME BODIES COMMAND...
     line_rc=0
   elif [ "$1" = @probe ]; then
     shift
-    # shellcheck disable=SC2046
-    (cd "$bundle" && env $(line_env "$bodies" "$log") timeout "$limit" "$@") >>"$file" 2>&1
+    in_bundle "$bodies" timeout "$limit" "$@" >>"$file" 2>&1
     line_rc=$?
     [ $line_rc -eq 124 ] && hang_report "$limit" "$@" >>"$file" 2>&1
   elif [ "$1" = @memcheck ] && [ -z "$sanitizer" ]; then
     echo "not run: no compute-sanitizer on this machine" >>"$file"
     line_rc=127
   else
-    # shellcheck disable=SC2046
-    (cd "$bundle" && env $(line_env "$bodies" "$log") timeout "$limit" $cmd) >>"$file" 2>&1
+    # shellcheck disable=SC2086
+    in_bundle "$bodies" timeout "$limit" $cmd >>"$file" 2>&1
     line_rc=$?
   fi
   h1=$(grep -c '^disk-hit ' "$log" 2>/dev/null) m1=$(grep -c '^miss ' "$log" 2>/dev/null)
@@ -304,15 +309,11 @@ hang_report() { # LIMIT COMMAND...
   shift
   sm90_hung=yes
   echo "# The sm_90a probe hung: $* (FLEXC_CUDA_SM90_FWD=1 FLEXC_CUDA_SM90_BWD=1)" >"$f"
-  # shellcheck disable=SC2046
-  (cd "$bundle" && env $(line_env sm90 "$work/cache.log") FLEXC_CUDA_WATCHDOG=1 timeout "$limit" "$@") \
-    >"$work/probe-watchdog.log" 2>&1
+  in_bundle sm90 env FLEXC_CUDA_WATCHDOG=1 timeout "$limit" "$@" >"$work/probe-watchdog.log" 2>&1
   rc=$?
   echo "[$(now) s] with the watchdog (FLEXC_CUDA_WATCHDOG=1): $([ $rc -eq 124 ] && echo "HUNG still (not at an mbarrier wait)" || echo "exit $rc")" >>"$f"
   { grep -m 20 'flexc watchdog' "$work/probe-watchdog.log"; tail -6 "$work/probe-watchdog.log"; } | sed 's/^/    /' >>"$f"
-  # shellcheck disable=SC2046
-  (cd "$bundle" && env $(line_env sm90 "$work/cache.log") timeout $((limit / 2)) bin/check_emu_sm90_fwd --cuda) \
-    >"$work/probe-fwd.log" 2>&1
+  in_bundle sm90 timeout $((limit / 2)) bin/check_emu_sm90_fwd --cuda >"$work/probe-fwd.log" 2>&1
   rc=$?
   echo "[$(now) s] the forward alone (bin/check_emu_sm90_fwd --cuda): $([ $rc -eq 124 ] && echo HUNG || echo "exit $rc")" >>"$f"
   tail -4 "$work/probe-fwd.log" | sed 's/^/    /' >>"$f"
@@ -323,11 +324,10 @@ hang_report() { # LIMIT COMMAND...
     local w ex=()
     for w in 0 1 2 3 4 5 6 7 8 9 10 11; do ex+=(-ex "cuda warp $w" -ex 'info line *$pc' -ex 'x/3i $pc'); done
     (sleep 15; pkill -INT -f "^[^ ]*$1 $2") &
-    # shellcheck disable=SC2046
-    (cd "$bundle" && env $(line_env sm90 "$work/cache.log") timeout -s KILL 45 "$cudagdb" -q -batch \
+    in_bundle sm90 timeout -s KILL 45 "$cudagdb" -q -batch \
       -ex 'set pagination off' -ex 'set confirm off' -ex 'handle SIGINT stop print nopass' -ex run \
       -ex 'info cuda kernels' -ex 'cuda kernel 0 block (0,0,0) thread (0,0,0)' -ex 'info cuda warps' \
-      "${ex[@]}" -ex kill --args "$@") >>"$f" 2>&1
+      "${ex[@]}" -ex kill --args "$@" >>"$f" 2>&1
     wait
   fi
   echo "[$(now) s] hang report in 5-hang.txt"

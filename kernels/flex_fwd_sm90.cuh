@@ -57,7 +57,7 @@
  * producer warpgroup keeping P, the two consumers can take C =
  * FlexSm90Regs<P>::consumer: 128 P + 256 C <= 384 x 168 (P 24: 240,
  * P 40: 232). */
-#define FLEX_SM90_LAUNCH_REGS 168
+#define FLEX_SM90_LAUNCH_REGS (65536 / 384 / 8 * 8) /* 168 */
 #define FLEX_FWD_SM90_PREGS 40 /* the forward's producer: the walk and an elected lane's TMA */
 template <int P> struct FlexSm90Regs {
   static_assert(P >= 24 && P < FLEX_SM90_LAUNCH_REGS && P % 8 == 0, "setmaxnreg: a multiple of 8 from 24");
