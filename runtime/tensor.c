@@ -253,6 +253,10 @@ static flex_status convert(const DLTensor *dst, char *dspan, const DLTensor *src
     hi = dst->dtype.code == kDLUInt ? ldexp(1.0, bits) - 1 : ldexp(1.0, bits - 1) - 1;
     lo = dst->dtype.code == kDLUInt ? 0 : -ldexp(1.0, bits - 1);
   }
+  if (same && rt_contiguous(dst) && rt_contiguous(src)) { /* one block: a BlockMask per call */
+    memcpy(dspan, sspan, (size_t)n * ds);
+    return FLEX_OK;
+  }
   for (int64_t i = 0; i < n; i++) {
     char *d = dspan + rt_offset_of(dst, i) * (int64_t)ds;
     const char *s = sspan + rt_offset_of(src, i) * (int64_t)ss;
