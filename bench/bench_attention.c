@@ -28,8 +28,9 @@
  *           fills; the backward's preprocess, main and convert kernels)
  *   call    host wall clock from the call to its completion (synchronised):
  *           kernel plus validation, cache lookup, launch and the runtime's
- *           own per-call workspace allocation (the backward's dQ
- *           accumulator), which the runtime does not yet pool
+ *           own per-call workspace (the backward's dQ accumulator, in the
+ *           driver's stream-ordered pool; a caller's BlockMask read back
+ *           and uploaded in normal form)
  * TFLOP/s come from the kernel time. "compile" is the first call minus the
  * median call: NVRTC with the disk cache off (FLEXC_CACHE_DIR=off); a row
  * whose kernels an earlier row already compiled shows about 0; --cached

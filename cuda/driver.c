@@ -18,6 +18,7 @@ enum {
   CU_ATTR_CC_MAJOR = 75,
   CU_ATTR_CC_MINOR = 76,
   CU_ATTR_SM_COUNT = 16, /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
+  CU_ATTR_MEMORY_POOLS = 115, /* CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED */
   CU_FUNC_ATTR_MAX_DYN_SMEM = 8,
   CU_ABI_VERSION = 12000, /* the ABI our prototypes follow */
   /* CU_GET_PROC_ADDRESS_LEGACY_STREAM: the entry points with the legacy
@@ -57,6 +58,9 @@ typedef struct Drv {
   RtCuResult (*cuEventSynchronize)(RtCuEvent);
   RtCuResult (*cuEventElapsedTime)(float *, RtCuEvent, RtCuEvent);
   RtCuResult (*cuEventDestroy)(RtCuEvent);
+  /* optional (CUDA 11.2 on): the stream-ordered allocator (per-call workspace) */
+  RtCuResult (*cuMemAllocAsync)(RtCuDevicePtr *, size_t, RtCuStream);
+  RtCuResult (*cuMemFreeAsync)(RtCuDevicePtr, RtCuStream);
   /* optional (CUDA 12 on): the sm_90a forward's tensor maps */
   RtCuResult (*cuTensorMapEncodeTiled)(void *, int, unsigned, void *, const uint64_t *,
                                        const uint64_t *, const unsigned *, const unsigned *, int,
@@ -70,6 +74,7 @@ static char load_why[512];                            /* why it failed */
 static int ndevices;                                  /* found by cuDeviceGetCount */
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static RtCuContext primary[MAX_DEVICES];              /* retained primary contexts */
+static signed char pools[MAX_DEVICES];                /* stream-ordered allocator: 0 not yet asked, 1, -1 */
 
 /* One entry of the lookup table: the base name cuGetProcAddress takes, the
  * exported name for dlsym, and where the pointer goes. */
@@ -94,7 +99,8 @@ static const Sym syms[] = {
 /* Entry points only benchmarks use: their absence does not fail the load. */
 static const Sym opt_syms[] = {
     SYM(cuEventCreate), SYM(cuEventRecord), SYM(cuEventSynchronize), SYM(cuEventElapsedTime),
-    SYMV(cuEventDestroy, "cuEventDestroy_v2"), SYM(cuTensorMapEncodeTiled),
+    SYMV(cuEventDestroy, "cuEventDestroy_v2"), SYM(cuMemAllocAsync), SYM(cuMemFreeAsync),
+    SYM(cuTensorMapEncodeTiled),
 };
 
 /* Names for the errors a stub or broken install gives before
@@ -295,6 +301,33 @@ flex_status rt_drv_alloc(RtCuDevicePtr *out, size_t bytes) {
 flex_status rt_drv_free(RtCuDevicePtr p) {
   CHECK(D.cuMemFree);
   return p ? CHECK_CU(D.cuMemFree(p)) : FLEX_OK;
+}
+
+/* Whether `device` takes stream-ordered allocations (asked once). */
+bool rt_drv_has_pools(int device) {
+  if (!D.cuMemAllocAsync || !D.cuMemFreeAsync || device < 0 || device >= MAX_DEVICES) return false;
+  pthread_mutex_lock(&ctx_lock);
+  if (!pools[device]) {
+    RtCuDevice dev;
+    int yes = 0;
+    if (D.cuDeviceGet(&dev, device) != CU_SUCCESS ||
+        D.cuDeviceGetAttribute(&yes, CU_ATTR_MEMORY_POOLS, dev) != CU_SUCCESS)
+      yes = 0;
+    pools[device] = yes ? 1 : -1;
+  }
+  bool yes = pools[device] > 0;
+  pthread_mutex_unlock(&ctx_lock);
+  return yes;
+}
+
+flex_status rt_drv_alloc_on(int device, RtCuDevicePtr *out, size_t bytes, RtCuStream stream) {
+  if (!rt_drv_has_pools(device)) return rt_drv_alloc(out, bytes);
+  return CHECK_CU(D.cuMemAllocAsync(out, bytes ? bytes : 4, stream));
+}
+
+flex_status rt_drv_free_on(int device, RtCuDevicePtr p, RtCuStream stream) {
+  if (!rt_drv_has_pools(device)) return rt_drv_free(p);
+  return p ? CHECK_CU(D.cuMemFreeAsync(p, stream)) : FLEX_OK;
 }
 
 flex_status rt_drv_memset32(RtCuDevicePtr p, uint32_t value, size_t count, RtCuStream stream) {

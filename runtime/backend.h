@@ -59,6 +59,8 @@ typedef struct RtRun {
   void *module;               /* the prepared kernels (owned by the backend's cache) */
   void *state;                /* the backend's per-call state (freed by close) */
   uint64_t tiles;             /* tiles visited by the last launch, where counted */
+  bool ordered_release;       /* set by open: release is in the stream's order, so the
+                               * call's memory goes back without waiting for its launches */
 } RtRun;
 
 /* A backend's verbs. Every verb returns FLEX_OK or a status with the

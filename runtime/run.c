@@ -603,7 +603,8 @@ static flex_status run(RtRun *r, Work *w) {
 }
 
 /* One call, forward or backward (c->backward), on backend `be`. Launches
- * are asynchronous on a device with no memory of ours to free. */
+ * are asynchronous on a device whose memory of ours goes back in the
+ * stream's order (or with none to free). */
 flex_status rt_run(const RtBackend *be, const RtCall *c) {
   if (!c->accumulate) memset(&last_stats, 0, sizeof last_stats);
   RtRun r;
@@ -614,7 +615,7 @@ flex_status rt_run(const RtBackend *be, const RtCall *c) {
   Work w;
   memset(&w, 0, sizeof w);
   flex_status st = run(&r, &w);
-  if (w.nmem) { /* the launches read our memory: wait before freeing it */
+  if (w.nmem && !r.ordered_release) { /* the launches read our memory: wait before freeing it */
     flex_status st2 = be->sync(&r);
     if (!st) st = st2;
   }

@@ -268,6 +268,49 @@ START_TEST(driver_streams_and_smem) {
   expect_clean();
   ck_assert_int_eq(MOCK_INT("mock_launches") - fwd, 3);
   ck_assert_int_ge(MOCK_INT("mock_big_smem_launches"), 1);
+  /* the workspace (lists, split-KV partials, dQ accumulator) was allocated
+   * and freed in the stream's order: cuMemFree would wait for the device */
+  ck_assert_int_eq(MOCK_INT("mock_sync_frees"), 0);
+  call_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* A backward with workspace (the dQ accumulator) and nothing to read
+ * back returns without waiting for its stream: its memory goes back in
+ * the stream's order. */
+START_TEST(driver_backward_asynchronous) {
+  use_mock();
+  flex_kernel *k = load("samples/causal.score");
+  Call c;
+  call_init(&c, 1, 2, 256, 64, false);
+  ck_assert_msg(flex_backward(k, &c.a) == FLEX_OK, "%s", flex_last_error());
+  expect_clean();
+  ck_assert_int_eq(MOCK_INT("mock_syncs"), 0);
+  ck_assert_int_eq(MOCK_INT("mock_sync_frees"), 0);
+  ck_assert_int_eq(MOCK_INT("mock_launches"), 3);
+  call_free(&c);
+  flex_kernel_free(k);
+}
+END_TEST
+
+/* A device without the stream-ordered allocator: cuMemAlloc and cuMemFree. */
+START_TEST(driver_without_memory_pools) {
+  setenv("MOCKCUDA_NO_POOLS", "1", 1);
+  use_mock();
+  flex_kernel *k = load("samples/causal.score");
+  Call c;
+  call_init(&c, 1, 2, 512, 128, true);
+  ck_assert_msg(flex_forward(k, &c.a) == FLEX_OK, "%s", flex_last_error());
+  ck_assert_msg(flex_backward(k, &c.a) == FLEX_OK, "%s", flex_last_error());
+  expect_clean();
+  ck_assert_int_gt(MOCK_INT("mock_sync_frees"), 0);
+  /* ... after waiting for the launches that read the memory */
+  int syncs = MOCK_INT("mock_syncs");
+  call_free(&c);
+  call_init(&c, 1, 2, 256, 64, false);
+  ck_assert_msg(flex_backward(k, &c.a) == FLEX_OK, "%s", flex_last_error());
+  ck_assert_int_eq(MOCK_INT("mock_syncs") - syncs, 1);
   call_free(&c);
   flex_kernel_free(k);
 }
@@ -433,7 +476,7 @@ int main(void) {
   return TL_MAIN("hw", 0, TL_CASE("hw", 120), TL_TEST(geometry_limits), TL_TEST(emu_collective_under_branch),
                  TL_TEST(emu_aligned_call_sites), TL_TEST(emu_cp_async_zero_fill_aligned),
                  TL_TEST(emu_grid_limits), TL_CASE("driver", 120), TL_LOOP(driver_streams_and_smem, n),
-                 TL_LOOP(driver_context_per_thread, n), TL_LOOP(driver_batches_beyond_grid, n),
+                 TL_LOOP(driver_backward_asynchronous, n), TL_LOOP(driver_without_memory_pools, n),                 TL_LOOP(driver_context_per_thread, n), TL_LOOP(driver_batches_beyond_grid, n),
                  TL_LOOP(driver_empty_batch, n), TL_LOOP(driver_launch_error_message, n),
                  TL_LOOP(driver_mirrored_call, n), TL_LOOP(driver_sorted_on_device, n));
 }

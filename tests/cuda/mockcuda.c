@@ -14,6 +14,9 @@
  * ("9.0") and $MOCKCUDA_SMS ("132") make it another: scripts/gpu_bundle.sh
  * runs the GPU checks over it as an H100 to fill the bundle's kernel cache
  * with exactly the kernels those checks will ask for on the real device.
+ * cuMemAllocAsync and cuMemFreeAsync count as stream operations, and
+ * cuMemFree calls are counted (a call's workspace goes through the
+ * stream-ordered pair; $MOCKCUDA_NO_POOLS makes a device without it).
  * cuTensorMapEncodeTiled (the sm_90a bodies' TMA maps) checks its
  * arguments as the driver documents them; events (benchmarks) measure
  * nothing and report 1 ms. */
@@ -48,6 +51,8 @@ unsigned long long mock_flags;  /* cuGetProcAddress flags seen (OR) */
 int mock_bad_flags;             /* cuGetProcAddress calls without the legacy-stream flag */
 char mock_error[256];           /* the first rule broken */
 int mock_fail_launches;         /* nonzero: every launch fails (an injected error) */
+int mock_sync_frees;            /* cuMemFree calls (each waits for the whole device) */
+int mock_syncs;                 /* cuStreamSynchronize calls */
 
 /* initial-exec: static TLS, so leak checkers need not walk a dlopened
  * library's dynamic TLS of exited threads (LeakSanitizer could crash there) */
@@ -79,7 +84,8 @@ CUresult cuDeviceGetAttribute(int *v, int a, int d) {
   int major, minor, sms;
   device_shape(&major, &minor, &sms);
   /* compute capability (75 major, 76 minor); multiprocessors (16) */
-  *v = a == 75 ? major : a == 76 ? minor : a == 16 ? sms : 0;
+  /* ... and the stream-ordered allocator (115) unless $MOCKCUDA_NO_POOLS */
+  *v = a == 75 ? major : a == 76 ? minor : a == 16 ? sms : a == 115 ? !getenv("MOCKCUDA_NO_POOLS") : 0;
   return OK;
 }
 CUresult cuDeviceGetName(char *out, int n, int d) {
@@ -154,6 +160,20 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
   return m ? OK : 2;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
+  mock_sync_frees++;
+  free((void *)(uintptr_t)p);
+  return OK;
+}
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, void *s) {
+  on_stream(s);
+  if (getenv("MOCKCUDA_NO_POOLS")) return fail(INVALID_VALUE, "cuMemAllocAsync on a device without memory pools");
+  if (!current) return fail(INVALID_CONTEXT, "cuMemAllocAsync without a current context");
+  void *m = aligned_alloc(256, (n + 255) / 256 * 256);
+  *p = (CUdeviceptr)(uintptr_t)m;
+  return m ? OK : 2;
+}
+CUresult cuMemFreeAsync(CUdeviceptr p, void *s) {
+  on_stream(s);
   free((void *)(uintptr_t)p);
   return OK;
 }
@@ -175,6 +195,7 @@ CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, void *s) {
 }
 CUresult cuStreamSynchronize(void *s) {
   on_stream(s);
+  mock_syncs++;
   return OK;
 }
 /* Events: benchmarks time with them; nothing runs here, so 1 ms. */
@@ -258,6 +279,7 @@ CUresult cuGetProcAddress_v2(const char *name, void **pfn, int version, unsigned
       {"cuModuleGetFunction", (void *)cuModuleGetFunction},
       {"cuFuncSetAttribute", (void *)cuFuncSetAttribute}, {"cuLaunchKernel", (void *)cuLaunchKernel},
       {"cuMemAlloc", (void *)cuMemAlloc_v2}, {"cuMemFree", (void *)cuMemFree_v2},
+      {"cuMemAllocAsync", (void *)cuMemAllocAsync}, {"cuMemFreeAsync", (void *)cuMemFreeAsync},
       {"cuMemsetD32Async", (void *)cuMemsetD32Async},
       {"cuMemcpyHtoDAsync", (void *)cuMemcpyHtoDAsync_v2},
       {"cuMemcpyDtoHAsync", (void *)cuMemcpyDtoHAsync_v2},
