@@ -32,7 +32,10 @@
 #   3. the table (3-table.md): the stage-3 lines, bench_attention (the
 #      sm_90a rows only when every stage-2 sm90 line passed) beside PyTorch's
 #      compiled flex_attention and SDPA (bench/torch_attention.py), under
-#      STAGE3_S seconds (180).
+#      STAGE3_S seconds (180). Then, where Nsight Compute (ncu) is, its
+#      sections for one forward and one backward launch of noop and of
+#      document (@ncu:KERNEL lines, in the same budget; their output under
+#      "The runs", their rows kept out of the table).
 #   4. the tile sweep (4-sweep.md): the lines of bench/tile_sweep.txt at
 #      L=8192, E=128 then 64, until the whole run has used TOTAL_S seconds
 #      (420) less a 20 s margin; the best shape per head dim at the end.
@@ -69,11 +72,15 @@ now() { echo $(( $(date +%s) - start )); }
 # Every external command the run uses (pre-flight checks each one), and
 # those it uses only when present. Nothing here is built or installed.
 tools="bash env true date timeout dirname basename mktemp touch sha256sum cat cut sort uniq head tail wc tr tee mkdir rm ls find xargs nproc grep sed awk ldd python3"
-optional_tools="nvidia-smi compute-sanitizer cuda-gdb pkill"
+optional_tools="nvidia-smi compute-sanitizer cuda-gdb ncu pkill"
 # compute-sanitizer and cuda-gdb: on PATH, else in the CUDA toolkit (which
 # may not be on PATH); the PATH itself is left as given.
 sanitizer=$(command -v compute-sanitizer || { [ -x /usr/local/cuda/bin/compute-sanitizer ] && echo /usr/local/cuda/bin/compute-sanitizer; })
 cudagdb=$(command -v cuda-gdb || { [ -x /usr/local/cuda/bin/cuda-gdb ] && echo /usr/local/cuda/bin/cuda-gdb; })
+ncu=$(command -v ncu || { [ -x /usr/local/cuda/bin/ncu ] && echo /usr/local/cuda/bin/ncu; })
+# Nsight Compute's view of one launch (stage 3's @ncu:KERNEL lines): the
+# fourth launch of KERNEL in the line's command (three warm-ups before it).
+ncu_sections="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis"
 PROBE_S=${PROBE_S:-30}
 
 fail_preflight() {
@@ -164,6 +171,7 @@ gpu_command() { # COMMAND...
   @memcheck) shift; echo "${sanitizer:-compute-sanitizer} --tool memcheck --error-exitcode 1 --print-limit 20 $*" ;;
   @python) shift; echo "python3 $*" ;;
   @probe) shift; echo "$*" ;;
+  @ncu:*) local k=${1#@ncu:}; shift; echo "${ncu:-ncu} --kernel-name $k --launch-skip 3 --launch-count 1 $ncu_sections $*" ;;
   *) echo "$*" ;;
   esac
 }
@@ -174,7 +182,7 @@ fill_line() { # PASS STAGE NAME BODIES COMMAND...
   shift 4
   local cmd="$*" py=${py_fill:-python3} variants=("") v
   case $1 in
-  @memcheck) shift; cmd="$*" ;;
+  @memcheck | @ncu:*) shift; cmd="$*" ;;
   @probe) # and its watchdog build (hang_report; the forward alone is the fwd90 line's kernels)
     shift; cmd="$*" variants=("" FLEXC_CUDA_WATCHDOG=1) ;;
   @python)
@@ -273,6 +281,9 @@ run_line() { # FILE LIMIT STAGE NAME BODIES COMMAND...
     [ $line_rc -eq 124 ] && hang_report "$limit" "$@" >>"$file" 2>&1
   elif [ "$1" = @memcheck ] && [ -z "$sanitizer" ]; then
     echo "not run: no compute-sanitizer on this machine" >>"$file"
+    line_rc=127
+  elif [ "${1%%:*}" = @ncu ] && [ -z "$ncu" ]; then
+    echo "not run: no ncu (Nsight Compute) on this machine" >>"$file"
     line_rc=127
   else
     # shellcheck disable=SC2086
@@ -443,6 +454,8 @@ stage3() {
     else
       run_line "$raw.$2" "$budget" "$@"
     fi
+    # a profiled run's rows are not the table's (Nsight Compute slows every launch)
+    [ "${4%%:*}" = @ncu ] && continue
     # tag our rows with the bodies: "flexc" and "flexc sm_90a"
     sed "s/| flexc |/| flexc$([ "$3" = sm90 ] && echo ' sm_90a') |/" "$raw.$2" >>"$raw"
   done < <(lines_of 3)
