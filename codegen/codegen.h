@@ -66,6 +66,10 @@ typedef struct CgOptions {
   bool dropout;        /* dropout on (p > 0): FLEX_DROPOUT defined, the kernels draw Philox bits */
   bool offsets;        /* position offsets (a shard): FLEX_OFFSETS defined, the functions, their
                           classifier and dropout see q + p.q_off, kv + p.kv_off */
+  bool dqk;            /* float(kv - q) in score and joint is the kernels' flex_dqk argument
+                          (a per-row base converted once, plus a constant): exact while every
+                          position is below 2^24 - 1024, which cg_plan checks; not with
+                          offsets or grouped-query packing (their q and kv are remapped) */
   bool kv_split;       /* a split-KV forward (FlexParams.kv_splits > 1): FLEX_KV_SPLIT defined,
                           flex_fwd writes partials per key chunk (docs/decoding.md) */
   bool pack_gqa;       /* forward only: grouped-query packing, the rows of a kernel head are the
@@ -214,6 +218,10 @@ typedef struct CgDevice {
 #define CG_SPLIT_MAX 64
 /* The longest Q_LEN a forward packs the query heads of a group for. */
 #define CG_PACK_MAX_Q_LEN 16
+/* The longest Q_LEN and KV_LEN for which float(kv - q) is the kernels'
+ * flex_dqk (CgOptions.dqk): a row's base kv0 - q and base + k (|k| < 1024)
+ * stay below 2^24, where int -> float and their sum are exact. */
+#define CG_DQK_MAX ((1 << 24) - 1024)
 
 /* What the plan needs to know of one call. */
 typedef struct CgShape {

@@ -187,8 +187,36 @@ static void put_checked_load(Buf *out, const IrModule *m, const IrFunc *f, int i
 
 /* One instruction as a statement (nothing for leaves). `exact`: a
  * deterministic backward's ACCUM, into the exact accumulator. */
-static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool checked, bool exact) {
+/* +1 where value v is kv - q of the function's own arguments, -1 for
+ * q - kv, else 0. */
+static int kv_minus_q(const IrFunc *f, int v) {
+  const IrInst *d = &f->inst[v];
+  if (d->op != IR_SUB_I) return 0;
+  const IrInst *a = &f->inst[d->args[0]], *b = &f->inst[d->args[1]];
+  if (a->op != IR_ARG || b->op != IR_ARG) return 0;
+  if (a->aux == ARG_KV && b->aux == ARG_Q) return 1;
+  if (a->aux == ARG_Q && b->aux == ARG_KV) return -1;
+  return 0;
+}
+
+/* Whether value v is read only by conversions to float (and not returned). */
+static bool only_converted(const IrFunc *f, int v) {
+  if (f->ret == v) return false;
+  for (int j = v + 1; j < f->n; j++)
+    for (int a = 0; a < f->inst[j].nargs; a++)
+      if (f->inst[j].args[a] == v && f->inst[j].op != IR_I2F) return false;
+  return true;
+}
+
+static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool checked, bool exact,
+                     bool dqk) {
   const IrInst *in = &f->inst[i];
+  int sign = dqk && in->op == IR_I2F ? kv_minus_q(f, in->args[0]) : 0;
+  if (sign) { /* float(kv - q): the kernel's conversion of it (CgOptions.dqk) */
+    buf_printf(out, "  const float t%d = %sflex_dqk;\n", i, sign < 0 ? "-" : "");
+    return;
+  }
+  if (dqk && kv_minus_q(f, i) && only_converted(f, i)) return; /* read as flex_dqk alone */
   switch (in->op) {
   case IR_CONST: case IR_ARG: case IR_PARAM: case IR_SIZE: return;
   case IR_ACCUM:
@@ -288,7 +316,7 @@ static void put_preamble(Buf *out, const IrModule *m, const IrFunc *f, bool chec
  * `exact`: a deterministic backward's joint, which adds buffer gradients
  * into exact accumulators. */
 static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind kind, bool checked,
-                     const char *pre, bool exact, bool offsets) {
+                     const char *pre, bool exact, bool offsets, bool dqk) {
   static const char *const what[] = {[IRF_SCORE] = "score", [IRF_MASK] = "mask",
                                      [IRF_JOINT] = "joint (ds from dt)", [IRF_SINK] = "sink",
                                      [IRF_SINK_GRAD] = "sink gradient (into grad buffers)"};
@@ -297,7 +325,7 @@ static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind ki
   switch (kind) {
   case IRF_SCORE:
     buf_printf(out, "__device__ __forceinline__ float %sscore(const FlexParams &p, float s, int b, "
-                    "int h, int q, int kv) {\n", pre);
+                    "int h, int q, int kv, float flex_dqk) {\n", pre);
     break;
   case IRF_MASK:
     buf_printf(out, "__device__ __forceinline__ bool %smask(const FlexParams &p, int b, int h, "
@@ -307,7 +335,7 @@ static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind ki
     /* flex_accum false: ds only, the buffer gradients left to another
      * caller of the same element (the sm_90a backward's second consumer). */
     buf_puts(out, "__device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b, "
-                  "int h, int q, int kv, float dt, bool flex_accum = true) {\n");
+                  "int h, int q, int kv, float flex_dqk, float dt, bool flex_accum = true) {\n");
     break;
   case IRF_SINK:
     buf_printf(out, "__device__ __forceinline__ float %ssink(const FlexParams &p, int b, int h, "
@@ -329,7 +357,7 @@ static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind ki
     buf_puts(out, kind == IRF_SINK || kind == IRF_SINK_GRAD ? "  q += p.q_off;\n"
                                                             : "  q += p.q_off, kv += p.kv_off;\n");
   put_preamble(out, m, f, checked, exact);
-  for (int i = 0; i < f->n; i++) put_inst(out, m, f, i, checked, exact);
+  for (int i = 0; i < f->n; i++) put_inst(out, m, f, i, checked, exact, dqk);
   buf_puts(out, "  return ");
   put_operand(out, m, f, f->ret);
   buf_puts(out, ";\n}\n\n");
@@ -498,8 +526,9 @@ static void put_pack_wrappers(Buf *out, bool has_mask, bool has_sink) {
            "/* grouped-query packing: kernel row q of kv head h is query q % Q_LEN of head\n"
            " * h * G + q / Q_LEN (p.pack_g = G, p.pack_q_len = Q_LEN) */\n"
            "__device__ __forceinline__ float flex_score(const FlexParams &p, float s, int b, int h, "
-           "int q, int kv) {\n"
-           "  return flex_user_score(p, s, b, h * p.pack_g + q / p.pack_q_len, q % p.pack_q_len, kv);\n"
+           "int q, int kv, float flex_dqk) {\n"
+           "  return flex_user_score(p, s, b, h * p.pack_g + q / p.pack_q_len, q % p.pack_q_len, kv, "
+           "flex_dqk);\n"
            "}\n\n"
            "__device__ __forceinline__ bool flex_mask(const FlexParams &p, int b, int h, int q, int kv) {\n"
            "  return flex_user_mask(p, b, h * p.pack_g + q / p.pack_q_len, q % p.pack_q_len, kv);\n"
@@ -521,16 +550,18 @@ static void put_pack_wrappers(Buf *out, bool has_mask, bool has_sink) {
 
 void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o) {
   const char *pre = o->pack_gqa ? "flex_user_" : "flex_";
+  /* the kernels' q and kv are the user's: float(kv - q) from the kernel */
+  const bool dqk = o->dqk && !o->offsets && !o->pack_gqa;
   put_func(out, m, o->score_identity ? NULL : m->score, IRF_SCORE, o->check_bounds, pre, false,
-           o->offsets);
-  put_func(out, m, m->mask, IRF_MASK, o->check_bounds, pre, false, o->offsets);
+           o->offsets, dqk);
+  put_func(out, m, m->mask, IRF_MASK, o->check_bounds, pre, false, o->offsets, false);
   put_func(out, m, o->backward && !o->ds_is_dt ? m->joint : NULL, IRF_JOINT, o->check_bounds,
-           "flex_", o->deterministic, o->offsets);
+           "flex_", o->deterministic, o->offsets, dqk);
   if (m->sink) {
-    put_func(out, m, m->sink, IRF_SINK, o->check_bounds, pre, false, o->offsets);
+    put_func(out, m, m->sink, IRF_SINK, o->check_bounds, pre, false, o->offsets, false);
     if (o->backward)
       put_func(out, m, m->sink_grad, IRF_SINK_GRAD, o->check_bounds, "flex_", o->deterministic,
-               o->offsets);
+               o->offsets, false);
   }
   if (o->has_mask) put_classifier(out, m, pre, o->offsets);
   if (o->pack_gqa) put_pack_wrappers(out, o->has_mask, m->sink != NULL);

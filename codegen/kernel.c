@@ -377,6 +377,7 @@ bool cg_options_init(CgOptions *o, const IrModule *m, CgDtype dtype, int E, int 
   o->mask_mode = !o->has_mask ? CG_MASK_NONE
                  : ir_interval_device_decidable(m) ? CG_MASK_IMPLICIT : CG_MASK_DENSE;
   o->backward = backward;
+  o->dqk = true; /* cg_plan turns it off for a call with positions past CG_DQK_MAX */
   for (int i = 0; i < m->nbuffers; i++) {
     o->grad_buffers |= m->buffers[i].grad;
     o->sorted_check |= m->buffers[i].sorted;

@@ -75,6 +75,7 @@ bool cg_plan(CgOptions *o, int *splits, const IrModule *m, const CgShape *s, con
   o->deterministic = s->backward && s->deterministic; /* a forward ignores it */
   o->out_f32 = s->out_f32;
   o->offsets = s->offsets;
+  o->dqk = s->QL <= CG_DQK_MAX && s->KL <= CG_DQK_MAX;
   if ((o->dropout || o->arch == CG_SM90A) && !retile(o, err, errlen)) return false;
   /* A caller's BlockMask whose blocks the sm_90a forward's 128 x 128 tiles
    * do not divide (64-key blocks, say) runs on the sm_80 forward's smaller

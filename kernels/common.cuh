@@ -119,6 +119,16 @@ __device__ __forceinline__ void flex_exact_add(int64_t *acc, int64_t i, float v)
 #define FLEX_LOG2E 1.4426950408889634f
 #define FLEX_LN2 0.6931471805599453f
 
+/* float(kv - q) of an element whose kv - q is base + k, the last argument
+ * of flex_score and flex_joint (CgOptions.dqk: a user function's
+ * float(kv - q) reads it). In the tile loops base is the thread's first
+ * key minus a row's query, converted once per tile, and k the element's
+ * constant offset from it in the unrolled loops: one add an element
+ * instead of an integer subtract and a conversion (a quarter-rate
+ * instruction). Exact while |base| and |base + k| are below 2^24, as
+ * cg_plan makes sure. */
+__device__ __forceinline__ float flex_dqk(int base, int k) { return (float)base + (float)k; }
+
 /* ---- the DSL's integer rules: 32-bit wrapping, defined division ---------- */
 
 #include "scalar.cuh"

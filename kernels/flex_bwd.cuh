@@ -91,7 +91,8 @@ __device__ __forceinline__ void flex_bwd_elem(const FlexParams &p, float qk, flo
   if (qi >= p.q_len || kj >= p.kv_len || lse == -INFINITY) return;
   if (MASK_MODE != FLEX_MASK_NONE && !full && !flex_mask(p, b, h, qi, kj)) return;
   const float s = qk * p.scale;
-  const float t = SCORE_ID ? s : flex_score(p, s, b, h, qi, kj);
+  const float d = flex_dqk(kj - qi, 0);
+  const float t = SCORE_ID ? s : flex_score(p, s, b, h, qi, kj, d);
   if (t == -INFINITY) return; /* masked by the score: P = 0 even where LSE is NaN */
   const float pr = exp2f(flex_nonpos((t - lse) * FLEX_LOG2E)); /* at most 1 (flex_nonpos) */
   /* Underflow: no contribution. A NaN pr (the row's LSE is NaN, or
@@ -102,7 +103,7 @@ __device__ __forceinline__ void flex_bwd_elem(const FlexParams &p, float qk, flo
   if (FLEX_DROP) M = flex_drop_keep(p, b, h, qi, kj) ? p.drop_scale : 0.0f;
   const float dt = pr * (M * dp - delta);
   *P = pr * M;
-  *dS = JOINT ? flex_joint(p, s, b, h, qi, kj, dt) : dt;
+  *dS = JOINT ? flex_joint(p, s, b, h, qi, kj, d, dt) : dt;
 }
 
 /* ---- fp32 SIMT ---------------------------------------------------------- */
@@ -335,6 +336,8 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, uint32_t
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       const int key = kr + g + 8 * r, qm = qc + 8 * j + 2 * t4;
+      /* this pair's kv - q: a base per tile and a constant (flex_dqk) */
+      const int dbase = n0 + kr + g - (m0 + qc + 2 * t4);
       float pr[2], ds[2];
 #pragma unroll
       for (int c = 0; c < 2; c++) {
@@ -354,7 +357,9 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, uint32_t
         pr[c] = ds[c] = 0.0f;
         if (live[0] >> e & 1) {
           /* user code never sees an element that is out of range or masked */
-          const float sv = SCORE_ID ? qk : flex_score(p, qk * p.scale, b, h, m0 + qm + c, n0 + key);
+          const float sv = SCORE_ID ? qk
+                                    : flex_score(p, qk * p.scale, b, h, m0 + qm + c, n0 + key,
+                                                 flex_dqk(dbase, 8 * r - 8 * j - c));
           /* masked by the score (-inf): P = 0 even where LSE is NaN (docs/language.md);
            * at most 1 where a huge row's rounded LSE is below its max */
           const float ex = fmaf(sv, SCORE_ID ? scale_log2 : FLEX_LOG2E, -lse2);
@@ -367,7 +372,9 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, uint32_t
           const float dt = x * (M * dpt[j][e & 3] - dd);
           pr[c] = x * M;
           /* dS times the softmax scale, which both dK and dQ carry */
-          ds[c] = (JOINT ? flex_joint(p, qk * p.scale, b, h, m0 + qm + c, n0 + key, dt) : dt) *
+          ds[c] = (JOINT ? flex_joint(p, qk * p.scale, b, h, m0 + qm + c, n0 + key,
+                                      flex_dqk(dbase, 8 * r - 8 * j - c), dt)
+                         : dt) *
                   p.scale;
         }
       }

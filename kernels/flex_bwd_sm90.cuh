@@ -480,10 +480,11 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
           for (int r = 0; r < 2; r++) {
             const int e = 4 * j + 2 * r + c, kj = n0 + kc + 16 * w + g + 8 * r;
             const float qk = st[e];
+            const float d = flex_dqk(n0 + kc + 16 * w + g - (m0 + 2 * t4), 8 * r - 8 * j - c);
             if (!GEN) { /* the same values as below, without branches */
               const float xs =
                   SCORE_ID ? flex_ex2(flex_nonpos(fmaf(qk, scale_log2, -lse2)))
-                           : flex_ex2(flex_nonpos(fmaf(flex_score(p, qk * p.scale, b, h, qi, kj), FLEX_LOG2E, -lse2)));
+                           : flex_ex2(flex_nonpos(fmaf(flex_score(p, qk * p.scale, b, h, qi, kj, d), FLEX_LOG2E, -lse2)));
               dpt[e] = xs * fmaf(dpt[e], p.scale, -dl);
               st[e] = xs;
               continue;
@@ -491,7 +492,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
             float x = 0.0f;
             if (live[0] >> e & 1) {
               /* user code never sees an element that is out of range or masked */
-              const float sv = SCORE_ID ? qk : flex_score(p, qk * p.scale, b, h, qi, kj);
+              const float sv = SCORE_ID ? qk : flex_score(p, qk * p.scale, b, h, qi, kj, d);
               /* masked by the score (-inf): P = 0 even where LSE is NaN (docs/language.md);
                * at most 1 where a huge row's rounded LSE is below its max */
               x = sv == -INFINITY
@@ -502,7 +503,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
             float ds;
             if (JOINT) { /* the buffer gradients once: consumer 0's */
               ds = 0.0f;
-              if (x != 0.0f) ds = flex_joint(p, qk * p.scale, b, h, qi, kj, x * (dpt[e] - dl), KS || cw == 0) * p.scale;
+              if (x != 0.0f) ds = flex_joint(p, qk * p.scale, b, h, qi, kj, d, x * (dpt[e] - dl), KS || cw == 0) * p.scale;
             } else {
               const float dsx = x * fmaf(dpt[e], p.scale, -dl);
               ds = x != 0.0f ? dsx : 0.0f;

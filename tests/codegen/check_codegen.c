@@ -88,6 +88,36 @@ START_TEST(slot_limits) {
 }
 END_TEST
 
+/* float(kv - q) is the kernels' flex_dqk only where the functions see the
+ * kernels' q and kv and every position is below 2^24 - 1024: not past
+ * CG_DQK_MAX (cg_plan), nor for a shard (offsets), which convert it. */
+START_TEST(dqk_only_where_exact) {
+  flex_kernel *k;
+  ck_assert_int_eq(flex_kernel_from_source(&k, "test.score", gemma, strlen(gemma), NULL), FLEX_OK);
+  for (int c = 0; c < 3; c++) {
+    CgOptions o;
+    char err[256];
+    if (c < 2) {
+      ck_assert_msg(cg_options_init(&o, k->mod, CG_FP16, 64, 64, CG_SM80, true, err, sizeof err), "%s", err);
+      o.offsets = c == 1;
+    } else { /* a call of 2^24 keys */
+      CgShape sh = {.dtype = CG_FP16, .B = 1, .H = 1, .HKV = 1, .QL = 64, .KL = 1 << 24, .E = 64, .EV = 64,
+                    .backward = true};
+      CgDevice dev = {.arch = CG_SM80, .sms = 108};
+      int splits;
+      ck_assert_msg(cg_plan(&o, &splits, k->mod, &sh, &dev, err, sizeof err), "%s", err);
+    }
+    Buf b = {0};
+    cg_emit_cuda(&b, k->mod, &o);
+    const bool dqk = c == 0; /* the default, and the others */
+    ck_assert_msg(!strstr(b.data, " = flex_dqk;") == !dqk, "case %d", c);
+    ck_assert_msg(!(strstr(b.data, "flex_isub(kv, q)") && strstr(b.data, " = (float)t")) == dqk, "case %d", c);
+    buf_free(&b);
+  }
+  flex_kernel_free(k);
+}
+END_TEST
+
 START_TEST(names_by_role) {
   CgOptions o;
   char *s = gen(gemma, CG_FP16, 64, &o);
@@ -95,7 +125,9 @@ START_TEST(names_by_role) {
   ck_assert_ptr_nonnull(strstr(s, "const int window = p.pi[1];"));
   ck_assert_ptr_nonnull(strstr(s, "const float *slopes = (const float *)p.buf[0];"));
   ck_assert_ptr_nonnull(strstr(s, "flex_gload(slopes + h)"));
-  ck_assert_ptr_nonnull(strstr(s, "flex_isub(kv, q)"));  /* wrapping int arithmetic */
+  ck_assert_ptr_nonnull(strstr(s, "flex_isub(q, kv)"));  /* wrapping int arithmetic (the mask) */
+  ck_assert_ptr_nonnull(strstr(s, " = flex_dqk;"));      /* float(kv - q): the kernels' (CgOptions.dqk) */
+  ck_assert_ptr_null(strstr(s, "flex_isub(kv, q)"));    /* ... and nothing else reads kv - q */
   ck_assert_ptr_nonnull(strstr(s, "flex_tanh("));
   ck_assert_ptr_null(strstr(s, "FLEX_FAST_MATH")); /* exact unless asked */
   ck_assert_ptr_nonnull(strstr(s, "float *grad_slopes = p.buf_grad[0];"));
@@ -357,7 +389,7 @@ END_TEST
 
 int main(void) {
   return TL_MAIN("codegen", 0, TL_TEST(float_literals_round_trip), TL_TEST(slot_limits),
-                 TL_TEST(names_by_role), TL_TEST(deterministic_source), TL_TEST(tile_override),
+                 TL_TEST(names_by_role), TL_TEST(dqk_only_where_exact), TL_TEST(deterministic_source), TL_TEST(tile_override),
                  TL_TEST(identity_score), TL_TEST(int_semantics), TL_TEST(launch_geometry),
                  TL_TEST(sm90_backward_consumers), TL_TEST(sm90_forward_consumers));
 }

@@ -11,7 +11,7 @@
 #define FLEX_WALK_BWD_ROWS 128
 
 /* score: none in kernel packed_causal */
-__device__ __forceinline__ float flex_score(const FlexParams &p, float s, int b, int h, int q, int kv) {
+__device__ __forceinline__ float flex_score(const FlexParams &p, float s, int b, int h, int q, int kv, float flex_dqk) {
   return s;
 }
 
@@ -27,7 +27,7 @@ __device__ __forceinline__ bool flex_mask(const FlexParams &p, int b, int h, int
 }
 
 /* joint (ds from dt): none in kernel packed_causal */
-__device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b, int h, int q, int kv, float dt, bool flex_accum = true) {
+__device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b, int h, int q, int kv, float flex_dqk, float dt, bool flex_accum = true) {
   return dt;
 }
 

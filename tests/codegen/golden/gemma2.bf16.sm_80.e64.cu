@@ -9,12 +9,11 @@
 #define FLEX_WALK_BWD_ROWS 128
 
 /* score alibi_softcap of kernel gemma */
-__device__ __forceinline__ float flex_score(const FlexParams &p, float s, int b, int h, int q, int kv) {
+__device__ __forceinline__ float flex_score(const FlexParams &p, float s, int b, int h, int q, int kv, float flex_dqk) {
   const float softcap = p.pf[0];
   const float *slopes = (const float *)p.buf[0];
   const float t2 = flex_gload(slopes + h);
-  const int t5 = flex_isub(kv, q);
-  const float t6 = (float)t5;
+  const float t6 = flex_dqk;
   const float t7 = t2 * t6;
   const float t8 = s + t7;
   const float t10 = t8 / softcap;
@@ -34,12 +33,11 @@ __device__ __forceinline__ bool flex_mask(const FlexParams &p, int b, int h, int
 }
 
 /* joint (ds from dt) alibi_softcap of kernel gemma */
-__device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b, int h, int q, int kv, float dt, bool flex_accum = true) {
+__device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b, int h, int q, int kv, float flex_dqk, float dt, bool flex_accum = true) {
   const float softcap = p.pf[0];
   const float *slopes = (const float *)p.buf[0];
   const float t2 = flex_gload(slopes + h);
-  const int t5 = flex_isub(kv, q);
-  const float t6 = (float)t5;
+  const float t6 = flex_dqk;
   const float t7 = t2 * t6;
   const float t8 = s + t7;
   const float t10 = t8 / softcap;
