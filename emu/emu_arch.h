@@ -104,6 +104,7 @@ static inline float flex_approx_tanh(float x) { return tanhf(x); }
 static inline float flex_approx_sin(float x) { return sinf(x); }
 static inline float flex_approx_cos(float x) { return cosf(x); }
 static inline float flex_approx_pow(float x, float y) { return powf(x, y); }
+static inline float flex_approx_div(float x, float y) { return x / y; }
 /* The softmax's 2^x (ex2.approx.ftz.f32): the exact value, with results
  * below the smallest normal flushed to zero as .ftz does. */
 static inline float flex_ex2(float x) {

@@ -202,6 +202,9 @@ __device__ __forceinline__ float flex_approx_tanh(float x) {
 __device__ __forceinline__ float flex_approx_sin(float x) { return __sinf(x); }
 __device__ __forceinline__ float flex_approx_cos(float x) { return __cosf(x); }
 __device__ __forceinline__ float flex_approx_pow(float x, float y) { return __powf(x, y); }
+/* x times the approximate reciprocal of y (2 ulp for |y| in [2^-126, 2^126]);
+ * by a loop-invariant y the reciprocal is computed once. */
+__device__ __forceinline__ float flex_approx_div(float x, float y) { return __fdividef(x, y); }
 
 /* 2^x for the kernels' own softmax (never for user builtins, which stay
  * accurate): one MUFU.EX2, subnormal results flushed to zero. The PTX ISA

@@ -145,7 +145,8 @@ __device__ __forceinline__ int flex_f2i(float x) {
  * Accurate by default (CUDA's libm: a few ulp), as docs/language.md requires. A
  * generated file that defines FLEX_FAST_MATH (flexc's explicit opt-in)
  * gets the hardware approximations instead (arch.cuh's flex_approx_*:
- * __expf and friends, tanh.approx.f32 for tanh and sigmoid). */
+ * __expf and friends, tanh.approx.f32 for tanh and sigmoid, __fdividef
+ * for `/`, which is otherwise IEEE division). */
 #ifdef FLEX_FAST_MATH
 __device__ __forceinline__ float flex_exp(float x) { return flex_approx_exp(x); }
 __device__ __forceinline__ float flex_log(float x) { return flex_approx_log(x); }
@@ -155,6 +156,7 @@ __device__ __forceinline__ float flex_sigmoid(float x) { return fmaf(0.5f, flex_
 __device__ __forceinline__ float flex_sin(float x) { return flex_approx_sin(x); }
 __device__ __forceinline__ float flex_cos(float x) { return flex_approx_cos(x); }
 __device__ __forceinline__ float flex_pow(float x, float y) { return flex_approx_pow(x, y); }
+__device__ __forceinline__ float flex_fdiv(float x, float y) { return flex_approx_div(x, y); }
 #else
 __device__ __forceinline__ float flex_exp(float x) { return expf(x); }
 __device__ __forceinline__ float flex_log(float x) { return logf(x); }
@@ -164,6 +166,7 @@ __device__ __forceinline__ float flex_sigmoid(float x) { return 1.0f / (1.0f + e
 __device__ __forceinline__ float flex_sin(float x) { return sinf(x); }
 __device__ __forceinline__ float flex_cos(float x) { return cosf(x); }
 __device__ __forceinline__ float flex_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ float flex_fdiv(float x, float y) { return x / y; }
 #endif
 
 /* Checked runs: record the first failed buffer access (see FLEX_BOUNDS_WORDS);

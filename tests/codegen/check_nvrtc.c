@@ -207,8 +207,8 @@ static char *ptx_of(const char *text, bool fast) {
   return ptx;
 }
 
-/* Fast math is an opt-in: the hardware tanh and the approximate
- * exp/sin appear only with it. */
+/* Fast math is an opt-in: the hardware tanh, the approximate exp/sin and
+ * the approximate division appear only with it. */
 START_TEST(fast_math_opt_in) {
   const char *text = "param float cap = 30.0;\n"
                      "score f(s, b, h, q, kv) {\n"
@@ -219,6 +219,9 @@ START_TEST(fast_math_opt_in) {
   ck_assert_msg(strstr(exact, "sin.approx.f32") == NULL, "sin.approx without fast math");
   ck_assert_msg(strstr(fast, "tanh.approx.f32") != NULL, "no tanh.approx with fast math");
   ck_assert_msg(strstr(fast, "sin.approx.f32") != NULL, "no sin.approx with fast math");
+  /* `/` is IEEE division (div.rn) unless fast math asks for __fdividef */
+  ck_assert_msg(strstr(exact, "div.approx.f32") == NULL, "div.approx without fast math");
+  ck_assert_msg(strstr(fast, "div.approx.f32") != NULL, "no div.approx with fast math");
   ck_assert_msg(strlen(fast) < strlen(exact), "fast-math PTX (%zu) not shorter than exact (%zu)",
                 strlen(fast), strlen(exact));
   free(exact);
