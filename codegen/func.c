@@ -548,6 +548,86 @@ static void put_pack_wrappers(Buf *out, bool has_mask, bool has_sink) {
            "}\n\n");
 }
 
+/* ---- the score in the exp2 domain ------------------------------------------- */
+
+/* dep[i]: value i depends on an argument in `args` (a bit per IrArg). */
+static bool *depends_on(const IrFunc *f, unsigned args) {
+  bool *dep = base_alloc((size_t)f->n + 1);
+  for (int i = 0; i < f->n; i++) {
+    const IrInst *in = &f->inst[i];
+    dep[i] = in->op == IR_ARG && (args >> in->aux & 1);
+    for (int a = 0; a < in->nargs && !dep[i]; a++) dep[i] = dep[in->args[a]];
+  }
+  return dep;
+}
+
+/* flex_score_l2(p, x, b, h, q, kv, dqk): the score of the unscaled
+ * accumulator x in the exp2 domain, score(x * scale) * log2 e, which the
+ * forwards take for their softmax (the backwards fuse the multiply by
+ * log2 e into P's exponent FMA themselves, which kept their min with 0
+ * one FMNMX where a sum took a compare and a select). A score
+ * s + G (G free of s: a bias, ALiBi's slopes[h] * float(kv - q)) is one
+ * FMA, fmaf(x, scale log2 e, G log2 e), where the call's multiply, add
+ * and multiply were three; with G = a * g and a free of q and kv (a
+ * head's slope), log2 e goes on a, once per tile. Any other score: the
+ * call, times log2 e. Not under grouped-query packing (its wrapper
+ * remaps q). */
+static void put_score_l2(Buf *out, const IrModule *m, const CgOptions *o, bool dqk) {
+  const IrFunc *f = o->score_identity ? NULL : m->score;
+  buf_puts(out, "/* the score in the exp2 domain, of the unscaled accumulator x */\n"
+                "__device__ __forceinline__ float flex_score_l2(const FlexParams &p, float x, int b, "
+                "int h, int q, int kv, float flex_dqk) {\n");
+  int g = -1;
+  bool *dep_s = NULL, *dep_qkv = NULL;
+  if (f && !o->pack_gqa) {
+    const IrInst *r = &f->inst[f->ret];
+    dep_s = depends_on(f, 1u << ARG_S);
+    for (int a = 0; r->op == IR_ADD_F && a < 2 && g < 0; a++) {
+      const IrInst *x = &f->inst[r->args[a]];
+      if (x->op == IR_ARG && x->aux == ARG_S && !dep_s[r->args[!a]]) g = r->args[!a];
+    }
+  }
+  if (g < 0) {
+    buf_puts(out, "  return flex_score(p, x * p.scale, b, h, q, kv, flex_dqk) * FLEX_LOG2E;\n}\n\n");
+    base_free(dep_s);
+    return;
+  }
+  if (o->offsets)
+    buf_puts(out, "  q += p.q_off, kv += p.kv_off;\n");
+  put_preamble(out, m, f, o->check_bounds, false);
+  /* s for any other reader (dead after the IR's cleanup, but kept exact) */
+  bool s_read = false;
+  for (int i = 0; i < f->n; i++)
+    for (int a = 0; i != f->ret && a < f->inst[i].nargs; a++) {
+      const IrInst *x = &f->inst[f->inst[i].args[a]];
+      s_read |= x->op == IR_ARG && x->aux == ARG_S;
+    }
+  if (s_read) buf_puts(out, "  const float s = x * p.scale;\n");
+  dep_qkv = depends_on(f, 1u << ARG_Q | 1u << ARG_KV | 1u << ARG_S);
+  const IrInst *gi = &f->inst[g];
+  int inv = -1; /* an operand of G = a * g free of q, kv and s */
+  for (int a = 0; gi->op == IR_MUL_F && a < 2 && inv < 0; a++)
+    if (!dep_qkv[gi->args[a]]) inv = a;
+  bool g_alone = true; /* G read by the return alone: its product is not needed */
+  for (int i = g + 1; i < f->ret; i++)
+    for (int a = 0; a < f->inst[i].nargs; a++) g_alone &= f->inst[i].args[a] != g;
+  for (int i = 0; i < f->n; i++)
+    if (i != f->ret && !(i == g && inv >= 0 && g_alone)) put_inst(out, m, f, i, o->check_bounds, false, dqk);
+  buf_puts(out, "  return fmaf(x, p.scale * FLEX_LOG2E, ");
+  if (inv >= 0) {
+    buf_puts(out, "(");
+    put_operand(out, m, f, gi->args[inv]);
+    buf_puts(out, " * FLEX_LOG2E) * ");
+    put_operand(out, m, f, gi->args[!inv]);
+  } else {
+    put_operand(out, m, f, g);
+    buf_puts(out, " * FLEX_LOG2E");
+  }
+  buf_puts(out, ");\n}\n\n");
+  base_free(dep_s);
+  base_free(dep_qkv);
+}
+
 void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o) {
   const char *pre = o->pack_gqa ? "flex_user_" : "flex_";
   /* the kernels' q and kv are the user's: float(kv - q) from the kernel */
@@ -565,4 +645,5 @@ void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o) {
   }
   if (o->has_mask) put_classifier(out, m, pre, o->offsets);
   if (o->pack_gqa) put_pack_wrappers(out, o->has_mask, m->sink != NULL);
+  put_score_l2(out, m, o, dqk);
 }

@@ -34,7 +34,7 @@ __device__ __forceinline__ float flex_fwd_logit(const FlexParams &p, float acc, 
   if (kj >= p.kv_len || qi >= p.q_len) return -INFINITY;
   if (MASK_MODE != FLEX_MASK_NONE && !full && !flex_mask(p, b, h, qi, kj)) return -INFINITY;
   if (SCORE_ID) return acc * (p.scale * FLEX_LOG2E);
-  return flex_score(p, acc * p.scale, b, h, qi, kj, flex_dqk(kj - qi, 0)) * FLEX_LOG2E;
+  return flex_score_l2(p, acc, b, h, qi, kj, flex_dqk(kj - qi, 0));
 }
 
 /* Dropout's keep bits of a thread's accumulator fragments: bit 4 j + c of
@@ -380,8 +380,7 @@ struct FlexFwdTc {
             const int qi = m0 + wr + 16 * m + g + (c >> 1) * 8, kj = n0 + j * 8 + 2 * t4 + (c & 1);
             const float d = flex_dqk(n0 + 2 * t4 - (m0 + wr + g), j * 8 + (c & 1) - 16 * m - (c >> 1) * 8);
             /* user code never sees an element that is out of range or masked */
-            s[m][j][c] = ok ? flex_score(p, s[m][j][c] * p.scale, b, h, qi, kj, d) * FLEX_LOG2E
-                            : -INFINITY;
+            s[m][j][c] = ok ? flex_score_l2(p, s[m][j][c], b, h, qi, kj, d) : -INFINITY;
           }
         }
 

@@ -183,7 +183,7 @@ struct FlexFwdSm90Consumer {
           const int qi = r0 + 16 * w + g + (c >> 1) * 8, kj = n0 + j * 8 + 2 * t4 + (c & 1);
           const float d = flex_dqk(n0 + 2 * t4 - (r0 + 16 * w + g), j * 8 + (c & 1) - (c >> 1) * 8);
           /* user code never sees an element that is out of range or masked */
-          x = ok ? flex_score(p, x * p.scale, b, h, qi, kj, d) * FLEX_LOG2E : -INFINITY;
+          x = ok ? flex_score_l2(p, x, b, h, qi, kj, d) : -INFINITY;
         }
       }
 

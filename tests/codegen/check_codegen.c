@@ -118,6 +118,27 @@ START_TEST(dqk_only_where_exact) {
 }
 END_TEST
 
+/* The forwards' exp2-domain score: a bias score is one FMA with log2 e on
+ * its q- and kv-free factor; any other score the call times log2 e. */
+START_TEST(score_l2_forms) {
+  static const char *const src[3] = {
+      "buffer slopes: f32[H];\nscore a(s, b, h, q, kv) { return s + slopes[h] * float(kv - q); }\n",
+      "buffer bias: f32[Q_LEN];\nscore c(s, b, h, q, kv) { return bias[q] + s; }\n",
+      "param float cap = 30.0;\nscore t(s, b, h, q, kv) { return cap * tanh(s / cap); }\n"};
+  static const char *const want[3] = {
+      "return fmaf(x, p.scale * FLEX_LOG2E, (t2 * FLEX_LOG2E) * t6);",
+      "return fmaf(x, p.scale * FLEX_LOG2E, t1 * FLEX_LOG2E);",
+      "return flex_score(p, x * p.scale, b, h, q, kv, flex_dqk) * FLEX_LOG2E;"};
+  for (int i = 0; i < 3; i++) {
+    CgOptions o;
+    char *s = gen(src[i], CG_BF16, 64, &o);
+    const char *l2 = strstr(s, "float flex_score_l2(");
+    ck_assert_msg(l2 && strstr(l2, want[i]), "case %d:\n%s", i, l2 ? l2 : s);
+    free(s);
+  }
+}
+END_TEST
+
 START_TEST(names_by_role) {
   CgOptions o;
   char *s = gen(gemma, CG_FP16, 64, &o);
@@ -389,7 +410,7 @@ END_TEST
 
 int main(void) {
   return TL_MAIN("codegen", 0, TL_TEST(float_literals_round_trip), TL_TEST(slot_limits),
-                 TL_TEST(names_by_role), TL_TEST(dqk_only_where_exact), TL_TEST(deterministic_source), TL_TEST(tile_override),
+                 TL_TEST(names_by_role), TL_TEST(dqk_only_where_exact), TL_TEST(score_l2_forms), TL_TEST(deterministic_source), TL_TEST(tile_override),
                  TL_TEST(identity_score), TL_TEST(int_semantics), TL_TEST(launch_geometry),
                  TL_TEST(sm90_backward_consumers), TL_TEST(sm90_forward_consumers));
 }

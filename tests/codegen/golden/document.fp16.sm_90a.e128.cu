@@ -64,6 +64,11 @@ __device__ __forceinline__ int flex_mask_block(const FlexParams &p, int flex_b0,
   return flex_iv_class(t6);
 }
 
+/* the score in the exp2 domain, of the unscaled accumulator x */
+__device__ __forceinline__ float flex_score_l2(const FlexParams &p, float x, int b, int h, int q, int kv, float flex_dqk) {
+  return flex_score(p, x * p.scale, b, h, q, kv, flex_dqk) * FLEX_LOG2E;
+}
+
 #include "flex_sorted.cuh"
 #include "flex_fwd_sm90.cuh"
 #include "flex_bwd_sm90.cuh"
