@@ -185,8 +185,6 @@ static void put_checked_load(Buf *out, const IrModule *m, const IrFunc *f, int i
   buf_printf(out, " : %s;\n", in->type == IT_F32 ? "0.0f" : in->type == IT_BOOL ? "false" : "0");
 }
 
-/* One instruction as a statement (nothing for leaves). `exact`: a
- * deterministic backward's ACCUM, into the exact accumulator. */
 /* +1 where value v is kv - q of the function's own arguments, -1 for
  * q - kv, else 0. */
 static int kv_minus_q(const IrFunc *f, int v) {
@@ -208,6 +206,10 @@ static bool only_converted(const IrFunc *f, int v) {
   return true;
 }
 
+/* One instruction as a statement (nothing for leaves). `exact`: a
+ * deterministic backward's ACCUM, into the exact accumulator. `dqk`: a
+ * float(kv - q) is the kernel's flex_dqk (CgOptions.dqk), and the kv - q
+ * only it reads is not emitted. */
 static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool checked, bool exact,
                      bool dqk) {
   const IrInst *in = &f->inst[i];
