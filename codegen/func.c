@@ -312,6 +312,12 @@ static void put_preamble(Buf *out, const IrModule *m, const IrFunc *f, bool chec
   }
 }
 
+/* A shard's functions see the whole sequence's positions (docs/language.md
+ * "Position offsets"); a sink has no kv. */
+static void put_offsets(Buf *out, bool q_only) {
+  buf_puts(out, q_only ? "  q += p.q_off;\n" : "  q += p.q_off, kv += p.kv_off;\n");
+}
+
 /* One function. `f` may be NULL: then the trivial body (true / s / dt).
  * `pre` starts its name: "flex_", or "flex_user_" under grouped-query
  * packing (the kernels then call the wrappers of put_pack_wrappers).
@@ -355,9 +361,7 @@ static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind ki
                kind == IRF_SINK_GRAD ? "0.0f" : "dt");
     return;
   }
-  if (offsets) /* a shard: the whole sequence's positions (docs/language.md "Position offsets") */
-    buf_puts(out, kind == IRF_SINK || kind == IRF_SINK_GRAD ? "  q += p.q_off;\n"
-                                                            : "  q += p.q_off, kv += p.kv_off;\n");
+  if (offsets) put_offsets(out, kind == IRF_SINK || kind == IRF_SINK_GRAD);
   put_preamble(out, m, f, checked, exact);
   for (int i = 0; i < f->n; i++) put_inst(out, m, f, i, checked, exact, dqk);
   buf_puts(out, "  return ");
@@ -594,8 +598,7 @@ static void put_score_l2(Buf *out, const IrModule *m, const CgOptions *o, bool d
     base_free(dep_s);
     return;
   }
-  if (o->offsets)
-    buf_puts(out, "  q += p.q_off, kv += p.kv_off;\n");
+  if (o->offsets) put_offsets(out, false);
   put_preamble(out, m, f, o->check_bounds, false);
   /* s for any other reader (dead after the IR's cleanup, but kept exact) */
   bool s_read = false;

@@ -89,7 +89,7 @@ static flex_status cuda_open(RtRun *r) {
   r->dev.tensor_maps = (r->c->backward ? cfg->cuda_sm90_bwd : cfg->cuda_sm90_fwd) &&
                        rt_drv_has_tensor_maps();
   r->dev.watchdog = cfg->cuda_watchdog; /* a hang's location (docs/config.md) */
-  r->ordered_release = rt_drv_has_pools(device); /* cuda_alloc */
+  r->ordered_release = rt_drv_has_pools(device); /* cuda_alloc, cuda_release */
   return st;
 }
 
@@ -105,15 +105,16 @@ static flex_status cuda_prepare(RtRun *r) {
   return st;
 }
 
-/* A call's workspace (r->c set) lives in the call's stream order
- * (rt_drv_alloc_on): allocated, used and freed there, the call never waits
- * for the device. A tensor of the public API (flex_tensor_alloc, no call)
- * may be used on any stream later: cuMemAlloc and cuMemFree. */
+/* A call's workspace on a device with memory pools (r->ordered_release,
+ * set by cuda_open for a call) lives in the call's stream order:
+ * allocated, used and freed there, the call never waits for the device.
+ * A tensor of the public API (flex_tensor_alloc, no call) may be used on
+ * any stream later: cuMemAlloc and cuMemFree. */
 static flex_status cuda_alloc(RtRun *r, void **out, size_t bytes) {
   RtCuDevicePtr p = 0;
   size_t words = (bytes + 3) / 4; /* whole words, so that the fill covers every byte */
-  flex_status st = r->c ? rt_drv_alloc_on(r->device, &p, words * 4, (RtCuStream)r->stream)
-                        : rt_drv_alloc(&p, words * 4);
+  flex_status st = r->ordered_release ? rt_drv_alloc_async(&p, words * 4, (RtCuStream)r->stream)
+                                      : rt_drv_alloc(&p, words * 4);
   if (!st) st = rt_drv_memset32(p, 0, words, (RtCuStream)r->stream);
   *out = (void *)(uintptr_t)p;
   return st;
@@ -121,7 +122,7 @@ static flex_status cuda_alloc(RtRun *r, void **out, size_t bytes) {
 
 static void cuda_release(RtRun *r, void *p) {
   if (!p) return;
-  if (r->c) rt_drv_free_on(r->device, (RtCuDevicePtr)(uintptr_t)p, (RtCuStream)r->stream);
+  if (r->ordered_release) rt_drv_free_async((RtCuDevicePtr)(uintptr_t)p, (RtCuStream)r->stream);
   else rt_drv_free((RtCuDevicePtr)(uintptr_t)p);
 }
 

@@ -320,13 +320,13 @@ bool rt_drv_has_pools(int device) {
   return yes;
 }
 
-flex_status rt_drv_alloc_on(int device, RtCuDevicePtr *out, size_t bytes, RtCuStream stream) {
-  if (!rt_drv_has_pools(device)) return rt_drv_alloc(out, bytes);
+flex_status rt_drv_alloc_async(RtCuDevicePtr *out, size_t bytes, RtCuStream stream) {
+  CHECK(D.cuMemAllocAsync);
   return CHECK_CU(D.cuMemAllocAsync(out, bytes ? bytes : 4, stream));
 }
 
-flex_status rt_drv_free_on(int device, RtCuDevicePtr p, RtCuStream stream) {
-  if (!rt_drv_has_pools(device)) return rt_drv_free(p);
+flex_status rt_drv_free_async(RtCuDevicePtr p, RtCuStream stream) {
+  CHECK(D.cuMemFreeAsync);
   return p ? CHECK_CU(D.cuMemFreeAsync(p, stream)) : FLEX_OK;
 }
 

@@ -56,15 +56,14 @@ flex_status rt_drv_launch(RtCuFunction f, const unsigned grid[3], const unsigned
 /* Device memory for scratch buffers. */
 flex_status rt_drv_alloc(RtCuDevicePtr *out, size_t bytes);
 flex_status rt_drv_free(RtCuDevicePtr p);
-/* The same in `stream`'s order on a device with the stream-ordered
- * allocator (cuMemAllocAsync / cuMemFreeAsync, the device's default pool):
- * cuMemFree waits for every stream of the device, so a call that allocated
- * its workspace with it returned only once the GPU was idle. Elsewhere
- * rt_drv_alloc and rt_drv_free. A pointer goes back through the same
- * device's rt_drv_free_on. */
+/* The same in `stream`'s order (cuMemAllocAsync / cuMemFreeAsync, the
+ * device's default pool), on a device for which rt_drv_has_pools (asked
+ * once per device): cuMemFree waits for every stream of the device, so a
+ * call that allocated its workspace with it returned only once the GPU
+ * was idle. A pointer goes back through the pair it came from. */
 bool rt_drv_has_pools(int device);
-flex_status rt_drv_alloc_on(int device, RtCuDevicePtr *out, size_t bytes, RtCuStream stream);
-flex_status rt_drv_free_on(int device, RtCuDevicePtr p, RtCuStream stream);
+flex_status rt_drv_alloc_async(RtCuDevicePtr *out, size_t bytes, RtCuStream stream);
+flex_status rt_drv_free_async(RtCuDevicePtr p, RtCuStream stream);
 /* Asynchronous fills and copies on `stream`. */
 flex_status rt_drv_memset32(RtCuDevicePtr p, uint32_t value, size_t count, RtCuStream stream);
 flex_status rt_drv_memcpy_htod(RtCuDevicePtr dst, const void *src, size_t bytes, RtCuStream stream);
