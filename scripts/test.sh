@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Sets everything up and runs every test: a warnings-as-errors build (with
 # the Python package's tests, in build/venv), an AddressSanitizer +
-# UndefinedBehaviorSanitizer build of the whole suite, and the libFuzzer
-# targets (tests/fuzz) built with clang, each for a bounded number of inputs.
+# UndefinedBehaviorSanitizer build of the suite but its kernel matrices
+# (label `matrix`: their host code runs under the sanitizers in the lighter
+# suites; tests/CMakeLists.txt), and the libFuzzer targets (tests/fuzz)
+# built with clang, each for a bounded number of inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -13,7 +15,7 @@ scripts/python_env.sh build/venv   # PyTorch and friends for the Python tests
 
 scripts/setup.sh build-san -DFLEXC_WERROR=ON -DFLEXC_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 (cd build-san && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-   ctest --output-on-failure -j "$jobs" -LE slow)
+   ctest --output-on-failure -j "$jobs" -LE 'slow|matrix')
 
 if command -v clang >/dev/null; then
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -DFLEXC_FUZZ=ON -DFLEXC_WERROR=ON >/dev/null
