@@ -70,6 +70,10 @@ typedef struct CgOptions {
                           (a per-row base converted once, plus a constant): exact while every
                           position is below 2^24 - 1024, which cg_plan checks; not with
                           offsets or grouped-query packing (their q and kv are remapped) */
+  bool score_bias;     /* the score is s + G, G = a float(kv - q) + c with a and c free of q
+                          and kv (cg_score_bias) */
+  bool bias_fold;      /* cg_plan: the call's scale lets the tensor-core kernels fold G into S's
+                          accumulators (|scale| >= 2^-16); see cg_bias_folded */
   bool kv_split;       /* a split-KV forward (FlexParams.kv_splits > 1): FLEX_KV_SPLIT defined,
                           flex_fwd writes partials per key chunk (docs/decoding.md) */
   bool pack_gqa;       /* forward only: grouped-query packing, the rows of a kernel head are the
@@ -112,7 +116,8 @@ int cg_bwd_sm90_consumers(const CgOptions *o);
 int cg_bwd_sm90_dim(const CgOptions *o, int head_dim);
 
 /* Pick the tiles again after a field that decides them changed (dropout,
- * paged, no_tma), FLEXC_TILES applied as cg_options_init does. */
+ * paged, no_tma, and those cg_bias_folded reads: a folded bias takes an
+ * identity score's tiles), FLEXC_TILES applied as cg_options_init does. */
 bool cg_options_retile(CgOptions *o, char *err, size_t errlen);
 
 /* One row of the tile table (codegen/kernel.c): the first row that matches
@@ -148,6 +153,15 @@ void cg_float_literal(Buf *out, double v);
 
 /* Write the whole translation unit for `m` into `out`. */
 void cg_emit_cuda(Buf *out, const IrModule *m, const CgOptions *o);
+/* Whether the module's score is s + G with G = a float(kv - q) + c, a and c
+ * free of s, q and kv, and (with `backward`) its joint does not read s
+ * (CgOptions.score_bias). */
+bool cg_score_bias(const IrModule *m, bool backward);
+/* Whether the tensor-core kernels of `o` start S's accumulators at the
+ * bias over the scale (FLEX_BIAS, flex_bias; docs/kernels.md): a bias
+ * score, |scale| >= 2^-16 (bias_fold), fp16/bf16, flex_dqk on, no
+ * offsets, packing or checked run. */
+bool cg_bias_folded(const CgOptions *o);
 /* Emit score, mask (and joint) as __device__ functions (part of cg_emit_cuda). */
 void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o);
 
@@ -235,8 +249,10 @@ typedef struct CgShape {
   bool out_f32;           /* O is kept in fp32 (another dtype than the kernels', or recomputed) */
   int mask_block_q, mask_block_kv; /* a caller's BlockMask's blocks (0: none) */
   int kv_splits;          /* flex_args.kv_splits: 0 automatic, 1 never, N chunks */
+  float scale;            /* the softmax scale (a bias is folded only for |scale| >= 2^-16) */
   bool pack_ok;           /* a group's rows are evenly spaced in q, out and lse */
   bool offsets;           /* position offsets (flex_args.q_offset, kv_offset nonzero) */
+  bool check_bounds;      /* a checked run (flex_args.check_bounds) */
 } CgShape;
 
 /* Fill `o` for call `s` of module `m` on device `d`: tiles (re-picked for

@@ -633,6 +633,129 @@ static void put_score_l2(Buf *out, const IrModule *m, const CgOptions *o, bool d
   base_free(dep_qkv);
 }
 
+/* ---- a bias folded into the accumulators ------------------------------------ */
+
+/* The parts of a score s + G with G = a float(kv - q) + c, a and c free of
+ * s, q and kv (ALiBi: a = slopes[h], no c), as the score's sum flattened
+ * (through +, - and negation): the values of c's terms and their signs,
+ * and a's value (-1: 1) and sign, where there is a linear term (`lin`). */
+#define BIAS_TERMS 8
+typedef struct Bias {
+  int c[BIAS_TERMS], csign[BIAS_TERMS], nc;
+  int a, asign;
+  bool lin, s;
+} Bias;
+
+/* A linear term: `v` is float(+-(kv - q)), or a product of one with a
+ * value free of s, q and kv. */
+static bool bias_term(const IrFunc *f, const bool *dep, int v, int sign, Bias *bi) {
+  const IrInst *in = &f->inst[v];
+  if (in->op == IR_I2F && kv_minus_q(f, in->args[0])) {
+    bi->a = -1, bi->asign = sign * kv_minus_q(f, in->args[0]);
+    return true;
+  }
+  for (int k = 0; in->op == IR_MUL_F && k < 2; k++) {
+    const IrInst *x = &f->inst[in->args[k]];
+    if (!dep[in->args[!k]] && x->op == IR_I2F && kv_minus_q(f, x->args[0])) {
+      bi->a = in->args[!k], bi->asign = sign * kv_minus_q(f, x->args[0]);
+      return true;
+    }
+  }
+  return false;
+}
+
+/* Term v (with sign) of the score's sum into bi; false if it is not s, a
+ * linear term or a value free of s, q and kv. */
+static bool bias_sum(const IrFunc *f, const bool *dep, int v, int sign, Bias *bi) {
+  const IrInst *in = &f->inst[v];
+  if (in->op == IR_ADD_F || in->op == IR_SUB_F)
+    return bias_sum(f, dep, in->args[0], sign, bi) &&
+           bias_sum(f, dep, in->args[1], in->op == IR_SUB_F ? -sign : sign, bi);
+  if (in->op == IR_NEG_F) return bias_sum(f, dep, in->args[0], -sign, bi);
+  if (in->op == IR_ARG && in->aux == ARG_S) {
+    if (bi->s || sign < 0) return false; /* s once, added */
+    return bi->s = true;
+  }
+  if (!dep[v]) {
+    if (bi->nc == BIAS_TERMS) return false;
+    bi->c[bi->nc] = v, bi->csign[bi->nc++] = sign;
+    return true;
+  }
+  if (bi->lin || !bias_term(f, dep, v, sign, bi)) return false;
+  return bi->lin = true;
+}
+
+/* Whether the score is s + G with G of Bias's form, and the joint (when
+ * the backward calls one: buffer gradients) does not read s, which the
+ * folded kernels no longer have apart from G. */
+static bool bias_form(const IrModule *m, bool backward, Bias *bi) {
+  const IrFunc *f = m->score;
+  memset(bi, 0, sizeof *bi);
+  if (!f || m->score_is_identity) return false;
+  if (backward && m->joint) {
+    bool *js = depends_on(m->joint, 1u << ARG_S);
+    const bool reads = js[m->joint->ret];
+    bool any = false;
+    for (int i = 0; i < m->joint->n; i++) any |= js[i] && m->joint->inst[i].op == IR_ACCUM;
+    base_free(js);
+    if (reads || any) return false;
+  }
+  bool *dep = depends_on(f, 1u << ARG_S | 1u << ARG_Q | 1u << ARG_KV);
+  const bool ok = bias_sum(f, dep, f->ret, 1, bi) && bi->s && (bi->lin || bi->nc > 0);
+  base_free(dep);
+  return ok;
+}
+
+bool cg_score_bias(const IrModule *m, bool backward) {
+  Bias bi;
+  return bias_form(m, backward, &bi);
+}
+
+bool cg_bias_folded(const CgOptions *o) {
+  return o->score_bias && o->bias_fold && o->dtype != CG_FP32 && o->dqk && !o->offsets &&
+         !o->pack_gqa && !o->check_bounds;
+}
+
+/* flex_bias(p, b, h, a, c): G's parts for the tensor-core kernels, which
+ * start S's accumulators at G / scale (FLEX_BIAS, kernels/bias.cuh) instead
+ * of 0, so that the matrix product leaves the logit over the scale and the
+ * softmax is an identity score's: an add and an FMA a diagonal before the
+ * product where the score took a multiply, an add and an FMA an element
+ * after it. */
+static void put_bias(Buf *out, const IrModule *m, const CgOptions *o) {
+  Bias bi;
+  if (!cg_bias_folded(o) || !bias_form(m, o->backward, &bi)) return;
+  const IrFunc *f = m->score;
+  bool *need = base_alloc((size_t)f->n + 1);
+  if (bi.lin && bi.a >= 0) need[bi.a] = true;
+  for (int i = 0; i < bi.nc; i++) need[bi.c[i]] = true;
+  for (int i = f->n - 1; i >= 0; i--)
+    for (int k = 0; need[i] && k < f->inst[i].nargs; k++) need[f->inst[i].args[k]] = true;
+  buf_puts(out, "/* the score's bias G = a float(kv - q) + c, a and c free of q and kv: the\n"
+                " * tensor-core kernels start S's accumulators at G / scale (FLEX_BIAS) */\n"
+                "#define FLEX_BIAS 1\n"
+                "__device__ __forceinline__ void flex_bias(const FlexParams &p, int b, int h, "
+                "float &flex_a, float &flex_c) {\n");
+  put_preamble(out, m, f, false, false);
+  for (int i = 0; i < f->n; i++)
+    if (need[i]) put_inst(out, m, f, i, false, false, false);
+  buf_puts(out, "  flex_a = ");
+  if (!bi.lin) buf_puts(out, "0.0f");
+  else if (bi.a < 0) buf_puts(out, bi.asign < 0 ? "-1.0f" : "1.0f");
+  else {
+    if (bi.asign < 0) buf_puts(out, "-");
+    put_operand(out, m, f, bi.a);
+  }
+  buf_puts(out, ";\n  flex_c = ");
+  if (!bi.nc) buf_puts(out, "0.0f");
+  for (int i = 0; i < bi.nc; i++) {
+    buf_puts(out, i == 0 ? (bi.csign[i] < 0 ? "-" : "") : bi.csign[i] < 0 ? " - " : " + ");
+    put_operand(out, m, f, bi.c[i]);
+  }
+  buf_puts(out, ";\n  (void)b, (void)h;\n}\n\n");
+  base_free(need);
+}
+
 void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o) {
   const char *pre = o->pack_gqa ? "flex_user_" : "flex_";
   /* the kernels' q and kv are the user's: float(kv - q) from the kernel */
@@ -651,4 +774,5 @@ void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o) {
   if (o->has_mask) put_classifier(out, m, pre, o->offsets);
   if (o->pack_gqa) put_pack_wrappers(out, o->has_mask, m->sink != NULL);
   put_score_l2(out, m, o, dqk);
+  put_bias(out, m, o);
 }

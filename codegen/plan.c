@@ -3,6 +3,7 @@
  * choice lives here (tiles and their re-picks, the sm_90a bodies, the mask
  * mode, grouped-query packing, split-KV); the run sequence (runtime/run.c)
  * only carries it out. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -67,6 +68,7 @@ bool cg_plan(CgOptions *o, int *splits, const IrModule *m, const CgShape *s, con
    * tiles; the arch is only what cg_options_init validates against. */
   CgArch arch = d->host ? CG_SM80 : d->arch;
   if (!cg_options_init(o, m, s->dtype, s->E, s->EV, arch, s->backward, err, errlen)) return false;
+  const bool folded = cg_bias_folded(o); /* what the tiles were picked for */
   /* Dropout needs registers for its Philox rounds; the sm_90a bodies need
    * TMA-loadable, unpaged K/V and no dropout: tiles picked again. */
   o->dropout = s->dropout;
@@ -75,8 +77,13 @@ bool cg_plan(CgOptions *o, int *splits, const IrModule *m, const CgShape *s, con
   o->deterministic = s->backward && s->deterministic; /* a forward ignores it */
   o->out_f32 = s->out_f32;
   o->offsets = s->offsets;
+  o->check_bounds = s->check_bounds;
   o->dqk = s->QL <= CG_DQK_MAX && s->KL <= CG_DQK_MAX;
-  if ((o->dropout || o->arch == CG_SM90A) && !retile(o, err, errlen)) return false;
+  /* G / scale stays finite for any bias below 2^111 */
+  o->bias_fold = fabsf(s->scale) >= 0x1p-16f && fabsf(s->scale) < INFINITY;
+  /* A bias folded into S (flex_bias) takes an identity score's tiles. */
+  if ((o->dropout || o->arch == CG_SM90A || cg_bias_folded(o) != folded) && !retile(o, err, errlen))
+    return false;
   /* A caller's BlockMask whose blocks the sm_90a forward's 128 x 128 tiles
    * do not divide (64-key blocks, say) runs on the sm_80 forward's smaller
    * ones; a forward asked for key chunks too (the sm_90a body runs whole). */
@@ -92,7 +99,12 @@ bool cg_plan(CgOptions *o, int *splits, const IrModule *m, const CgShape *s, con
   mask_mode(o, m, s);
   /* The sm_90a forward runs a call unpacked and unsplit (docs/decoding.md). */
   if (!s->backward && !o->fwd_sm90) {
+    const bool was = cg_bias_folded(o);
     o->pack_gqa = pack_gqa(o, s, d);
+    /* Packed rows span heads, and a bias is folded per head: its tiles go
+     * with it (no BlockMask and no host backend here: nothing above is
+     * undone). */
+    if (cg_bias_folded(o) != was && !retile(o, err, errlen)) return false;
     *splits = kv_splits(o, s, d);
     o->kv_split = *splits > 1;
   }

@@ -34,6 +34,7 @@
 #include "common.cuh"
 #include "walk.cuh"
 #include "tile.cuh"
+#include "bias.cuh"
 
 /* El: element type of dO; OutEl: of O (El, or FlexF32 for an fp32 O). */
 template <class El, class OutEl>
@@ -311,10 +312,22 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, uint32_t
   typedef FlexBwdShape<EP, EVP, BM, BN> S;
   const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   float st[S::QC / 8][4], dpt[S::QC / 8][4];
+#if FLEX_BIAS
+  /* S^T starts at the bias over the scale (bias.cuh): element c of tile j
+   * is at kv - q = base + 8 (c / 2) - 8 j - c % 2 */
+  FlexBias bias;
+  bias.init(p, b, h, FLEX_LOG2E / (p.scale * FLEX_LOG2E));
+  const float base = (float)(n0 + kr + g - (m0 + qc + 2 * t4));
+#pragma unroll
+  for (int j = 0; j < S::QC / 8; j++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) st[j][c] = bias.at(base, (float)(8 * (c >> 1) - 8 * j - (c & 1))), dpt[j][c] = 0.0f;
+#else
 #pragma unroll
   for (int j = 0; j < S::QC / 8; j++)
 #pragma unroll
     for (int c = 0; c < 4; c++) st[j][c] = dpt[j][c] = 0.0f;
+#endif
   flex_bwd_mma_rows<El, S::QC, EP / 16, S::KS>(st, aK, aQ);   /* S^T = K Q^T */
   flex_bwd_mma_rows<El, S::QC, EVP / 16, S::VS>(dpt, aV, aO); /* dP^T = V dO^T */
   /* Accumulator element c of tile j: key kr + g + 8 (c / 2), query qc + 8 j + 2 t4 + c % 2.

@@ -406,6 +406,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
 #pragma unroll
   for (int i = 0; i < VC / 2; i++) dv[i] = 0.0f;
   const float scale_log2 = p.scale * FLEX_LOG2E;
+  const float bias_inv = FLEX_BIAS ? FLEX_LOG2E / scale_log2 : 0.0f; /* |scale| >= 2^-16 (cg_plan) */
   flex_mbar_wait(kvbar, 0);
 
   int i = 0;
@@ -441,13 +442,25 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
       /* S^T = K Q^T and dP^T = V dO^T: every operand K-major with the
        * 128-byte swizzle (a k16 step is 32 bytes into the row; SBO 8 rows). */
       float st[BM / 2], dpt[BM / 2];
+#if FLEX_BIAS
+      { /* S^T's accumulators start at the bias over the scale (bias.cuh) */
+        FlexBias bias;
+        bias.init(p, b, h, bias_inv);
+        const float base = (float)(n0 + kc + 16 * w + g - (m0 + 2 * t4));
+#pragma unroll
+        for (int j = 0; j < BM / 8; j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) st[4 * j + e] = bias.at(base, (float)(8 * (e >> 1) - 8 * j - (e & 1)));
+      }
+#endif
       flex_wgmma_fence();
       /* (the general body's descriptors by 32-bit adds: flex_wgmma_desc_lo) */
       auto dat = [](uint64_t d, uint32_t off) { return GEN ? flex_wgmma_desc_lo(d, off) : flex_wgmma_desc_at(d, off); };
 #pragma unroll
       for (int kk = 0; kk < EPT / 16; kk++) {
         const uint32_t off = (kk % 4) * 32;
-        W::template ss<BM, 0>(st, dat(kK, (kk / 4) * PANELKV + off), dat(kQs, (kk / 4) * PANEL + off), kk > 0);
+        W::template ss<BM, 0>(st, dat(kK, (kk / 4) * PANELKV + off), dat(kQs, (kk / 4) * PANEL + off),
+                              FLEX_BIAS || kk > 0);
       }
 #pragma unroll
       for (int kk = 0; kk < EVPT / 16; kk++) {

@@ -25,6 +25,7 @@
 #include "common.cuh"
 #include "walk.cuh"
 #include "tile.cuh"
+#include "bias.cuh"
 
 /* The scaled, scored, masked logit of one element, in the exp2 domain. */
 template <int MASK_MODE, bool SCORE_ID>
@@ -280,6 +281,9 @@ struct FlexFwdTc {
   CopyK copyK;
   CopyV copyV;
   float scale_log2;
+#if FLEX_BIAS
+  FlexBias bias; /* the head's bias over the scale */
+#endif
   float o[RW][EVP / 8][4];
   /* Per row: the running max (in S's units; the reference is a function
    * of it, flex_row_ab) and the sum. */
@@ -335,10 +339,21 @@ struct FlexFwdTc {
   template <bool GEN>
   __device__ __forceinline__ void scores(int n0, int st, bool full) {
     const uint32_t cK = aK + st * KSTAGE;
+#if FLEX_BIAS
+    /* S starts at the bias over the scale (bias.cuh) */
+    const float base = (float)(n0 + 2 * t4 - (m0 + wr + g));
+#pragma unroll
+    for (int m = 0; m < RW; m++)
+#pragma unroll
+      for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) s[m][j][c] = bias.at(base, (float)(j * 8 + (c & 1) - 16 * m - (c >> 1) * 8));
+#else
 #pragma unroll
     for (int m = 0; m < RW; m++)
 #pragma unroll
       for (int j = 0; j < BN / 8; j++) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
+#endif
 #pragma unroll
     for (int kk = 0; kk < EP / 16; kk++) {
       uint32_t a[RW][4];
@@ -563,6 +578,11 @@ struct FlexFwdTc {
       __syncthreads();
       scale_log2 = neg ? -scale_log2 : FLEX_LOG2E;
     }
+#if FLEX_BIAS
+    /* The bias over the scale: the accumulator times scale_log2 is then the
+     * logit times log2 e however scale_log2 was made. */
+    bias.init(p, b, h, FLEX_LOG2E / scale_log2);
+#endif
 
     /* Whether a steady tile's K and V may take the unpredicated loads
      * (rows below KV_LEN tested per tile) and its rows are all below Q_LEN.

@@ -122,6 +122,9 @@ struct FlexFwdSm90Consumer {
    * each use: two instructions fewer a tile. */
   int bar_turn, bar_other, bar_red;
   float scale_log2;
+#if FLEX_BIAS
+  FlexBias bias; /* the head's bias over the scale */
+#endif
   float o[EVPT / 2];
   float row_max[2], row_sum[2], corr[2]; /* per row (flex_row_step) */
   float sacc[BN / 2];     /* the tile's S, then P */
@@ -143,6 +146,14 @@ struct FlexFwdSm90Consumer {
    * row of the warpgroup takes flex_row_step's second form. */
   template <bool GEN>
   __device__ __forceinline__ bool front(int s, int n0, bool full) {
+#if FLEX_BIAS
+    /* S's accumulators start at the bias over the scale (bias.cuh) */
+    const float base = (float)(n0 + 2 * t4 - (r0 + 16 * w + g));
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) sacc[4 * j + c] = bias.at(base, (float)(j * 8 + (c & 1) - (c >> 1) * 8));
+#endif
     /* S = Q K^T: EPT / 16 wgmma of k16 (descriptors: see dQ's). */
     if (NC > 1) flex_bar_sync_id<256>(bar_turn);
     flex_wgmma_fence();
@@ -151,7 +162,7 @@ struct FlexFwdSm90Consumer {
     for (int kk = 0; kk < EPT / 16; kk++) {
       const uint32_t off = (kk % 4) * 32;
       W::template ss<BN, 0>(sacc, flex_wgmma_desc_at(dQ, (kk / 4) * PANEL_Q + off),
-                            flex_wgmma_desc_at(dk, (kk / 4) * PANEL_KV + off), kk > 0);
+                            flex_wgmma_desc_at(dk, (kk / 4) * PANEL_KV + off), FLEX_BIAS || kk > 0);
     }
     flex_wgmma_commit();
     if (GEN ? prev : OVERLAP) { /* the previous tile's P V behind it; wait for S only */
@@ -447,6 +458,11 @@ __device__ __forceinline__ void flex_fwd_sm90(const FlexFwdTma &t) {
     sl = neg ? -sl : FLEX_LOG2E;
   }
   c.scale_log2 = sl;
+#if FLEX_BIAS
+  /* The bias over the scale, so that the accumulator times sl is the
+   * logit times log2 e whichever way sl was made. */
+  c.bias.init(p, b, h, FLEX_LOG2E / sl);
+#endif
 
   /* Two loops, as flex_fwd_tc's: the steady one takes the tiles that need
    * no per-element test (full under the mask, every key below KV_LEN, this

@@ -555,13 +555,12 @@ static flex_status plan(RtRun *r, Work *w, int *splits) {
                .out_f32 = (a->out && !rt_dtype_same(a->out->dtype, kd)) || needs_exact_out(c),
                .mask_block_q = bm ? (bm->block_q ? bm->block_q : 128) : 0,
                .mask_block_kv = bm ? (bm->block_kv ? bm->block_kv : 128) : 0,
-               .kv_splits = a->kv_splits, .pack_ok = rows_packable(c),
-               .offsets = c->q_off != 0 || c->kv_off != 0};
+               .kv_splits = a->kv_splits, .scale = (float)c->scale, .pack_ok = rows_packable(c),
+               .offsets = c->q_off != 0 || c->kv_off != 0, .check_bounds = a->check_bounds};
   char err[512];
   if (!cg_plan(&r->opts, splits, c->mod, &s, &r->dev, err, sizeof err))
     return rt_err(FLEX_ERR_UNSUPPORTED, "the %s backend cannot run this call: %s", r->be->name, err);
   r->opts.source = c->kernel->src.path;
-  r->opts.check_bounds = a->check_bounds;
   r->opts.fast_math = a->fast_math;
   r->opts.watchdog = r->dev.watchdog;
   last_stats.mode = r->opts.mask_mode;

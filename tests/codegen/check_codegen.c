@@ -139,6 +139,66 @@ START_TEST(score_l2_forms) {
 }
 END_TEST
 
+/* A bias score s + a float(kv - q) + c (a, c free of q and kv) is folded
+ * into S's accumulators (flex_bias, FLEX_BIAS, an identity score's
+ * bodies and tiles); any other score, or a call that cannot, is not. */
+START_TEST(bias_fold_forms) {
+  static const char *const src[] = {
+      "buffer slopes: f32[H];\nscore a(s, b, h, q, kv) { return s + slopes[h] * float(kv - q); }\n",
+      "param float t = 0.5;\nbuffer c: f32[H];\nscore a(s, b, h, q, kv) { return c[h] + (float(q - kv) * t + s); }\n",
+      "score a(s, b, h, q, kv) { return s - float(q - kv); }\n",
+      "buffer c: f32[B, H];\nscore a(s, b, h, q, kv) { return c[b, h] + s; }\n",
+      "buffer slopes: f32[H] grad;\nscore a(s, b, h, q, kv) { return s + slopes[h] * float(kv - q) + 0.5; }\n",
+      "buffer bias: f32[Q_LEN];\nscore a(s, b, h, q, kv) { return bias[q] + s; }\n",
+      "buffer slopes: f32[H];\nscore a(s, b, h, q, kv) { return s + slopes[h] * float(kv); }\n",
+      "score a(s, b, h, q, kv) { return s * 2.0 + float(kv - q); }\n",
+      "score a(s, b, h, q, kv) { return 1.0 - s + float(kv - q); }\n",
+      "score a(s, b, h, q, kv) { return s + float(kv - q) - float(q - kv); }\n",
+      "param float cap = 30.0;\nscore t(s, b, h, q, kv) { return cap * tanh(s / cap); }\n"};
+  static const char *const want[] = {
+      "  flex_a = t2;\n  flex_c = 0.0f;",
+      "  flex_a = -t;\n  flex_c = t", /* float(q - kv) * t: a = -t; c = c[h] */
+      "  flex_a = 1.0f;\n  flex_c = 0.0f;",
+      "  flex_a = 0.0f;\n  flex_c = t",
+      "  flex_c = 0.5f;", /* a grad buffer: the joint reads no s */
+      NULL, NULL, NULL, NULL, NULL, NULL};
+  for (int i = 0; i < (int)(sizeof src / sizeof *src); i++) {
+    CgOptions o;
+    char *s = gen(src[i], CG_BF16, 64, &o);
+    const char *f = strstr(s, "void flex_bias(");
+    ck_assert_msg(!f == !want[i] && o.score_bias == !!want[i], "case %d:\n%s", i, s);
+    ck_assert_msg(!want[i] || strstr(f, want[i]), "case %d:\n%s", i, f);
+    ck_assert_msg(!strstr(s, "#define FLEX_BIAS 1") == !want[i], "case %d", i);
+    /* the tensor-core bodies take an identity score's softmax */
+    ck_assert_msg(!strstr(s, "FLEX_MASK_NONE, true>") == !want[i], "case %d:\n%s", i, s);
+    free(s);
+  }
+  /* Not for a tiny scale, fp32, a checked run, offsets or packed rows; an
+   * identity score's tiles where it is (sm_80: 128 x 128 forward). */
+  flex_kernel *k;
+  ck_assert_int_eq(flex_kernel_from_source(&k, "test.score", src[0], strlen(src[0]), NULL), FLEX_OK);
+  for (int c = 0; c < 7; c++) {
+    CgShape sh = {.dtype = c == 2 ? CG_FP32 : CG_BF16, .B = 1, .H = 8, .HKV = c == 5 ? 1 : 8,
+                  .QL = c == 5 ? 1 : 256, .KL = 512, .E = 128, .EV = 128, .backward = c != 5,
+                  .scale = c == 1 ? 0x1p-17f : c == 6 ? -0.125f : 0.125f, .pack_ok = true,
+                  .check_bounds = c == 3, .offsets = c == 4};
+    CgDevice dev = {.arch = CG_SM80, .sms = 108};
+    CgOptions o;
+    char err[256];
+    int splits;
+    ck_assert_msg(cg_plan(&o, &splits, k->mod, &sh, &dev, err, sizeof err), "%s", err);
+    const bool fold = c == 0 || c == 6;
+    ck_assert_msg(cg_bias_folded(&o) == fold && (c != 5 || o.pack_gqa), "case %d", c);
+    if (c != 2) ck_assert_msg((o.fwd.block_n == 128) == fold, "case %d: %d", c, o.fwd.block_n);
+    Buf b = {0};
+    cg_emit_cuda(&b, k->mod, &o);
+    ck_assert_msg(!strstr(b.data, "#define FLEX_BIAS 1") == !fold, "case %d", c);
+    buf_free(&b);
+  }
+  flex_kernel_free(k);
+}
+END_TEST
+
 START_TEST(names_by_role) {
   CgOptions o;
   char *s = gen(gemma, CG_FP16, 64, &o);
@@ -410,7 +470,7 @@ END_TEST
 
 int main(void) {
   return TL_MAIN("codegen", 0, TL_TEST(float_literals_round_trip), TL_TEST(slot_limits),
-                 TL_TEST(names_by_role), TL_TEST(dqk_only_where_exact), TL_TEST(score_l2_forms), TL_TEST(deterministic_source), TL_TEST(tile_override),
+                 TL_TEST(names_by_role), TL_TEST(dqk_only_where_exact), TL_TEST(score_l2_forms), TL_TEST(bias_fold_forms), TL_TEST(deterministic_source), TL_TEST(tile_override),
                  TL_TEST(identity_score), TL_TEST(int_semantics), TL_TEST(launch_geometry),
                  TL_TEST(sm90_backward_consumers), TL_TEST(sm90_forward_consumers));
 }

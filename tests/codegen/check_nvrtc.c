@@ -327,6 +327,8 @@ START_TEST(packed_forward_compiles) {
     char err[256];
     ck_assert_msg(cg_options_init(&o, k->mod, dts[_i], 128, 128, CG_SM80, false, err, sizeof err), "%s", err);
     o.pack_gqa = true, o.paged = paged;
+    /* packing decides the tiles too (no bias folded: cg_bias_folded) */
+    ck_assert_msg(cg_options_retile(&o, err, sizeof err), "%s", err);
     Buf src = {0};
     cg_emit_cuda(&src, k->mod, &o);
     flex_kernel_free(k);

@@ -24,7 +24,9 @@
  *  - Huge scores from a score function: s * 1e28 (rows of about +-1e28),
  *    -1e30 on every third key (a finite mask value beside ordinary
  *    scores), and -1e30 on every key of the even rows (a finite row of
- *    huge magnitude: uniform P). Forward within tolerance; the backward
+ *    huge magnitude: uniform P); the same two as biases the tensor-core
+ *    kernels fold into S's accumulators (s + 1e6 float(kv - q), whose P
+ *    is one-hot, and -1e5 on every even head); their backward finite. Forward within tolerance; the backward
  *    within the gradient tolerance where the rows' LSE is ordinary (the
  *    second), finite for the others. Split-KV's O of the rows at -1e30 is
  *    not judged, only free of NaN: the combine weighs each chunk's partial
@@ -188,18 +190,22 @@ enum { NCONST = sizeof constants / sizeof *constants };
  * moves nothing; where two keys of a row nearly tie (rows crossing 2^16,
  * a seed in a few) their weights shift against each other by that
  * fraction. First order: dO_i = sum_j P_ij d_ij |v_j - O_i|, here summed
- * over rows as a norm (the float64 twins give q, k, v, O and LSE). */
-static double logit_rounding(Tensors *t) {
+ * over rows as a norm (the float64 twins give q, k, v, O and LSE). With a
+ * score function `logit` (t of s = scale Q K^T; NULL: t = s), s's error
+ * moves t by |dt/ds| times itself, P is t's softmax (row-normalised here:
+ * a float64 LSE of -1e30 has lost the row's ln(keys)), and for a bias the
+ * kernels round (`bias`: 1e5 to 1e8 plus s) d_ij also has |t| 2^-23 (two
+ * roundings: the bias, then s added). */
+typedef double (*Logit)(double s, int h, int q, int kv);
+static double logit_rounding(Tensors *t, Logit logit, bool bias) {
   const double scale = 1.0 / sqrt((double)E), u = 0x1p-24 * sqrt((double)E);
   double dd = 0, oo = 0;
   for (int b = 0; b < B; b++)
     for (int h = 0; h < H; h++)
       for (int i = 0; i < QL; i++) {
         const int64_t row = ((int64_t)b * H + h) * QL + i;
-        const double lse = rt_array_get(&t->lse.ref, row);
-        if (!isfinite(lse)) continue;
-        double dO[E];
-        memset(dO, 0, sizeof dO);
+        if (!isfinite(rt_array_get(&t->lse.ref, row))) continue;
+        double tv[KL], dv[KL], tmax = -INFINITY, sum = 0;
         for (int j = 0; j < KL; j++) {
           const int64_t kr = ((int64_t)b * HKV + h / (H / HKV)) * KL + j;
           double s = 0, a = 0;
@@ -207,9 +213,19 @@ static double logit_rounding(Tensors *t) {
             const double x = rt_array_get(&t->q.ref, row * E + e) * rt_array_get(&t->k.ref, kr * E + e);
             s += x, a += fabs(x);
           }
-          const double pij = exp(s * scale - lse), d = u * a * scale;
+          tv[j] = logit ? logit(s * scale, h, i, j) : s * scale;
+          const double slope = logit ? fabs(logit(s * scale + 1, h, i, j) - tv[j]) : 1;
+          dv[j] = u * a * scale * slope + (bias ? 0x1p-23 * fabs(tv[j]) : 0);
+          tmax = fmax(tmax, tv[j]);
+        }
+        for (int j = 0; j < KL; j++) sum += exp(tv[j] - tmax);
+        double dO[E];
+        memset(dO, 0, sizeof dO);
+        for (int j = 0; j < KL; j++) {
+          const int64_t kr = ((int64_t)b * HKV + h / (H / HKV)) * KL + j;
+          const double pij = exp(tv[j] - tmax) / sum;
           for (int e = 0; e < E; e++)
-            dO[e] += pij * d * fabs(rt_array_get(&t->v.ref, kr * E + e) - rt_array_get(&t->out.ref, row * E + e));
+            dO[e] += pij * dv[j] * fabs(rt_array_get(&t->v.ref, kr * E + e) - rt_array_get(&t->out.ref, row * E + e));
         }
         for (int e = 0; e < E; e++) {
           const double o = rt_array_get(&t->out.ref, row * E + e);
@@ -221,9 +237,9 @@ static double logit_rounding(Tensors *t) {
 
 /* O and LSE within the dtype's tolerance plus what the logits' float32
  * rounding does to O (logit_rounding; 0 for most inputs), never NaN. */
-static void check_forward(const char *label, Tensors *t, const TlDtype *d) {
+static void check_forward(const char *label, Tensors *t, const TlDtype *d, Logit logit, bool bias) {
   ck_assert_msg(count_nan(&t->out.x) == 0 && count_nan(&t->lse.x) == 0, "%s: NaN in O or LSE", label);
-  double eo = tl_pair_err(&t->out), el = tl_pair_err(&t->lse), lr = logit_rounding(t);
+  double eo = tl_pair_err(&t->out), el = tl_pair_err(&t->lse), lr = logit_rounding(t, logit, bias);
   fprintf(stderr, "    %s: out %.2g (allowed %.2g) lse %.2g\n", label, eo, d->tol + lr, el);
   ck_assert_msg(eo < d->tol + lr && el < d->tol,
                 "%s: out error %g (tol %g, plus %g for the logits' float32 rounding), lse error %g", label,
@@ -248,7 +264,7 @@ START_TEST(large_constant) {
     char label[96];
     snprintf(label, sizeof label, "%s %s, every element %g", path_names[path], d->name, v);
     forward_both(k, &t, path, di == 0, label);
-    check_forward(label, &t, d);
+    check_forward(label, &t, d, NULL, false);
     backward_both(k, &t, path, di == 0, label);
     /* fp16's dQ and dK may overflow (the header): dV must not */
     check_backward(label, &t, d, d->bits == 16 && d->code == kDLFloat ? DV_ONLY : FINITE);
@@ -277,7 +293,7 @@ START_TEST(large_random) {
   char label[96];
   snprintf(label, sizeof label, "%s %s, magnitudes 1e3..%g", path_names[path], d->name, hi);
   forward_both(k, &t, path, di == 0, label);
-  check_forward(label, &t, d);
+  check_forward(label, &t, d, NULL, false);
   tensors_free(&t);
   flex_kernel_free(k);
 }
@@ -306,7 +322,7 @@ START_TEST(large_crossing) {
     snprintf(label, sizeof label, "%s %s, rows crossing 2^16 %s", path_names[path], d->name,
              down ? "down" : "up");
     forward_both(k, &t, path, di == 0, label);
-    check_forward(label, &t, d);
+    check_forward(label, &t, d, NULL, false);
     tensors_free(&t);
   }
   flex_kernel_free(k);
@@ -319,8 +335,19 @@ static const char *const huge_sources[] = {
     "score huge(s, b, h, q, kv) { return s * 1e28; }\n",
     "score third(s, b, h, q, kv) { return kv % 3 == 0 ? -1e30 : s; }\n",
     "score rows(s, b, h, q, kv) { return q % 2 == 0 ? -1e30 : s; }\n",
+    /* biases folded into S's accumulators (flex_bias): steps of 1e6 (P one-hot, rows far past
+     * 2^16 in the exp2 domain), and -1e5 on every even head (rows past 2^16, P spread) */
+    "score steps(s, b, h, q, kv) { return s + 1e6 * float(kv - q); }\n",
+    "score heads(s, b, h, q, kv) { return s + ((h % 2 == 0 ? -1e5 : 0.0) + 0.25 * float(q - kv)); }\n",
 };
 enum { NHUGE = sizeof huge_sources / sizeof *huge_sources };
+/* Their logits in float64, for logit_rounding. */
+static double huge_t(double s, int h, int q, int kv) { return (void)h, (void)q, (void)kv, s * 1e28; }
+static double third_t(double s, int h, int q, int kv) { return (void)h, (void)q, kv % 3 == 0 ? -1e30 : s; }
+static double rows_t(double s, int h, int q, int kv) { return (void)h, (void)kv, q % 2 == 0 ? -1e30 : s; }
+static double steps_t(double s, int h, int q, int kv) { return (void)h, s + 1e6 * (kv - q); }
+static double heads_t(double s, int h, int q, int kv) { return s + ((h % 2 == 0 ? -1e5 : 0.0) + 0.25 * (q - kv)); }
+static const Logit huge_logits[NHUGE] = {huge_t, third_t, rows_t, steps_t, heads_t};
 
 /* _i = path * 3 + dtype: each score, forward and backward. */
 START_TEST(huge_scores) {
@@ -341,7 +368,7 @@ START_TEST(huge_scores) {
       fprintf(stderr, "    %s: out %.2g lse %.2g (not judged)\n", label, tl_pair_err(&t.out),
               tl_pair_err(&t.lse));
     } else {
-      check_forward(label, &t, d);
+      check_forward(label, &t, d, huge_logits[c], c >= 3);
     }
     backward_both(k, &t, path, di == 0, label);
     const bool fp16 = d->bits == 16 && d->code == kDLFloat;
