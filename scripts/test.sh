@@ -4,7 +4,8 @@
 # UndefinedBehaviorSanitizer build of the suite but its kernel matrices
 # (label `matrix`: their host code runs under the sanitizers in the lighter
 # suites; tests/CMakeLists.txt), and the libFuzzer targets (tests/fuzz)
-# built with clang, each for a bounded number of inputs.
+# built with clang, each for a bounded number of inputs. The sanitizer pass
+# reuses the plain pass's compiled kernels (the same store).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -13,7 +14,10 @@ scripts/setup.sh build -DFLEXC_WERROR=ON
 scripts/python_env.sh build/venv   # PyTorch and friends for the Python tests
 (cd build && ctest --output-on-failure -j "$jobs" -LE slow)
 
-scripts/setup.sh build-san -DFLEXC_WERROR=ON -DFLEXC_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+# The sanitizer build shares the plain build's compile store (FLEXC_TEST_CACHE,
+# tests/CMakeLists.txt): its suites load the modules the plain pass compiled.
+scripts/setup.sh build-san -DFLEXC_WERROR=ON -DFLEXC_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
+  -DFLEXC_TEST_CACHE="$PWD/build/test-cache"
 (cd build-san && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
    ctest --output-on-failure -j "$jobs" -LE 'slow|matrix')
 

@@ -22,7 +22,7 @@ foreach(part api torch blockmask compile package frozen_buffers mods trace sinks
       $<TARGET_FILE:flexc_shared> python/tests/test_${part}.py ${needs}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(python_${part} PROPERTIES SKIP_RETURN_CODE 77 LABELS python TIMEOUT 900
-    ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+    ENVIRONMENT "FLEXC_CACHE_DIR=${FLEXC_TEST_CACHE}")
 endforeach()
 # The 64 traced attention-gym and PyTorch mods, forward and gradients on
 # two backends (about two minutes on two cores): run by hand or with -L slow.

@@ -16,5 +16,5 @@ foreach(t check_emu_kernels:--matrix check_emu_dropout check_determ check_varlen
   endif()
   add_test(NAME ${name} COMMAND ${suite} --cuda ${extra} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900
-    ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+    ENVIRONMENT "FLEXC_CACHE_DIR=${FLEXC_TEST_CACHE}")
 endforeach()

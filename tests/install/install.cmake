@@ -5,10 +5,10 @@
 add_test(NAME install_consumer
   COMMAND ${CMAKE_CURRENT_LIST_DIR}/run.sh ${CMAKE_BINARY_DIR} ${CMAKE_BINARY_DIR}/install-test)
 set_tests_properties(install_consumer PROPERTIES TIMEOUT 600 LABELS install
-  ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+  ENVIRONMENT "FLEXC_CACHE_DIR=${FLEXC_TEST_CACHE}")
 if(FLEXC_SANITIZE)
   set_tests_properties(install_consumer PROPERTIES ENVIRONMENT
-    "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache;CONSUMER_CFLAGS=-fsanitize=address,undefined")
+    "FLEXC_CACHE_DIR=${FLEXC_TEST_CACHE};CONSUMER_CFLAGS=-fsanitize=address,undefined")
 endif()
 # The README's build-tree link lines, run as written (readme_link.sh). The
 # sanitizer build's libraries need the sanitizer's flags, which the README
@@ -21,4 +21,4 @@ else()
     COMMAND ${CMAKE_CURRENT_LIST_DIR}/readme_link.sh ${CMAKE_BINARY_DIR} ${CMAKE_BINARY_DIR}/readme-link-test)
 endif()
 set_tests_properties(readme_link PROPERTIES TIMEOUT 300 LABELS install SKIP_RETURN_CODE 77
-  ENVIRONMENT "FLEXC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+  ENVIRONMENT "FLEXC_CACHE_DIR=${FLEXC_TEST_CACHE}")
