@@ -206,12 +206,31 @@ static bool only_converted(const IrFunc *f, int v) {
   return true;
 }
 
+/* varies[i]: value i may differ between the elements of one tile: it reads
+ * s, q, kv or dt, a buffer (a load stays with its element: the kernels
+ * store to global memory inside their tile loops), or under grouped-query
+ * packing the head (the wrappers remap it per query row). A division by a
+ * value that does not vary is flex_fdiv_uniform: a reciprocal the device
+ * compiler computes once, outside the tile loop, and two multiplies per
+ * element (kernels/common.cuh), where IEEE division is about seven
+ * instructions and a branch to its slow path. */
+static bool *per_element(const IrFunc *f, bool pack_gqa) {
+  unsigned args = 1u << ARG_S | 1u << ARG_Q | 1u << ARG_KV | 1u << ARG_DT | (pack_gqa ? 1u << ARG_H : 0);
+  bool *v = base_alloc((size_t)f->n + 1);
+  for (int i = 0; i < f->n; i++) {
+    const IrInst *in = &f->inst[i];
+    v[i] = (in->op == IR_ARG && (args >> in->aux & 1)) || in->op == IR_LOAD || in->op == IR_ACCUM;
+    for (int a = 0; a < in->nargs && !v[i]; a++) v[i] = v[in->args[a]];
+  }
+  return v;
+}
+
 /* One instruction as a statement (nothing for leaves). `exact`: a
  * deterministic backward's ACCUM, into the exact accumulator. `dqk`: a
  * float(kv - q) is the kernel's flex_dqk (CgOptions.dqk), and the kv - q
  * only it reads is not emitted. */
 static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool checked, bool exact,
-                     bool dqk) {
+                     bool dqk, const bool *varies) {
   const IrInst *in = &f->inst[i];
   int sign = dqk && in->op == IR_I2F ? kv_minus_q(f, in->args[0]) : 0;
   if (sign) { /* float(kv - q): the kernel's conversion of it (CgOptions.dqk) */
@@ -250,6 +269,12 @@ static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool c
   buf_printf(out, "  const %s t%d = ", ctype((IrType)in->type), i);
   if (in->op == IR_LOAD) {
     put_load(out, m, f, in);
+  } else if (in->op == IR_DIV_F && varies && !varies[in->args[1]]) {
+    buf_puts(out, "flex_fdiv_uniform(");
+    put_operand(out, m, f, in->args[0]);
+    buf_puts(out, ", ");
+    put_operand(out, m, f, in->args[1]);
+    buf_puts(out, ")");
   } else {
     for (const char *c = ir_ops[in->op].cuda; *c; c++) {
       if (c[0] == '%' && c[1] >= '0' && c[1] <= '2') {
@@ -324,7 +349,7 @@ static void put_offsets(Buf *out, bool q_only) {
  * `exact`: a deterministic backward's joint, which adds buffer gradients
  * into exact accumulators. */
 static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind kind, bool checked,
-                     const char *pre, bool exact, bool offsets, bool dqk) {
+                     const char *pre, bool exact, bool offsets, bool dqk, bool pack) {
   static const char *const what[] = {[IRF_SCORE] = "score", [IRF_MASK] = "mask",
                                      [IRF_JOINT] = "joint (ds from dt)", [IRF_SINK] = "sink",
                                      [IRF_SINK_GRAD] = "sink gradient (into grad buffers)"};
@@ -363,7 +388,9 @@ static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind ki
   }
   if (offsets) put_offsets(out, kind == IRF_SINK || kind == IRF_SINK_GRAD);
   put_preamble(out, m, f, checked, exact);
-  for (int i = 0; i < f->n; i++) put_inst(out, m, f, i, checked, exact, dqk);
+  bool *varies = per_element(f, pack);
+  for (int i = 0; i < f->n; i++) put_inst(out, m, f, i, checked, exact, dqk, varies);
+  base_free(varies);
   buf_puts(out, "  return ");
   put_operand(out, m, f, f->ret);
   buf_puts(out, ";\n}\n\n");
@@ -609,6 +636,7 @@ static void put_score_l2(Buf *out, const IrModule *m, const CgOptions *o, bool d
     }
   if (s_read) buf_puts(out, "  const float s = x * p.scale;\n");
   dep_qkv = depends_on(f, 1u << ARG_Q | 1u << ARG_KV | 1u << ARG_S);
+  bool *varies = per_element(f, false);
   const IrInst *gi = &f->inst[g];
   int inv = -1; /* an operand of G = a * g free of q, kv and s */
   for (int a = 0; gi->op == IR_MUL_F && a < 2 && inv < 0; a++)
@@ -617,7 +645,8 @@ static void put_score_l2(Buf *out, const IrModule *m, const CgOptions *o, bool d
   for (int i = g + 1; i < f->ret; i++)
     for (int a = 0; a < f->inst[i].nargs; a++) g_alone &= f->inst[i].args[a] != g;
   for (int i = 0; i < f->n; i++)
-    if (i != f->ret && !(i == g && inv >= 0 && g_alone)) put_inst(out, m, f, i, o->check_bounds, false, dqk);
+    if (i != f->ret && !(i == g && inv >= 0 && g_alone))
+      put_inst(out, m, f, i, o->check_bounds, false, dqk, varies);
   buf_puts(out, "  return fmaf(x, p.scale * FLEX_LOG2E, ");
   if (inv >= 0) {
     buf_puts(out, "(");
@@ -631,6 +660,7 @@ static void put_score_l2(Buf *out, const IrModule *m, const CgOptions *o, bool d
   buf_puts(out, ");\n}\n\n");
   base_free(dep_s);
   base_free(dep_qkv);
+  base_free(varies);
 }
 
 /* ---- a bias folded into the accumulators ------------------------------------ */
@@ -738,7 +768,7 @@ static void put_bias(Buf *out, const IrModule *m, const CgOptions *o) {
                 "float &flex_a, float &flex_c) {\n");
   put_preamble(out, m, f, false, false);
   for (int i = 0; i < f->n; i++)
-    if (need[i]) put_inst(out, m, f, i, false, false, false);
+    if (need[i]) put_inst(out, m, f, i, false, false, false, NULL);
   buf_puts(out, "  flex_a = ");
   if (!bi.lin) buf_puts(out, "0.0f");
   else if (bi.a < 0) buf_puts(out, bi.asign < 0 ? "-1.0f" : "1.0f");
@@ -760,16 +790,17 @@ void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o) {
   const char *pre = o->pack_gqa ? "flex_user_" : "flex_";
   /* the kernels' q and kv are the user's: float(kv - q) from the kernel */
   const bool dqk = o->dqk && !o->offsets && !o->pack_gqa;
+  const bool pk = o->pack_gqa;
   put_func(out, m, o->score_identity ? NULL : m->score, IRF_SCORE, o->check_bounds, pre, false,
-           o->offsets, dqk);
-  put_func(out, m, m->mask, IRF_MASK, o->check_bounds, pre, false, o->offsets, false);
+           o->offsets, dqk, pk);
+  put_func(out, m, m->mask, IRF_MASK, o->check_bounds, pre, false, o->offsets, false, pk);
   put_func(out, m, o->backward && !o->ds_is_dt ? m->joint : NULL, IRF_JOINT, o->check_bounds,
-           "flex_", o->deterministic, o->offsets, dqk);
+           "flex_", o->deterministic, o->offsets, dqk, pk);
   if (m->sink) {
-    put_func(out, m, m->sink, IRF_SINK, o->check_bounds, pre, false, o->offsets, false);
+    put_func(out, m, m->sink, IRF_SINK, o->check_bounds, pre, false, o->offsets, false, pk);
     if (o->backward)
       put_func(out, m, m->sink_grad, IRF_SINK_GRAD, o->check_bounds, "flex_", o->deterministic,
-               o->offsets, false);
+               o->offsets, false, pk);
   }
   if (o->has_mask) put_classifier(out, m, pre, o->offsets);
   if (o->pack_gqa) put_pack_wrappers(out, o->has_mask, m->sink != NULL);

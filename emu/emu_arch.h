@@ -105,6 +105,12 @@ static inline float flex_approx_sin(float x) { return sinf(x); }
 static inline float flex_approx_cos(float x) { return cosf(x); }
 static inline float flex_approx_pow(float x, float y) { return powf(x, y); }
 static inline float flex_approx_div(float x, float y) { return x / y; }
+/* rcp.approx.ftz.f32: the exact reciprocal, subnormal operands and results
+ * flushed to zero of their sign. */
+static inline float flex_rcp(float x) {
+  const float r = 1.0f / (fabsf(x) < 1.17549435e-38f ? copysignf(0.0f, x) : x);
+  return fabsf(r) < 1.17549435e-38f ? copysignf(0.0f, r) : r;
+}
 /* The softmax's 2^x (ex2.approx.ftz.f32): the exact value, with results
  * below the smallest normal flushed to zero as .ftz does. */
 static inline float flex_ex2(float x) {

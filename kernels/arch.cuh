@@ -18,6 +18,7 @@
  *   flex_atomic_add_i64 flex_atomic_or_u64   64-bit add and or (exact accumulators)
  *   flex_approx_{exp,log,log2,tanh,sin,cos,pow}   fast math only (opt-in)
  *   flex_ex2                                 the softmax's exp2 (ex2.approx.ftz)
+ *   flex_rcp                                 a reciprocal (rcp.approx.ftz)
  * sm_90 (mbarrier, TMA, elect, proxy fence) and sm_90a (wgmma, setmaxnreg):
  *   flex_stsm_x4_trans          stmatrix m8n8 x4 .trans b16 to a 32-bit shared address
  *   flex_mbar_{init,arrive,arrive_expect_tx,expect_tx,try_wait,wait}
@@ -205,6 +206,15 @@ __device__ __forceinline__ float flex_approx_pow(float x, float y) { return __po
 /* x times the approximate reciprocal of y (2 ulp for |y| in [2^-126, 2^126]);
  * by a loop-invariant y the reciprocal is computed once. */
 __device__ __forceinline__ float flex_approx_div(float x, float y) { return __fdividef(x, y); }
+
+/* 1 / x, approximate (rcp.approx.ftz.f32: one MUFU.RCP; the PTX ISA gives
+ * its maximum error as 1 ulp); subnormal inputs flush to zero. For
+ * flex_fdiv_uniform, whose operand is never subnormal. */
+__device__ __forceinline__ float flex_rcp(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
 
 /* 2^x for the kernels' own softmax (never for user builtins, which stay
  * accurate): one MUFU.EX2, subnormal results flushed to zero. The PTX ISA

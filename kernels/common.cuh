@@ -157,6 +157,7 @@ __device__ __forceinline__ float flex_sin(float x) { return flex_approx_sin(x); 
 __device__ __forceinline__ float flex_cos(float x) { return flex_approx_cos(x); }
 __device__ __forceinline__ float flex_pow(float x, float y) { return flex_approx_pow(x, y); }
 __device__ __forceinline__ float flex_fdiv(float x, float y) { return flex_approx_div(x, y); }
+__device__ __forceinline__ float flex_fdiv_uniform(float x, float y) { return flex_approx_div(x, y); }
 #else
 __device__ __forceinline__ float flex_exp(float x) { return expf(x); }
 __device__ __forceinline__ float flex_log(float x) { return logf(x); }
@@ -167,6 +168,20 @@ __device__ __forceinline__ float flex_sin(float x) { return sinf(x); }
 __device__ __forceinline__ float flex_cos(float x) { return cosf(x); }
 __device__ __forceinline__ float flex_pow(float x, float y) { return powf(x, y); }
 __device__ __forceinline__ float flex_fdiv(float x, float y) { return x / y; }
+/* x / y where y is the same for a whole tile (codegen/func.c's
+ * per_element): x k times the approximate reciprocal of y k (arch.cuh's
+ * flex_rcp, one MUFU.RCP within an ulp), which the device compiler can
+ * take out of the tile loop, where IEEE division is about seven
+ * instructions an element and a branch to its slow path. k = 2^64 for
+ * |y| < 2^-126 and 2^-64 for |y| > 2^126 keeps y k and its reciprocal
+ * normal numbers; x k is exact unless it overflows (then x / y does too) or
+ * underflows (x / y is below 2^-188 and rounds to zero either way). Two
+ * roundings and the reciprocal's ulp; zeros, infinities, signs and NaNs
+ * are IEEE division's. */
+__device__ __forceinline__ float flex_fdiv_uniform(float x, float y) {
+  const float a = fabsf(y), k = a < 0x1p-126f ? 0x1p64f : a > 0x1p126f ? 0x1p-64f : 1.0f;
+  return x * k * flex_rcp(y * k);
+}
 #endif
 
 /* Checked runs: record the first failed buffer access (see FLEX_BOUNDS_WORDS);

@@ -199,6 +199,46 @@ START_TEST(bias_fold_forms) {
 }
 END_TEST
 
+/* A division by a value the same for a whole tile (params, constants, b,
+ * h) is flex_fdiv_uniform; by anything an element reads (s, q, kv, dt, a
+ * buffer; h under grouped-query packing) it stays IEEE division. */
+START_TEST(uniform_division) {
+  static const char *const src[] = {
+      "param float c = 2.0;\nscore a(s, b, h, q, kv) { return s / c; }\n",
+      "param float c = 2.0;\nscore a(s, b, h, q, kv) { return s * (c / float(b + h + 1)); }\n",
+      "score a(s, b, h, q, kv) { return s / float(kv + 1); }\n",
+      "buffer t: f32[H];\nscore a(s, b, h, q, kv) { return s / t[h]; }\n",
+      "score a(s, b, h, q, kv) { return 1.0 / (s * s + 1.0); }\n"};
+  static const char *const want[] = {"flex_fdiv_uniform(s, c)", "flex_fdiv_uniform(c, ", "flex_fdiv(s, ",
+                                     "flex_fdiv(s, ", "flex_fdiv(1.0f, "};
+  for (int i = 0; i < (int)(sizeof src / sizeof *src); i++) {
+    CgOptions o;
+    char *s = gen(src[i], CG_BF16, 64, &o);
+    ck_assert_msg(strstr(s, want[i]), "case %d: no %s in\n%s", i, want[i], s);
+    ck_assert_msg(!strstr(s, i < 2 ? "flex_fdiv(" : "flex_fdiv_uniform("), "case %d:\n%s", i, s);
+    free(s);
+  }
+  /* packed query rows: h is per row */
+  flex_kernel *k;
+  ck_assert_int_eq(flex_kernel_from_source(&k, "test.score", src[1], strlen(src[1]), NULL), FLEX_OK);
+  for (int packed = 0; packed < 2; packed++) {
+    CgShape sh = {.dtype = CG_BF16, .B = 1, .H = 8, .HKV = packed ? 1 : 8, .QL = packed ? 1 : 256,
+                  .KL = 512, .E = 128, .EV = 128, .scale = 0.125f, .pack_ok = true};
+    CgDevice dev = {.arch = CG_SM80, .sms = 108};
+    CgOptions o;
+    char err[256];
+    int splits;
+    ck_assert_msg(cg_plan(&o, &splits, k->mod, &sh, &dev, err, sizeof err), "%s", err);
+    ck_assert(o.pack_gqa == packed);
+    Buf b = {0};
+    cg_emit_cuda(&b, k->mod, &o);
+    ck_assert_msg((strstr(b.data, "flex_fdiv_uniform(c, ") == NULL) == (packed == 1), "packed %d:\n%s", packed, b.data);
+    buf_free(&b);
+  }
+  flex_kernel_free(k);
+}
+END_TEST
+
 START_TEST(names_by_role) {
   CgOptions o;
   char *s = gen(gemma, CG_FP16, 64, &o);
@@ -470,7 +510,7 @@ END_TEST
 
 int main(void) {
   return TL_MAIN("codegen", 0, TL_TEST(float_literals_round_trip), TL_TEST(slot_limits),
-                 TL_TEST(names_by_role), TL_TEST(dqk_only_where_exact), TL_TEST(score_l2_forms), TL_TEST(bias_fold_forms), TL_TEST(deterministic_source), TL_TEST(tile_override),
+                 TL_TEST(names_by_role), TL_TEST(dqk_only_where_exact), TL_TEST(score_l2_forms), TL_TEST(bias_fold_forms), TL_TEST(uniform_division), TL_TEST(deterministic_source), TL_TEST(tile_override),
                  TL_TEST(identity_score), TL_TEST(int_semantics), TL_TEST(launch_geometry),
                  TL_TEST(sm90_backward_consumers), TL_TEST(sm90_forward_consumers));
 }

@@ -16,7 +16,7 @@ __device__ __forceinline__ float flex_score(const FlexParams &p, float s, int b,
   const float t6 = flex_dqk;
   const float t7 = t2 * t6;
   const float t8 = s + t7;
-  const float t10 = flex_fdiv(t8, softcap);
+  const float t10 = flex_fdiv_uniform(t8, softcap);
   const float t11 = flex_tanh(t10);
   const float t12 = softcap * t11;
   return t12;
@@ -40,13 +40,13 @@ __device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b,
   const float t6 = flex_dqk;
   const float t7 = t2 * t6;
   const float t8 = s + t7;
-  const float t10 = flex_fdiv(t8, softcap);
+  const float t10 = flex_fdiv_uniform(t8, softcap);
   const float t11 = flex_tanh(t10);
   const float t13 = softcap * dt;
   const float t14 = t11 * t11;
   const float t16 = 1.0f - t14;
   const float t17 = t13 * t16;
-  const float t18 = flex_fdiv(t17, softcap);
+  const float t18 = flex_fdiv_uniform(t17, softcap);
   return t18;
 }
 
