@@ -230,7 +230,7 @@ static bool *per_element(const IrFunc *f, bool pack_gqa) {
  * float(kv - q) is the kernel's flex_dqk (CgOptions.dqk), and the kv - q
  * only it reads is not emitted. */
 static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool checked, bool exact,
-                     bool dqk, const bool *varies) {
+                     bool dqk, const bool *varies, const int *acc) {
   const IrInst *in = &f->inst[i];
   int sign = dqk && in->op == IR_I2F ? kv_minus_q(f, in->args[0]) : 0;
   if (sign) { /* float(kv - q): the kernel's conversion of it (CgOptions.dqk) */
@@ -247,6 +247,10 @@ static void put_inst(Buf *out, const IrModule *m, const IrFunc *f, int i, bool c
       snprintf(cond, sizeof cond, "!ok%d", i);
       put_bounds_fail(out, m, f, i, 1, cond, 0);
       buf_printf(out, "  if (ok%d && flex_accum)", i);
+    } else if (acc && acc[i] >= 0) { /* the tile's sum, added by flex_acc_flush */
+      buf_printf(out, "  if (flex_accum && flex_acc) flex_acc->g%d += ", acc[i]);
+      put_operand(out, m, f, in->args[0]);
+      buf_puts(out, ";\n  else if (flex_accum)");
     } else {
       buf_puts(out, "  if (flex_accum)");
     }
@@ -349,7 +353,7 @@ static void put_offsets(Buf *out, bool q_only) {
  * `exact`: a deterministic backward's joint, which adds buffer gradients
  * into exact accumulators. */
 static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind kind, bool checked,
-                     const char *pre, bool exact, bool offsets, bool dqk, bool pack) {
+                     const char *pre, bool exact, bool offsets, bool dqk, bool pack, const int *acc) {
   static const char *const what[] = {[IRF_SCORE] = "score", [IRF_MASK] = "mask",
                                      [IRF_JOINT] = "joint (ds from dt)", [IRF_SINK] = "sink",
                                      [IRF_SINK_GRAD] = "sink gradient (into grad buffers)"};
@@ -368,7 +372,8 @@ static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind ki
     /* flex_accum false: ds only, the buffer gradients left to another
      * caller of the same element (the sm_90a backward's second consumer). */
     buf_puts(out, "__device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b, "
-                  "int h, int q, int kv, float flex_dqk, float dt, bool flex_accum = true) {\n");
+                  "int h, int q, int kv, float flex_dqk, float dt, bool flex_accum = true,\n"
+                  "                                            FlexAcc *flex_acc = nullptr) {\n");
     break;
   case IRF_SINK:
     buf_printf(out, "__device__ __forceinline__ float %ssink(const FlexParams &p, int b, int h, "
@@ -389,7 +394,7 @@ static void put_func(Buf *out, const IrModule *m, const IrFunc *f, IrFuncKind ki
   if (offsets) put_offsets(out, kind == IRF_SINK || kind == IRF_SINK_GRAD);
   put_preamble(out, m, f, checked, exact);
   bool *varies = per_element(f, pack);
-  for (int i = 0; i < f->n; i++) put_inst(out, m, f, i, checked, exact, dqk, varies);
+  for (int i = 0; i < f->n; i++) put_inst(out, m, f, i, checked, exact, dqk, varies, acc);
   base_free(varies);
   buf_puts(out, "  return ");
   put_operand(out, m, f, f->ret);
@@ -646,7 +651,7 @@ static void put_score_l2(Buf *out, const IrModule *m, const CgOptions *o, bool d
     for (int a = 0; a < f->inst[i].nargs; a++) g_alone &= f->inst[i].args[a] != g;
   for (int i = 0; i < f->n; i++)
     if (i != f->ret && !(i == g && inv >= 0 && g_alone))
-      put_inst(out, m, f, i, o->check_bounds, false, dqk, varies);
+      put_inst(out, m, f, i, o->check_bounds, false, dqk, varies, NULL);
   buf_puts(out, "  return fmaf(x, p.scale * FLEX_LOG2E, ");
   if (inv >= 0) {
     buf_puts(out, "(");
@@ -768,7 +773,7 @@ static void put_bias(Buf *out, const IrModule *m, const CgOptions *o) {
                 "float &flex_a, float &flex_c) {\n");
   put_preamble(out, m, f, false, false);
   for (int i = 0; i < f->n; i++)
-    if (need[i]) put_inst(out, m, f, i, false, false, false, NULL);
+    if (need[i]) put_inst(out, m, f, i, false, false, false, NULL, NULL);
   buf_puts(out, "  flex_a = ");
   if (!bi.lin) buf_puts(out, "0.0f");
   else if (bi.a < 0) buf_puts(out, bi.asign < 0 ? "-1.0f" : "1.0f");
@@ -786,21 +791,91 @@ static void put_bias(Buf *out, const IrModule *m, const CgOptions *o) {
   base_free(need);
 }
 
+/* ---- a tile's sums of gradients ------------------------------------------- */
+
+/* acc[i]: the slot of the joint's ACCUM i when the element it adds to is
+ * the same for a whole tile (its indices free of s, q, kv and dt:
+ * slopes[h], temp[h]), else -1; NULL where there is none, or where each
+ * element adds its own (a deterministic backward's exact adds, a checked
+ * run's per-element index checks, packed rows). */
+static int *tile_accums(const IrModule *m, const CgOptions *o, int *n) {
+  const IrFunc *f = m->joint;
+  *n = 0;
+  if (!o->backward || o->ds_is_dt || !f || o->deterministic || o->check_bounds || o->pack_gqa)
+    return NULL;
+  bool *dep = depends_on(f, 1u << ARG_S | 1u << ARG_Q | 1u << ARG_KV | 1u << ARG_DT);
+  int *acc = base_alloc(((size_t)f->n + 1) * sizeof *acc);
+  for (int i = 0; i < f->n; i++) {
+    const IrInst *in = &f->inst[i];
+    bool tile = in->op == IR_ACCUM;
+    for (int a = 1; tile && a < in->nargs; a++) tile = !dep[in->args[a]];
+    acc[i] = tile ? (*n)++ : -1;
+  }
+  base_free(dep);
+  if (*n == 0) {
+    base_free(acc);
+    return NULL;
+  }
+  return acc;
+}
+
+/* FlexAcc, a thread's sums of those gradients over its elements of a tile
+ * (the joint adds into it when the kernel passes one), and
+ * flex_acc_flush(p, b, h, acc), which adds each over the warp and then
+ * once into the gradient (common.cuh's flex_warp_add: every lane of the
+ * warp calls it). Where each element adds its own, FlexAcc is empty and
+ * the flush nothing. */
+static void put_accums(Buf *out, const IrModule *m, const int *acc, int n) {
+  const IrFunc *f = m->joint;
+  if (!acc) {
+    buf_puts(out, "/* no gradient a whole tile adds to one element of */\nstruct FlexAcc {};\n"
+                  "__device__ __forceinline__ void flex_acc_flush(const FlexParams &, int, int, "
+                  "const FlexAcc &) {}\n\n");
+    return;
+  }
+  buf_puts(out, "/* the joint's gradients a whole tile adds to one element of: summed per\n"
+                " * thread, then per warp (flex_acc_flush) */\nstruct FlexAcc {\n");
+  for (int i = 0; i < n; i++) buf_printf(out, "  float g%d = 0.0f;\n", i);
+  buf_puts(out, "};\n");
+  buf_puts(out, "__device__ __forceinline__ void flex_acc_flush(const FlexParams &p, int b, int h, "
+                "const FlexAcc &flex_acc) {\n");
+  bool *need = base_alloc((size_t)f->n + 1); /* the indices' instructions */
+  for (int i = 0; i < f->n; i++)
+    for (int a = 1; acc[i] >= 0 && a < f->inst[i].nargs; a++) need[f->inst[i].args[a]] = true;
+  for (int i = f->n - 1; i >= 0; i--)
+    for (int k = 0; need[i] && k < f->inst[i].nargs; k++) need[f->inst[i].args[k]] = true;
+  put_preamble(out, m, f, false, false);
+  for (int i = 0; i < f->n; i++)
+    if (need[i]) put_inst(out, m, f, i, false, false, false, NULL, NULL);
+  for (int i = 0; i < f->n; i++) {
+    if (acc[i] < 0) continue;
+    buf_printf(out, "  flex_warp_add(grad_%s + ", m->buffers[f->inst[i].aux].id);
+    put_offset(out, m, f, &f->inst[i], 1);
+    buf_printf(out, ", flex_acc.g%d);\n", acc[i]);
+  }
+  base_free(need);
+  buf_puts(out, "  (void)p, (void)b, (void)h, (void)flex_acc;\n}\n\n");
+}
+
 void cg_emit_funcs(Buf *out, const IrModule *m, const CgOptions *o) {
   const char *pre = o->pack_gqa ? "flex_user_" : "flex_";
   /* the kernels' q and kv are the user's: float(kv - q) from the kernel */
   const bool dqk = o->dqk && !o->offsets && !o->pack_gqa;
   const bool pk = o->pack_gqa;
+  int nacc;
+  int *acc = tile_accums(m, o, &nacc);
   put_func(out, m, o->score_identity ? NULL : m->score, IRF_SCORE, o->check_bounds, pre, false,
-           o->offsets, dqk, pk);
-  put_func(out, m, m->mask, IRF_MASK, o->check_bounds, pre, false, o->offsets, false, pk);
+           o->offsets, dqk, pk, NULL);
+  put_func(out, m, m->mask, IRF_MASK, o->check_bounds, pre, false, o->offsets, false, pk, NULL);
+  put_accums(out, m, acc, nacc);
   put_func(out, m, o->backward && !o->ds_is_dt ? m->joint : NULL, IRF_JOINT, o->check_bounds,
-           "flex_", o->deterministic, o->offsets, dqk, pk);
+           "flex_", o->deterministic, o->offsets, dqk, pk, acc);
+  base_free(acc);
   if (m->sink) {
-    put_func(out, m, m->sink, IRF_SINK, o->check_bounds, pre, false, o->offsets, false, pk);
+    put_func(out, m, m->sink, IRF_SINK, o->check_bounds, pre, false, o->offsets, false, pk, NULL);
     if (o->backward)
       put_func(out, m, m->sink_grad, IRF_SINK_GRAD, o->check_bounds, "flex_", o->deterministic,
-               o->offsets, false, pk);
+               o->offsets, false, pk, NULL);
   }
   if (o->has_mask) put_classifier(out, m, pre, o->offsets);
   if (o->pack_gqa) put_pack_wrappers(out, o->has_mask, m->sink != NULL);

@@ -102,6 +102,16 @@ __device__ __forceinline__ void flex_dq_add(float *p, float v) {
   else flex_atomic_add(p, v);
 }
 
+/* *p += v summed over the warp (every lane calls it, converged): a
+ * gradient element a whole tile adds to (the generated flex_acc_flush),
+ * one atomic a warp where each element took one, all on the same address.
+ * A sum of exactly zero adds nothing; a NaN or an infinity is added. */
+__device__ __forceinline__ void flex_warp_add(float *p, float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0 && v != 0.0f) flex_atomic_add(p, v);
+}
+
 /* Element i of an exact accumulator (exact.cuh) += v: integer atomics, so
  * any order of the same adds leaves the same words. */
 __device__ __forceinline__ void flex_exact_add(int64_t *acc, int64_t i, float v) {

@@ -336,6 +336,7 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, uint32_t
    * call, dropout); else a steady tile's, which for an identity score
    * without dropout takes the cheap path below. */
   typename FlexBits<S::QC / 2>::T live[1] = {~(typename FlexBits<S::QC / 2>::T)0};
+  FlexAcc acc; /* the joint's gradients this tile adds to one element of */
   if (GEN && check)
     flex_live_bits<MASK_MODE, 1, S::QC / 8, true>(live, p, b, h, n0 + kr + g, m0 + qc + 2 * t4,
                                                   full);
@@ -386,7 +387,7 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, uint32_t
           pr[c] = x * M;
           /* dS times the softmax scale, which both dK and dQ carry */
           ds[c] = (JOINT ? flex_joint(p, qk * p.scale, b, h, m0 + qm + c, n0 + key,
-                                      flex_dqk(dbase, 8 * r - 8 * j - c), dt)
+                                      flex_dqk(dbase, 8 * r - 8 * j - c), dt, true, &acc)
                          : dt) *
                   p.scale;
         }
@@ -394,6 +395,7 @@ __device__ __forceinline__ void flex_bwd_tc_scores(const FlexParams &p, uint32_t
       *(uint32_t *)(pw + 8 * r * S::PS + 8 * j) = El::pack(pr[0], pr[1]);
       *(uint32_t *)(sw + 8 * r * S::PS + 8 * j) = El::pack(ds[0], ds[1]);
     }
+  if (JOINT) flex_acc_flush(p, b, h, acc); /* the warp is converged here */
 }
 
 /* acc[i] += A (this warp's 16 keys x BM queries, stored [key][query], aA

@@ -481,6 +481,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
       /* P^T into st, dS^T into dpt (both 0 where masked or underflowed), per
        * query column: its LSE and D from the tile's copy in shared memory,
        * not held in registers beside dK, dV, S^T and dP^T. */
+      FlexAcc acc; /* the joint's gradients this tile adds to one element of */
 #pragma unroll
       for (int j = 0; j < BM / 8; j++) {
         float ld[4]; /* LSE (exp2) of query columns c = 0, 1, then their D */
@@ -516,7 +517,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
             float ds;
             if (JOINT) { /* the buffer gradients once: consumer 0's */
               ds = 0.0f;
-              if (x != 0.0f) ds = flex_joint(p, qk * p.scale, b, h, qi, kj, d, x * (dpt[e] - dl), KS || cw == 0) * p.scale;
+              if (x != 0.0f) ds = flex_joint(p, qk * p.scale, b, h, qi, kj, d, x * (dpt[e] - dl), KS || cw == 0, &acc) * p.scale;
             } else {
               const float dsx = x * fmaf(dpt[e], p.scale, -dl);
               ds = x != 0.0f ? dsx : 0.0f;
@@ -526,6 +527,7 @@ __device__ __forceinline__ void flex_bwd_sm90(const FlexBwdTma &t) {
           }
         }
       }
+      if (JOINT) flex_acc_flush(p, b, h, acc); /* every lane of the warp is here */
       uint32_t ap[BM / 16][4], as[BM / 16][4]; /* P^T, dS^T: A fragments of the k16 steps */
       flex_bwd_sm90_frag<El, BM>(ap, st);
       flex_bwd_sm90_frag<El, BM>(as, dpt);

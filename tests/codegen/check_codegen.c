@@ -239,6 +239,36 @@ START_TEST(uniform_division) {
 }
 END_TEST
 
+/* A gradient element the whole tile adds to (indices free of s, q, kv and
+ * dt) is summed in FlexAcc and added per warp by flex_acc_flush; one an
+ * element picks (bias[q]) keeps its atomic; a deterministic backward adds
+ * every element exactly. */
+START_TEST(tile_gradients) {
+  static const char *const src =
+      "buffer slopes: f32[H] grad;\nbuffer bias: f32[Q_LEN] grad;\nbuffer w: f32[B, 4] grad;\n"
+      "score a(s, b, h, q, kv) { return s + slopes[h] * float(kv - q) + bias[q] + w[b, h % 4]; }\n";
+  CgOptions o;
+  char *s = gen(src, CG_BF16, 64, &o);
+  ck_assert_msg(strstr(s, "struct FlexAcc {\n  float g0 = 0.0f;\n  float g1 = 0.0f;\n};"), "%s", s);
+  ck_assert_msg(strstr(s, "flex_warp_add(grad_slopes + h, flex_acc.g"), "%s", s);
+  ck_assert_msg(strstr(s, "flex_warp_add(grad_w + ((int64_t)(b + p.b0) * 4 + "), "%s", s);
+  ck_assert_msg(!strstr(s, "flex_warp_add(grad_bias"), "%s", s);
+  ck_assert_msg(strstr(s, "flex_atomic_add(grad_bias + q, "), "%s", s);
+  ck_assert_msg(strstr(s, "if (flex_accum && flex_acc) flex_acc->g0 += "), "%s", s);
+  free(s);
+  flex_kernel *k;
+  ck_assert_int_eq(flex_kernel_from_source(&k, "test.score", src, strlen(src), NULL), FLEX_OK);
+  char err[256];
+  ck_assert_msg(cg_options_init(&o, k->mod, CG_BF16, 64, 64, CG_SM80, true, err, sizeof err), "%s", err);
+  o.deterministic = true;
+  Buf b = {0};
+  cg_emit_cuda(&b, k->mod, &o);
+  ck_assert_msg(strstr(b.data, "struct FlexAcc {};") && !strstr(b.data, "flex_acc->"), "%s", b.data);
+  buf_free(&b);
+  flex_kernel_free(k);
+}
+END_TEST
+
 START_TEST(names_by_role) {
   CgOptions o;
   char *s = gen(gemma, CG_FP16, 64, &o);
@@ -510,7 +540,7 @@ END_TEST
 
 int main(void) {
   return TL_MAIN("codegen", 0, TL_TEST(float_literals_round_trip), TL_TEST(slot_limits),
-                 TL_TEST(names_by_role), TL_TEST(dqk_only_where_exact), TL_TEST(score_l2_forms), TL_TEST(bias_fold_forms), TL_TEST(uniform_division), TL_TEST(deterministic_source), TL_TEST(tile_override),
+                 TL_TEST(names_by_role), TL_TEST(dqk_only_where_exact), TL_TEST(score_l2_forms), TL_TEST(bias_fold_forms), TL_TEST(uniform_division), TL_TEST(tile_gradients), TL_TEST(deterministic_source), TL_TEST(tile_override),
                  TL_TEST(identity_score), TL_TEST(int_semantics), TL_TEST(launch_geometry),
                  TL_TEST(sm90_backward_consumers), TL_TEST(sm90_forward_consumers));
 }

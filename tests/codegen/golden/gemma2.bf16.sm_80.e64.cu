@@ -32,8 +32,13 @@ __device__ __forceinline__ bool flex_mask(const FlexParams &p, int b, int h, int
   return t6;
 }
 
+/* no gradient a whole tile adds to one element of */
+struct FlexAcc {};
+__device__ __forceinline__ void flex_acc_flush(const FlexParams &, int, int, const FlexAcc &) {}
+
 /* joint (ds from dt) alibi_softcap of kernel gemma */
-__device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b, int h, int q, int kv, float flex_dqk, float dt, bool flex_accum = true) {
+__device__ __forceinline__ float flex_joint(const FlexParams &p, float s, int b, int h, int q, int kv, float flex_dqk, float dt, bool flex_accum = true,
+                                            FlexAcc *flex_acc = nullptr) {
   const float softcap = p.pf[0];
   const float *slopes = (const float *)p.buf[0];
   const float t2 = flex_gload(slopes + h);
