@@ -207,9 +207,11 @@ __device__ __forceinline__ float flex_approx_pow(float x, float y) { return __po
  * by a loop-invariant y the reciprocal is computed once. */
 __device__ __forceinline__ float flex_approx_div(float x, float y) { return __fdividef(x, y); }
 
-/* 1 / x, approximate (rcp.approx.ftz.f32: one MUFU.RCP; the PTX ISA gives
- * its maximum error as 1 ulp); subnormal inputs flush to zero. For
- * flex_fdiv_uniform, whose operand is never subnormal. */
+/* 1 / x, approximate (rcp.approx.ftz.f32: one MUFU.RCP; the CUDA
+ * programming guide gives 1 ulp as the maximum error of 1 / x compiled
+ * without -prec-div, that is by rcp.approx); subnormal inputs and results
+ * flush to zero. For flex_fdiv_uniform, whose operand and result are
+ * never subnormal. */
 __device__ __forceinline__ float flex_rcp(float x) {
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
