@@ -206,6 +206,19 @@ static bool only_converted(const IrFunc *f, int v) {
   return true;
 }
 
+/* dep[i]: value i depends on an argument in `args` (a bit per IrArg), or
+ * with `memory` on a buffer access (a load or an ACCUM). */
+static bool *depends_on(const IrFunc *f, unsigned args, bool memory) {
+  bool *dep = base_alloc((size_t)f->n + 1);
+  for (int i = 0; i < f->n; i++) {
+    const IrInst *in = &f->inst[i];
+    dep[i] = (in->op == IR_ARG && (args >> in->aux & 1)) ||
+             (memory && (in->op == IR_LOAD || in->op == IR_ACCUM));
+    for (int a = 0; a < in->nargs && !dep[i]; a++) dep[i] = dep[in->args[a]];
+  }
+  return dep;
+}
+
 /* varies[i]: value i may differ between the elements of one tile: it reads
  * s, q, kv or dt, a buffer (a load stays with its element: the kernels
  * store to global memory inside their tile loops), or under grouped-query
@@ -215,14 +228,8 @@ static bool only_converted(const IrFunc *f, int v) {
  * element (kernels/common.cuh), where IEEE division is about seven
  * instructions and a branch to its slow path. */
 static bool *per_element(const IrFunc *f, bool pack_gqa) {
-  unsigned args = 1u << ARG_S | 1u << ARG_Q | 1u << ARG_KV | 1u << ARG_DT | (pack_gqa ? 1u << ARG_H : 0);
-  bool *v = base_alloc((size_t)f->n + 1);
-  for (int i = 0; i < f->n; i++) {
-    const IrInst *in = &f->inst[i];
-    v[i] = (in->op == IR_ARG && (args >> in->aux & 1)) || in->op == IR_LOAD || in->op == IR_ACCUM;
-    for (int a = 0; a < in->nargs && !v[i]; a++) v[i] = v[in->args[a]];
-  }
-  return v;
+  const unsigned args = 1u << ARG_S | 1u << ARG_Q | 1u << ARG_KV | 1u << ARG_DT;
+  return depends_on(f, pack_gqa ? args | 1u << ARG_H : args, true);
 }
 
 /* One instruction as a statement (nothing for leaves). `exact`: a
@@ -588,17 +595,6 @@ static void put_pack_wrappers(Buf *out, bool has_mask, bool has_sink) {
 
 /* ---- the score in the exp2 domain ------------------------------------------- */
 
-/* dep[i]: value i depends on an argument in `args` (a bit per IrArg). */
-static bool *depends_on(const IrFunc *f, unsigned args) {
-  bool *dep = base_alloc((size_t)f->n + 1);
-  for (int i = 0; i < f->n; i++) {
-    const IrInst *in = &f->inst[i];
-    dep[i] = in->op == IR_ARG && (args >> in->aux & 1);
-    for (int a = 0; a < in->nargs && !dep[i]; a++) dep[i] = dep[in->args[a]];
-  }
-  return dep;
-}
-
 /* flex_score_l2(p, x, b, h, q, kv, dqk): the score of the unscaled
  * accumulator x in the exp2 domain, score(x * scale) * log2 e, which the
  * forwards take for their softmax (the backwards fuse the multiply by
@@ -619,7 +615,7 @@ static void put_score_l2(Buf *out, const IrModule *m, const CgOptions *o, bool d
   bool *dep_s = NULL, *dep_qkv = NULL;
   if (f && !o->pack_gqa) {
     const IrInst *r = &f->inst[f->ret];
-    dep_s = depends_on(f, 1u << ARG_S);
+    dep_s = depends_on(f, 1u << ARG_S, false);
     for (int a = 0; r->op == IR_ADD_F && a < 2 && g < 0; a++) {
       const IrInst *x = &f->inst[r->args[a]];
       if (x->op == IR_ARG && x->aux == ARG_S && !dep_s[r->args[!a]]) g = r->args[!a];
@@ -640,7 +636,7 @@ static void put_score_l2(Buf *out, const IrModule *m, const CgOptions *o, bool d
       s_read |= x->op == IR_ARG && x->aux == ARG_S;
     }
   if (s_read) buf_puts(out, "  const float s = x * p.scale;\n");
-  dep_qkv = depends_on(f, 1u << ARG_Q | 1u << ARG_KV | 1u << ARG_S);
+  dep_qkv = depends_on(f, 1u << ARG_Q | 1u << ARG_KV | 1u << ARG_S, false);
   bool *varies = per_element(f, false);
   const IrInst *gi = &f->inst[g];
   int inv = -1; /* an operand of G = a * g free of q, kv and s */
@@ -669,6 +665,17 @@ static void put_score_l2(Buf *out, const IrModule *m, const CgOptions *o, bool d
 }
 
 /* ---- a bias folded into the accumulators ------------------------------------ */
+
+/* The declarations and instructions the values marked in need[] read,
+ * outside any element (flex_bias, flex_acc_flush): need[] grows to their
+ * whole cone. */
+static void put_cone(Buf *out, const IrModule *m, const IrFunc *f, bool *need) {
+  for (int i = f->n - 1; i >= 0; i--)
+    for (int k = 0; need[i] && k < f->inst[i].nargs; k++) need[f->inst[i].args[k]] = true;
+  put_preamble(out, m, f, false, false);
+  for (int i = 0; i < f->n; i++)
+    if (need[i]) put_inst(out, m, f, i, false, false, false, NULL, NULL);
+}
 
 /* The parts of a score s + G with G = a float(kv - q) + c, a and c free of
  * s, q and kv (ALiBi: a = slopes[h], no c), as the score's sum flattened
@@ -728,14 +735,14 @@ static bool bias_form(const IrModule *m, bool backward, Bias *bi) {
   memset(bi, 0, sizeof *bi);
   if (!f || m->score_is_identity) return false;
   if (backward && m->joint) {
-    bool *js = depends_on(m->joint, 1u << ARG_S);
+    bool *js = depends_on(m->joint, 1u << ARG_S, false);
     const bool reads = js[m->joint->ret];
     bool any = false;
     for (int i = 0; i < m->joint->n; i++) any |= js[i] && m->joint->inst[i].op == IR_ACCUM;
     base_free(js);
     if (reads || any) return false;
   }
-  bool *dep = depends_on(f, 1u << ARG_S | 1u << ARG_Q | 1u << ARG_KV);
+  bool *dep = depends_on(f, 1u << ARG_S | 1u << ARG_Q | 1u << ARG_KV, false);
   const bool ok = bias_sum(f, dep, f->ret, 1, bi) && bi->s && (bi->lin || bi->nc > 0);
   base_free(dep);
   return ok;
@@ -764,16 +771,12 @@ static void put_bias(Buf *out, const IrModule *m, const CgOptions *o) {
   bool *need = base_alloc((size_t)f->n + 1);
   if (bi.lin && bi.a >= 0) need[bi.a] = true;
   for (int i = 0; i < bi.nc; i++) need[bi.c[i]] = true;
-  for (int i = f->n - 1; i >= 0; i--)
-    for (int k = 0; need[i] && k < f->inst[i].nargs; k++) need[f->inst[i].args[k]] = true;
   buf_puts(out, "/* the score's bias G = a float(kv - q) + c, a and c free of q and kv: the\n"
                 " * tensor-core kernels start S's accumulators at G / scale (FLEX_BIAS) */\n"
                 "#define FLEX_BIAS 1\n"
                 "__device__ __forceinline__ void flex_bias(const FlexParams &p, int b, int h, "
                 "float &flex_a, float &flex_c) {\n");
-  put_preamble(out, m, f, false, false);
-  for (int i = 0; i < f->n; i++)
-    if (need[i]) put_inst(out, m, f, i, false, false, false, NULL, NULL);
+  put_cone(out, m, f, need);
   buf_puts(out, "  flex_a = ");
   if (!bi.lin) buf_puts(out, "0.0f");
   else if (bi.a < 0) buf_puts(out, bi.asign < 0 ? "-1.0f" : "1.0f");
@@ -803,7 +806,7 @@ static int *tile_accums(const IrModule *m, const CgOptions *o, int *n) {
   *n = 0;
   if (!o->backward || o->ds_is_dt || !f || o->deterministic || o->check_bounds || o->pack_gqa)
     return NULL;
-  bool *dep = depends_on(f, 1u << ARG_S | 1u << ARG_Q | 1u << ARG_KV | 1u << ARG_DT);
+  bool *dep = depends_on(f, 1u << ARG_S | 1u << ARG_Q | 1u << ARG_KV | 1u << ARG_DT, false);
   int *acc = base_alloc(((size_t)f->n + 1) * sizeof *acc);
   for (int i = 0; i < f->n; i++) {
     const IrInst *in = &f->inst[i];
@@ -839,14 +842,10 @@ static void put_accums(Buf *out, const IrModule *m, const int *acc, int n) {
   buf_puts(out, "};\n");
   buf_puts(out, "__device__ __forceinline__ void flex_acc_flush(const FlexParams &p, int b, int h, "
                 "const FlexAcc &flex_acc) {\n");
-  bool *need = base_alloc((size_t)f->n + 1); /* the indices' instructions */
+  bool *need = base_alloc((size_t)f->n + 1); /* the indices */
   for (int i = 0; i < f->n; i++)
     for (int a = 1; acc[i] >= 0 && a < f->inst[i].nargs; a++) need[f->inst[i].args[a]] = true;
-  for (int i = f->n - 1; i >= 0; i--)
-    for (int k = 0; need[i] && k < f->inst[i].nargs; k++) need[f->inst[i].args[k]] = true;
-  put_preamble(out, m, f, false, false);
-  for (int i = 0; i < f->n; i++)
-    if (need[i]) put_inst(out, m, f, i, false, false, false, NULL, NULL);
+  put_cone(out, m, f, need);
   for (int i = 0; i < f->n; i++) {
     if (acc[i] < 0) continue;
     buf_printf(out, "  flex_warp_add(grad_%s + ", m->buffers[f->inst[i].aux].id);
